@@ -1,0 +1,102 @@
+# cascade build. `make` builds build/libcascade.a, build/libcascade.so and
+# build/cascade; `make test` builds and runs every tests/test_*.c; `make asan`
+# does the same with AddressSanitizer and UndefinedBehaviorSanitizer in
+# build-asan/. `make CUDA=1` adds the CUDA backend (src/cuda, nvcc).
+#
+# Sources are found by wildcard: every src/<layer>/*.c goes into the library
+# (src/tools/*.c into the command), every tests/test_*.c is one test program.
+# Files named *_avx2.c and *_avx512.c are compiled with those instruction sets;
+# the code calling them checks the CPU at run time.
+
+BUILD   ?= build
+CC      ?= cc
+NVCC    ?= nvcc
+PYTHON  ?= python3
+
+WARN    := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+           -Wno-unused-parameter -Wvla -Wformat=2
+OPT     ?= -O2
+CFLAGS  ?=
+BASEFLAGS := -std=c11 $(OPT) -g -fPIC -fopenmp -ffp-contract=fast -D_GNU_SOURCE $(WARN) -MMD -MP
+LDLIBS  := -fopenmp -lm -lpthread
+# libraries used by higher layers, linked when present on the machine
+PKGS    := $(shell for p in libpcre2-8 libxxhash jansson libmicrohttpd; do pkg-config --exists $$p 2>/dev/null && echo $$p; done)
+ifneq ($(strip $(PKGS)),)
+BASEFLAGS += $(shell pkg-config --cflags $(PKGS))
+LDLIBS    += $(shell pkg-config --libs $(PKGS))
+endif
+
+ALL_FLAGS = $(BASEFLAGS) $(CFLAGS)
+
+LAYERS  := core attn model kv sched engine server
+LIB_SRC := $(foreach l,$(LAYERS),$(wildcard src/$(l)/*.c))
+TOOL_SRC := $(wildcard src/tools/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_SUPPORT := $(filter-out tests/test_%,$(wildcard tests/*.c))
+
+LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC))
+TOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TOOL_SRC))
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT))
+
+ifeq ($(CUDA),1)
+CUDA_SRC := $(wildcard src/cuda/*.cu)
+CUDA_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -lineinfo
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell which $(NVCC)))
+LIB_OBJ += $(CUDA_OBJ) $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/cuda/*.c))
+LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart -lcublas -lstdc++
+BASEFLAGS += -DCAS_WITH_CUDA=1 -I$(CUDA_HOME)/include
+endif
+
+.PHONY: all test asan clean model bench fuzz
+all: $(BUILD)/libcascade.a $(BUILD)/libcascade.so $(BUILD)/cascade
+
+$(BUILD)/libcascade.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libcascade.so: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $^ $(LDLIBS) $(LDFLAGS)
+
+$(BUILD)/cascade: $(TOOL_OBJ) $(BUILD)/libcascade.a
+	$(CC) $(ALL_FLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -mavx2 -mfma -mf16c -c $< -o $@
+
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -c $< -o $@
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
+
+# Runs every test program; each prints "N passed, N failed"; the runner sums.
+test: all $(TEST_BIN)
+	@BUILD=$(BUILD) bash tests/run_all.sh $(TEST_BIN)
+
+asan:
+	$(MAKE) BUILD=build-asan OPT=-O1 \
+	  CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+	  LDFLAGS="-fsanitize=address,undefined" test
+
+model:
+	bash tools/get_model.sh
+
+clean:
+	rm -rf build build-asan
+
+-include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d)

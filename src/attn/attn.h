@@ -1,0 +1,242 @@
+/*
+ * attn.h: the attention contract of cascade. Paged KV, batch descriptions,
+ * attention states and their merge, cascade planning, the CPU backend and
+ * the float64 reference. Every backend (CPU here, CUDA in src/cuda) computes
+ * exactly the function described in this header; the reference is the oracle.
+ *
+ * The function. For query row (query t, head h) with absolute position p and
+ * the keys j of its request (positions 0 .. kv_len-1):
+ *
+ *     s_j  = sm_scale * dot(q[t][h], k[j][h / group])
+ *     s_j  = cap * tanh(s_j / cap)                 if logits_soft_cap = cap > 0
+ *     key j visible iff (!causal || j <= p) && (window_left < 0 || j >= p - window_left)
+ *     lse  = log(sum over visible j of exp(s_j))   natural log; -inf if none visible
+ *     o    = sum over visible j of exp(s_j - lse) * v[j][h / group]   (0 if none)
+ *
+ * group = num_qo_heads / num_kv_heads (GQA; 1 is multi-head attention).
+ * Query i of request r sits at p = kv_len(r) - q_len(r) + i: queries are
+ * aligned to the end of their KV (the new tokens whose K and V are already in
+ * the pages).
+ *
+ * Paged KV. K and V live in two pools of pages, each page
+ * [page_size][num_kv_heads][head_dim] elements of one storage type (f32, f16
+ * or bf16; arithmetic is f32). Request r owns the pages
+ * kv_indices[kv_indptr[r] .. kv_indptr[r+1]-1] in order; all are full except
+ * the last, which holds kv_last_page_len[r] tokens (1 .. page_size). A page
+ * may appear in several requests (a shared prefix) at the same index.
+ *
+ * Cascade. cas_attn_plan_build() finds runs of pages that several requests
+ * share at the same place (a prefix tree), and for each run decides with a
+ * cost model whether one multi-query pass over it for every query below it is
+ * cheaper than each request reading it on its own. The plan is then a list of
+ * passes, each a set of query rows against one contiguous run of KV; every
+ * pass yields an attention state per row, and the states of a row merge
+ * through their log-sum-exp into the final (o, lse). A plan built with
+ * cascade off has one pass per request: that is flat paged attention. Both go
+ * through the same kernel, which serves decode rows (q_len 1) and prefill
+ * chunks side by side: there is no separate prefill or decode entry point.
+ *
+ * Lifetime and threads. A plan is created once with capacities, rebuilt for
+ * each batch (no allocation unless a capacity must grow) and run by every
+ * layer (no allocation ever). One plan must not be built or run by two
+ * threads at once; different plans are independent. cas_attn_plan_run uses
+ * the plan's thread count internally (OpenMP). The reference and the merge
+ * functions are reentrant.
+ */
+#ifndef CASCADE_ATTN_H
+#define CASCADE_ATTN_H
+
+#include "../core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- storage types ---------------------------------------------------- */
+
+typedef enum { CAS_F32 = 0, CAS_F16 = 1, CAS_BF16 = 2 } cas_dtype;
+
+size_t cas_dtype_size(cas_dtype t);      /* bytes per element: 4, 2, 2 */
+const char *cas_dtype_name(cas_dtype t); /* "f32", "f16", "bf16" */
+int cas_dtype_parse(const char *s, cas_dtype *out); /* 0 on success */
+
+/* ---- geometry, pools, batches ------------------------------------------ */
+
+#define CAS_ATTN_MAX_PAGE_SIZE 256
+
+/* The head_dims the backends implement (a head_dim outside this list is
+ * rejected with CAS_ERR_UNSUPPORTED). */
+int cas_attn_head_dim_supported(int32_t head_dim);
+
+/* The shape of a model's attention; the same for every layer. */
+typedef struct {
+    int32_t num_qo_heads; /* Hq, a multiple of num_kv_heads */
+    int32_t num_kv_heads; /* Hkv */
+    int32_t head_dim;     /* D: 64, 96, 128 or 256 */
+    int32_t page_size;    /* tokens per page, 1 .. 256 */
+    cas_dtype kv_dtype;   /* storage type of the K and V pools */
+} cas_attn_shape;
+
+/* K and V pools: k and v each point to num_pages pages of
+ * [page_size][num_kv_heads][head_dim] elements of kv_dtype, contiguous, page
+ * p at byte offset p * page_size * Hkv * D * size. Borrowed, read only. */
+typedef struct {
+    const void *k;
+    const void *v;
+    int32_t num_pages;
+} cas_kv_pool;
+
+/* A batch in compressed rows. All arrays borrowed; read only; int32. */
+typedef struct {
+    int32_t batch;                   /* B, number of requests */
+    const int32_t *qo_indptr;        /* [B+1], 0-based, qo_indptr[0] = 0; queries of request r
+                                        are rows qo_indptr[r] .. qo_indptr[r+1]-1 of q and o */
+    const int32_t *kv_indptr;        /* [B+1], kv_indptr[0] = 0, offsets into kv_indices */
+    const int32_t *kv_indices;       /* [kv_indptr[B]], page ids in the pool */
+    const int32_t *kv_last_page_len; /* [B], tokens in each request's last page, 1..page_size */
+} cas_attn_batch;
+
+/* Options of the attention function itself. */
+typedef struct {
+    float sm_scale;        /* score scale; 0 means 1/sqrt(head_dim) */
+    float logits_soft_cap; /* > 0 enables s = cap * tanh(s / cap); 0 disables */
+    int32_t window_left;   /* >= 0: a query at p sees keys p-window_left .. p; -1 disables */
+    int32_t causal;        /* 1: key j visible only if j <= p; 0: every key of the request */
+} cas_attn_params;
+
+/* Defaults: sm_scale 0 (1/sqrt(D)), no soft cap, no window, causal. */
+cas_attn_params cas_attn_params_default(void);
+
+/* Checks a batch against a shape, a pool size and the params: indptr
+ * monotone, page ids in range, last_page_len in 1..page_size, every request
+ * with KV, q_len <= kv_len under causal masking, Hq a multiple of Hkv, a
+ * supported head_dim. CAS_OK or CAS_ERR_INVALID / CAS_ERR_UNSUPPORTED with a
+ * message naming the request and field. Every entry point calls it. */
+cas_status cas_attn_validate(const cas_attn_shape *shape, const cas_attn_batch *batch,
+                             int32_t num_pages, const cas_attn_params *params);
+
+/* ---- attention states and merge ----------------------------------------- */
+
+/* A state is (o[D], lse) for one row: o normalised, lse natural log. The empty
+ * state (lse = -inf, o anything finite) is the identity of merge. */
+
+/* (o_a, lse_a) <- merge((o_a, lse_a), (o_b, lse_b)) for `rows` rows of length
+ * D (o row-major [rows][D], lse [rows]). o_a may not alias o_b. */
+void cas_attn_merge_inplace(float *o_a, float *lse_a, const float *o_b, const float *lse_b,
+                            int64_t rows, int32_t head_dim);
+
+/* out = merge(a, b); out may alias a or b (or both). */
+void cas_attn_merge2(float *o_out, float *lse_out, const float *o_a, const float *lse_a,
+                     const float *o_b, const float *lse_b, int64_t rows, int32_t head_dim);
+
+/* out = merge of n states: o_in[i] is [rows][D], lse_in[i] is [rows]. The
+ * output may alias none of the inputs. n = 0 writes the empty state (o = 0,
+ * lse = -inf). */
+void cas_attn_merge_n(float *o_out, float *lse_out, const float *const *o_in,
+                      const float *const *lse_in, int n, int64_t rows, int32_t head_dim);
+
+/* ---- float64 reference -------------------------------------------------- */
+
+/* The definition above computed directly in double precision, one row at a
+ * time, over the flat view of the batch. q is [total_q][Hq][D] float32; K and
+ * V are read from the pools and upcast; o_ref [total_q][Hq][D] and lse_ref
+ * [total_q][Hq] double (either may be NULL). Validates first. Slow: tests and
+ * benchmarks only. */
+cas_status cas_attn_reference(const cas_attn_shape *shape, const cas_kv_pool *pool,
+                              const cas_attn_batch *batch, const cas_attn_params *params,
+                              const float *q, double *o_ref, double *lse_ref);
+
+/* ---- cascade plan and run (CPU backend) --------------------------------- */
+
+typedef enum {
+    CAS_CASCADE_OFF = 0,  /* flat: every request reads all of its KV */
+    CAS_CASCADE_AUTO = 1, /* shared runs chosen by the cost model */
+    CAS_CASCADE_ALL = 2   /* every run shared by >= 2 requests (tests, benchmarks) */
+} cas_cascade_mode;
+
+/* The cost model's machine numbers. Defaults were measured on the 2-core
+ * development machine (see bench/NOTES.md); cas_attn_calibrate() measures
+ * them on the machine at hand. */
+typedef struct {
+    double bytes_per_s;    /* KV streaming rate of the attention kernel */
+    double flops_per_s;    /* f32 rate of the blocked (many rows) kernel */
+    double pass_overhead_s; /* fixed cost of one extra pass (scheduling, merge set-up) */
+    double row_merge_s;    /* cost per row and head_dim element of one extra merge */
+} cas_attn_cost;
+
+cas_attn_cost cas_attn_cost_default(void);
+
+typedef struct {
+    cas_cascade_mode cascade;
+    int32_t threads;      /* 0: all cores (omp_get_max_threads) */
+    int32_t min_shared_tokens; /* ignore shared runs shorter than this (0: none) */
+    cas_attn_cost cost;   /* cost model numbers */
+} cas_attn_plan_opts;
+
+cas_attn_plan_opts cas_attn_plan_opts_default(void);
+
+typedef struct cas_attn_plan cas_attn_plan;
+
+/* Creates a plan for one attention shape. Capacities are hints for the
+ * first builds (0 is fine); a build that needs more grows the buffers (the
+ * only allocation a build may do). */
+cas_status cas_attn_plan_create(cas_attn_plan **out, const cas_attn_shape *shape,
+                                const cas_attn_plan_opts *opts, int32_t max_batch,
+                                int32_t max_total_q, int64_t max_pages);
+void cas_attn_plan_destroy(cas_attn_plan *plan);
+
+/* Plans a batch: validates it, builds the prefix tree of shared page runs,
+ * applies the cost model and lays out the passes and the work split across
+ * threads. The batch arrays are copied; they may change after the call. */
+cas_status cas_attn_plan_build(cas_attn_plan *plan, const cas_attn_batch *batch,
+                               int32_t num_pages, const cas_attn_params *params);
+
+/* Runs the plan on one layer's q and pools: q [total_q][Hq][D] float32, o
+ * [total_q][Hq][D] float32, lse [total_q][Hq] float32 natural log (lse may be
+ * NULL). pool->num_pages must equal the num_pages the plan was built for.
+ * Allocates nothing; every element of o and lse is written. */
+cas_status cas_attn_plan_run(cas_attn_plan *plan, const cas_kv_pool *pool, const float *q,
+                             float *o, float *lse);
+
+/* What a built plan does, for logs, stats, benchmarks and tests. */
+typedef struct {
+    int32_t tree_nodes;       /* nodes of the shared-run tree (runs shared by >= 2 requests) */
+    int32_t shared_passes;    /* of those, passes chosen by the cost model */
+    int32_t passes;           /* all passes (shared + per-request) */
+    int32_t work_items;       /* units handed to threads */
+    int64_t kv_tokens_read;   /* KV tokens read by one run (per KV head) */
+    int64_t kv_tokens_flat;   /* KV tokens a flat run would read */
+    int64_t shared_rows;      /* query rows (query x head) in shared passes */
+    double est_cost_s;        /* cost-model estimate of the run */
+    double est_flat_cost_s;   /* cost-model estimate of the flat run */
+} cas_attn_plan_info;
+
+void cas_attn_plan_get_info(const cas_attn_plan *plan, cas_attn_plan_info *info);
+
+/* Dumps the plan's tree and passes to f (debugging). */
+void cas_attn_plan_print(const cas_attn_plan *plan, FILE *f);
+
+/* One-shot convenience: create, build, run, destroy. Allocates; use a plan
+ * in the step loop. */
+cas_status cas_attn_forward(const cas_attn_shape *shape, const cas_kv_pool *pool,
+                            const cas_attn_batch *batch, const cas_attn_params *params,
+                            const cas_attn_plan_opts *opts, const float *q, float *o,
+                            float *lse);
+
+/* ---- machine measurements ----------------------------------------------- */
+
+/* Streaming read bandwidth (bytes/s) over `bytes` with `threads` threads, and
+ * the f32 FMA rate (FLOP/s, two per FMA) of the widest vector unit present.
+ * Each returns the best of a few repeats. */
+double cas_measure_read_bandwidth(size_t bytes, int threads);
+double cas_measure_fma_flops(int threads);
+
+/* The SIMD level the CPU kernels use: "avx512", "avx2" or "generic". The
+ * environment variable CASCADE_SIMD (same names) can lower it. */
+const char *cas_attn_simd_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

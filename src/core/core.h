@@ -1,0 +1,109 @@
+/*
+ * core.h: the bottom layer of cascade. Status codes and error messages,
+ * logging, aligned allocation, timing, float16/bfloat16 conversion and .npy
+ * output. Every other layer includes this header and nothing below it.
+ *
+ * Errors: library functions return a cas_status and record a message in a
+ * thread-local buffer (cas_last_error()); they never exit or abort on bad
+ * input. Only the command-line tool prints and exits.
+ */
+#ifndef CASCADE_CORE_H
+#define CASCADE_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status and errors ------------------------------------------------ */
+
+typedef enum {
+    CAS_OK = 0,
+    CAS_ERR_INVALID = 1,     /* a malformed argument or description */
+    CAS_ERR_UNSUPPORTED = 2, /* valid, but not implemented (a head_dim, a type) */
+    CAS_ERR_NOMEM = 3,       /* allocation failed or a fixed capacity is exceeded */
+    CAS_ERR_IO = 4,          /* a file could not be read or written */
+    CAS_ERR_FORMAT = 5,      /* a file's content is malformed */
+    CAS_ERR_INTERNAL = 6     /* an invariant broke: a bug in cascade */
+} cas_status;
+
+/* Records status and a printf-style message for the calling thread and
+ * returns the status, so that `return cas_error(CAS_ERR_INVALID, ...)` reads
+ * naturally. */
+cas_status cas_error(cas_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The message of the last error on this thread ("" when none). The pointer
+ * stays valid until the next cas_error() on this thread. */
+const char *cas_last_error(void);
+
+/* A short name of a status ("invalid argument", ...). */
+const char *cas_status_str(cas_status st);
+
+/* Invariant check that reports file and line; always on (cheap checks only). */
+#define CAS_ASSERT(cond)                                                       \
+    do {                                                                       \
+        if (!(cond)) cas_assert_fail(#cond, __FILE__, __LINE__);               \
+    } while (0)
+void cas_assert_fail(const char *expr, const char *file, int line)
+    __attribute__((noreturn));
+
+/* ---- logging ---------------------------------------------------------- */
+
+typedef enum { CAS_LOG_ERROR = 0, CAS_LOG_WARN, CAS_LOG_INFO, CAS_LOG_DEBUG } cas_log_level;
+
+/* Level starts from the environment variable CASCADE_LOG (error, warn, info,
+ * debug); default warn. Messages go to stderr. Thread-safe. */
+void cas_log_set_level(cas_log_level lvl);
+int cas_log_enabled(cas_log_level lvl);
+void cas_log(cas_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- memory ----------------------------------------------------------- */
+
+/* 64-byte aligned allocation; NULL on failure or size overflow. Free with
+ * cas_free. cas_alloc_array checks n * size for overflow. */
+void *cas_alloc(size_t bytes);
+void *cas_alloc_array(size_t n, size_t size);
+void cas_free(void *p);
+
+/* ---- time ------------------------------------------------------------- */
+
+double cas_now_s(void); /* monotonic seconds */
+
+/* ---- number formats --------------------------------------------------- */
+
+/* IEEE half and bfloat16, stored as raw 16-bit words. Conversions to float
+ * are exact; conversions from float round to nearest even (NaN stays NaN). */
+float cas_f16_to_f32(uint16_t h);
+uint16_t cas_f32_to_f16(float f);
+float cas_bf16_to_f32(uint16_t b);
+uint16_t cas_f32_to_bf16(float f);
+
+/* ---- .npy output ------------------------------------------------------ */
+
+/* Writes a C-order array as a NumPy .npy file (format 1.0). dtype is one of
+ * "<f4", "<i4", "<f8". shape has ndim entries. */
+cas_status cas_npy_write(const char *path, const char *dtype, const int64_t *shape, int ndim,
+                         const void *data);
+
+/* ---- random numbers --------------------------------------------------- */
+
+/* A small, seedable generator (splitmix64 seeded xoshiro-style) for tests
+ * and benchmarks; not for cryptography. */
+typedef struct {
+    uint64_t s[4];
+} cas_rng;
+void cas_rng_seed(cas_rng *r, uint64_t seed);
+uint64_t cas_rng_u64(cas_rng *r);
+double cas_rng_uniform(cas_rng *r);            /* [0, 1) */
+int64_t cas_rng_range(cas_rng *r, int64_t lo, int64_t hi); /* [lo, hi] */
+double cas_rng_normal(cas_rng *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,10 @@
+/*
+ * tools.h: the subcommands of the `cascade` command, one function each,
+ * called with argv[0] = the subcommand's name. They return the exit status.
+ */
+#ifndef CASCADE_TOOLS_H
+#define CASCADE_TOOLS_H
+
+int cmd_attn_bench(int argc, char **argv);
+
+#endif

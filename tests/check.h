@@ -1,0 +1,69 @@
+/*
+ * check.h: the tests' small harness. A test program defines test functions,
+ * lists them in main with RUN(fn), and ends with `return check_summary();`,
+ * which prints "N passed, N failed" (the line tests/run_all.sh adds up).
+ * CHECK records a failure with file and line and lets the test go on;
+ * REQUIRE also returns from the test function.
+ */
+#ifndef CASCADE_TEST_CHECK_H
+#define CASCADE_TEST_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int check_tests_passed, check_tests_failed, check_cur_failed;
+static const char *check_cur_name = "";
+
+#define CHECK(cond)                                                                    \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            if (check_cur_failed < 5)                                                  \
+                printf("FAIL %s: %s:%d: %s\n", check_cur_name, __FILE__, __LINE__, #cond); \
+            check_cur_failed++;                                                        \
+        }                                                                              \
+    } while (0)
+
+#define CHECKF(cond, ...)                                                              \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            if (check_cur_failed < 5) {                                                \
+                printf("FAIL %s: %s:%d: %s: ", check_cur_name, __FILE__, __LINE__, #cond); \
+                printf(__VA_ARGS__);                                                   \
+                printf("\n");                                                          \
+            }                                                                          \
+            check_cur_failed++;                                                        \
+        }                                                                              \
+    } while (0)
+
+#define REQUIRE(cond)                                                                  \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            printf("FAIL %s: %s:%d: %s (stopping this test)\n", check_cur_name, __FILE__, \
+                   __LINE__, #cond);                                                   \
+            check_cur_failed++;                                                        \
+            return;                                                                    \
+        }                                                                              \
+    } while (0)
+
+#define RUN(fn)                                                                        \
+    do {                                                                               \
+        check_cur_name = #fn;                                                          \
+        check_cur_failed = 0;                                                          \
+        fn();                                                                          \
+        if (check_cur_failed) {                                                        \
+            check_tests_failed++;                                                      \
+            printf("FAIL %s (%d checks failed)\n", #fn, check_cur_failed);             \
+        } else {                                                                       \
+            check_tests_passed++;                                                      \
+            printf("ok %s\n", #fn);                                                    \
+        }                                                                              \
+        fflush(stdout);                                                                \
+    } while (0)
+
+static inline int check_summary(void) {
+    printf("%d passed, %d failed\n", check_tests_passed, check_tests_failed);
+    return check_tests_failed ? 1 : 0;
+}
+
+#endif
