@@ -1,6 +1,19 @@
 /*
- * attn_impl.h: internals of the attention layer shared by its .c files (and
- * by backends that execute a CPU-built plan). Not part of the contract.
+ * attn_impl.h: internals of the attention layer shared by its .c files and by
+ * backends that execute a plan built on the host (src/cuda). Not part of the
+ * public contract; layout may change together with its users.
+ *
+ * A built plan is a list of passes. A pass is a set of query tokens (rows of
+ * q, each with its absolute position in its request) against one contiguous
+ * segment of KV (a run of pages, its first key at absolute position pos0).
+ * Masking is applied per (query position, key position), so the same pass
+ * code serves decode rows, prefill chunks, shared nodes and tails.
+ *
+ * A pass is split into jobs along its KV (split-KV); a job is split into work
+ * items along KV heads and row blocks. Each job writes one attention state per
+ * (token, q head) into scratch (or straight into the output when it is the
+ * token's only contribution: `direct`). Then every token merges its
+ * contributions, listed in CSR form (contrib_indptr / contrib_*).
  */
 #ifndef CASCADE_ATTN_IMPL_H
 #define CASCADE_ATTN_IMPL_H
@@ -9,5 +22,113 @@
 
 /* sm_scale with the default applied. */
 float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params);
+
+/* Tokens of KV per tile in the CPU kernel; jobs split KV at multiples of it. */
+#define CAS_ATTN_TILE 64
+/* Most rows (token x group head) one CPU work item holds. */
+#define CAS_ATTN_ROW_BLOCK 128
+
+typedef struct {
+    int32_t page_off;  /* offset into plan->pages: the segment's page ids */
+    int32_t pos0;      /* absolute position of the segment's first key (multiple of page_size) */
+    int32_t len;       /* tokens in the segment */
+    int32_t tok_off;   /* offset into plan->tok_ids / plan->tok_pos */
+    int32_t n_tok;     /* query tokens of the pass */
+    int32_t node;      /* tree node it serves, -1 for a request's own KV */
+} cas_attn_pass;
+
+typedef struct {
+    int32_t pass;      /* index into plan->passes */
+    int32_t kv0, kv1;  /* key range within the pass's segment, [kv0, kv1) */
+    int32_t direct;    /* 1: writes o/lse rows of token tok_ids[...] directly */
+    int64_t o_off;     /* scratch offset (floats) of o for (pass token 0, head 0): [n_tok][Hq][D] */
+    int64_t lse_off;   /* scratch offset (floats) of lse: [n_tok][Hq] */
+} cas_attn_job;
+
+typedef struct {
+    int32_t job;       /* index into plan->jobs */
+    int32_t kv_head;   /* KV head */
+    int32_t row0, row1; /* rows [row0, row1) of the job's pass, row = pass_token * group + g */
+    int32_t kv0, kv1;  /* visible key range within the segment (masking trims it), may be empty */
+} cas_attn_item;
+
+typedef struct {
+    int32_t lo, hi;           /* requests sorted[lo..hi) share this node */
+    int32_t depth0, depth1;   /* pages [depth0, depth1) of each member's page list */
+    int32_t parent;           /* enclosing node, -1 at the top */
+    int32_t chosen;           /* 1 if the cost model made it a shared pass */
+    int64_t rows;             /* query tokens below it */
+} cas_attn_node;
+
+struct cas_attn_plan {
+    cas_attn_shape shape;
+    cas_attn_plan_opts opts;
+    cas_attn_params params;
+    float scale;
+    int32_t threads;
+    int32_t num_pages;
+
+    /* the batch, copied */
+    int32_t batch;
+    int32_t total_q;
+    int32_t *qo_indptr;        /* [batch+1] */
+    int32_t *kv_indptr;        /* [batch+1] */
+    int32_t *pages;            /* [kv_indptr[batch]] kv_indices copy */
+    int32_t *last_len;         /* [batch] */
+    int32_t *kv_len;           /* [batch] tokens */
+
+    /* prefix tree */
+    int32_t *sorted;           /* [batch] requests in lexicographic page order */
+    int32_t *lcp;              /* [batch] shared pages with the previous sorted request */
+    cas_attn_node *nodes;      /* [n_nodes] */
+    int32_t n_nodes;
+
+    /* passes, jobs, items */
+    cas_attn_pass *passes;
+    int32_t n_passes;
+    int32_t *tok_ids;          /* [n_tok_rows] global query token of each pass row */
+    int32_t *tok_pos;          /* [n_tok_rows] its absolute position */
+    int32_t n_tok_rows;
+    cas_attn_job *jobs;
+    int32_t n_jobs;
+    cas_attn_item *items;
+    int32_t n_items;
+
+    /* merge lists: contributions of token t are contrib_*[contrib_indptr[t] .. [t+1]) */
+    int32_t *contrib_indptr;   /* [total_q+1] */
+    int64_t *contrib_o;        /* scratch offset of o for (t, head 0) */
+    int64_t *contrib_lse;      /* scratch offset of lse for (t, head 0) */
+    int32_t n_contrib;
+    int32_t *direct_tok;       /* [total_q] 1 if token t was written directly */
+
+    /* scratch states and per-thread kernel workspace */
+    float *scratch;
+    int64_t scratch_floats;
+    float *work;               /* [threads][work_floats] */
+    int64_t work_floats;
+
+    cas_attn_plan_info info;
+
+    /* capacities of the arrays above (elements) */
+    int32_t cap_batch, cap_q, cap_nodes, cap_passes, cap_tok_rows, cap_jobs, cap_items,
+        cap_contrib;
+    int64_t cap_pages, cap_scratch;
+};
+
+/* The CPU work item kernel, one per SIMD level; writes the item's states. */
+typedef void (*cas_attn_item_fn)(const struct cas_attn_plan *plan, const cas_attn_item *item,
+                                 const cas_kv_pool *pool, const float *q, float *o, float *lse,
+                                 float *work);
+void cas_attn_item_generic(const struct cas_attn_plan *plan, const cas_attn_item *item,
+                           const cas_kv_pool *pool, const float *q, float *o, float *lse,
+                           float *work);
+void cas_attn_item_avx2(const struct cas_attn_plan *plan, const cas_attn_item *item,
+                        const cas_kv_pool *pool, const float *q, float *o, float *lse,
+                        float *work);
+void cas_attn_item_avx512(const struct cas_attn_plan *plan, const cas_attn_item *item,
+                          const cas_kv_pool *pool, const float *q, float *o, float *lse,
+                          float *work);
+/* floats of per-thread workspace the kernels need for a head_dim */
+int64_t cas_attn_work_floats(int32_t head_dim);
 
 #endif
