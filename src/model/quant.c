@@ -1,0 +1,524 @@
+/*
+ * quant.c: tensor types of the model layer (sizes, names), quantization and
+ * dequantization of rows, the portable matrix kernels, the dispatch to the
+ * AVX2 kernels of quant_avx2.c, and small benchmarks.
+ *
+ * The portable path is the same algorithm as the AVX2 path (x quantized to 8
+ * bits per block, exact integer dot products per block, f32 accumulation),
+ * so the two differ only by f32 summation order and the tests can compare
+ * them tightly. It also serves CPUs without AVX2 and CASCADE_SIMD=generic.
+ *
+ * Threading is OpenMP inside each call: rows are split into contiguous
+ * ranges, one per thread, so that each thread streams its own part of the
+ * weights (decode is bound by memory bandwidth, not by compute).
+ */
+#include "quant_impl.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- type info ---------------------------------------------------------- */
+
+int cas_tensor_type_supported(int t) {
+    switch (t) {
+    case CAS_T_F32: case CAS_T_F16: case CAS_T_BF16:
+    case CAS_T_Q8_0: case CAS_T_Q4_0: case CAS_T_Q4_1:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int is_quant(int t) { return t == CAS_T_Q8_0 || t == CAS_T_Q4_0 || t == CAS_T_Q4_1; }
+
+int64_t cas_tensor_block_size(int t) {
+    if (!cas_tensor_type_supported(t)) return 0;
+    return is_quant(t) ? CAS_Q_BLOCK : 1;
+}
+
+size_t cas_tensor_block_bytes(int t) {
+    switch (t) {
+    case CAS_T_F32: return 4;
+    case CAS_T_F16: return 2;
+    case CAS_T_BF16: return 2;
+    case CAS_T_Q8_0: return 2 + 32;
+    case CAS_T_Q4_0: return 2 + 16;
+    case CAS_T_Q4_1: return 2 + 2 + 16;
+    default: return 0;
+    }
+}
+
+const char *cas_tensor_type_name(int t) {
+    switch (t) {
+    case CAS_T_F32: return "f32";
+    case CAS_T_F16: return "f16";
+    case CAS_T_BF16: return "bf16";
+    case CAS_T_Q8_0: return "q8_0";
+    case CAS_T_Q4_0: return "q4_0";
+    case CAS_T_Q4_1: return "q4_1";
+    default: return "?";
+    }
+}
+
+cas_status cas_tensor_row_bytes(int t, int64_t n, size_t *bytes) {
+    if (!bytes) return cas_error(CAS_ERR_INVALID, "tensor row bytes: NULL output");
+    *bytes = 0;
+    if (!cas_tensor_type_supported(t))
+        return cas_error(CAS_ERR_UNSUPPORTED, "tensor type %d is not supported by the CPU kernels", t);
+    int64_t bs = cas_tensor_block_size(t);
+    if (n <= 0 || n % bs)
+        return cas_error(CAS_ERR_INVALID, "%s row of %lld elements: must be a positive multiple of %lld",
+                         cas_tensor_type_name(t), (long long)n, (long long)bs);
+    if ((uint64_t)(n / bs) > SIZE_MAX / 64)
+        return cas_error(CAS_ERR_INVALID, "%s row of %lld elements is too long", cas_tensor_type_name(t),
+                         (long long)n);
+    *bytes = (size_t)(n / bs) * cas_tensor_block_bytes(t);
+    return CAS_OK;
+}
+
+/* ---- block access --------------------------------------------------------
+ * Blocks are read through byte pointers and memcpy, so that the unaligned
+ * f16 fields (blocks are 18, 20 or 34 bytes) are read without alignment or
+ * aliasing assumptions; compilers turn these into plain loads. */
+
+static inline uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline void wr16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* ---- quantize / dequantize --------------------------------------------- */
+
+cas_status cas_q_dequantize_row(int t, const void *src, float *dst, int64_t n) {
+    size_t rb;
+    if (!src || !dst) return cas_error(CAS_ERR_INVALID, "dequantize: NULL pointer");
+    cas_status st = cas_tensor_row_bytes(t, n, &rb);
+    if (st) return st;
+    const uint8_t *p = src;
+    switch (t) {
+    case CAS_T_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case CAS_T_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = cas_f16_to_f32(rd16(p + 2 * i));
+        break;
+    case CAS_T_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = cas_bf16_to_f32(rd16(p + 2 * i));
+        break;
+    case CAS_T_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 34) {
+            float d = cas_f16_to_f32(rd16(p));
+            for (int i = 0; i < 32; i++) dst[b * 32 + i] = d * (float)(int8_t)p[2 + i];
+        }
+        break;
+    case CAS_T_Q4_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 18) {
+            float d = cas_f16_to_f32(rd16(p));
+            for (int i = 0; i < 16; i++) {
+                dst[b * 32 + i] = d * (float)((p[2 + i] & 15) - 8);
+                dst[b * 32 + 16 + i] = d * (float)((p[2 + i] >> 4) - 8);
+            }
+        }
+        break;
+    case CAS_T_Q4_1:
+        for (int64_t b = 0; b < n / 32; b++, p += 20) {
+            float d = cas_f16_to_f32(rd16(p)), m = cas_f16_to_f32(rd16(p + 2));
+            for (int i = 0; i < 16; i++) {
+                dst[b * 32 + i] = d * (float)(p[4 + i] & 15) + m;
+                dst[b * 32 + 16 + i] = d * (float)(p[4 + i] >> 4) + m;
+            }
+        }
+        break;
+    default: return cas_error(CAS_ERR_INTERNAL, "dequantize: type %d", t);
+    }
+    return CAS_OK;
+}
+
+static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* q = round(x / d) against the stored (f16-rounded) scale d. */
+static inline int qround(float x, float id) { return (int)lrintf(x * id); }
+
+static void quant_block_q8_0(const float *x, uint8_t *o) {
+    float amax = 0;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+    uint16_t dh = cas_f32_to_f16(amax / 127.0f);
+    float d = cas_f16_to_f32(dh), id = d != 0 ? 1.0f / d : 0.0f;
+    wr16(o, dh);
+    for (int i = 0; i < 32; i++) o[2 + i] = (uint8_t)(int8_t)clampi(qround(x[i], id), -127, 127);
+}
+
+/* Q4_0 has levels -8..7: the value of largest magnitude, with its sign, maps
+ * to -8 so that all 16 levels are used on its side of zero. */
+static void quant_block_q4_0(const float *x, uint8_t *o) {
+    float amax = 0, vmax = 0;
+    for (int i = 0; i < 32; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), vmax = x[i];
+    uint16_t dh = cas_f32_to_f16(vmax / -8.0f);
+    float d = cas_f16_to_f32(dh), id = d != 0 ? 1.0f / d : 0.0f;
+    wr16(o, dh);
+    for (int i = 0; i < 16; i++) {
+        int lo = clampi(qround(x[i], id) + 8, 0, 15), hi = clampi(qround(x[16 + i], id) + 8, 0, 15);
+        o[2 + i] = (uint8_t)(lo | hi << 4);
+    }
+}
+
+static void quant_block_q4_1(const float *x, uint8_t *o) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < 32; i++) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+    uint16_t mh = cas_f32_to_f16(lo);
+    float m = cas_f16_to_f32(mh);
+    uint16_t dh = cas_f32_to_f16((hi - m) / 15.0f);
+    float d = cas_f16_to_f32(dh), id = d != 0 ? 1.0f / d : 0.0f;
+    wr16(o, dh);
+    wr16(o + 2, mh);
+    for (int i = 0; i < 16; i++) {
+        int a = clampi(qround(x[i] - m, id), 0, 15), b = clampi(qround(x[16 + i] - m, id), 0, 15);
+        o[4 + i] = (uint8_t)(a | b << 4);
+    }
+}
+
+cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, int64_t n) {
+    size_t rb;
+    if (!x || !dst) return cas_error(CAS_ERR_INVALID, "quantize: NULL pointer");
+    if (rows < 0) return cas_error(CAS_ERR_INVALID, "quantize: %lld rows", (long long)rows);
+    cas_status st = cas_tensor_row_bytes(t, n, &rb);
+    if (st) return st;
+    uint8_t *o = dst;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        uint8_t *orow = o + (size_t)r * rb;
+        switch (t) {
+        case CAS_T_F32: memcpy(orow, xr, (size_t)n * 4); break;
+        case CAS_T_F16:
+            for (int64_t i = 0; i < n; i++) wr16(orow + 2 * i, cas_f32_to_f16(xr[i]));
+            break;
+        case CAS_T_BF16:
+            for (int64_t i = 0; i < n; i++) wr16(orow + 2 * i, cas_f32_to_bf16(xr[i]));
+            break;
+        case CAS_T_Q8_0:
+            for (int64_t b = 0; b < n / 32; b++) quant_block_q8_0(xr + 32 * b, orow + 34 * b);
+            break;
+        case CAS_T_Q4_0:
+            for (int64_t b = 0; b < n / 32; b++) quant_block_q4_0(xr + 32 * b, orow + 18 * b);
+            break;
+        case CAS_T_Q4_1:
+            for (int64_t b = 0; b < n / 32; b++) quant_block_q4_1(xr + 32 * b, orow + 20 * b);
+            break;
+        default: return cas_error(CAS_ERR_INTERNAL, "quantize: type %d", t);
+        }
+    }
+    return CAS_OK;
+}
+
+/* x to 8 bits per block, symmetric, with the f32 scale kept exactly (not
+ * rounded to f16: it costs nothing here and keeps the error at half a step).
+ * sx[b] = d * sum(q), the block sum the zero-point terms need, stored
+ * contiguously so the kernels can apply them eight blocks at a time. */
+static void quantize_x_row(const float *x, int64_t nb, cas_q8x_block *xq, float *sx) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float d = amax / 127.0f, id = d != 0 ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int q = clampi(qround(xb[i], id), -127, 127);
+            xq[b].q[i] = (int8_t)q;
+            sum += q;
+        }
+        xq[b].d = d;
+        xq[b].s = d * (float)sum;
+        sx[b] = xq[b].s;
+    }
+}
+
+/* ---- portable kernels ---------------------------------------------------- */
+
+/* Dot product of one weight row with one token (x as f32 for float types,
+ * quantized for the others). */
+static float dot_row_generic(int t, const uint8_t *w, int64_t n, const float *xf,
+                             const cas_q8x_block *xq) {
+    int64_t nb = n / 32;
+    float acc = 0;
+    switch (t) {
+    case CAS_T_F32: {
+        const float *wf = (const float *)(const void *)w;
+        for (int64_t i = 0; i < n; i++) acc += wf[i] * xf[i];
+        break;
+    }
+    case CAS_T_F16:
+        for (int64_t i = 0; i < n; i++) acc += cas_f16_to_f32(rd16(w + 2 * i)) * xf[i];
+        break;
+    case CAS_T_BF16:
+        for (int64_t i = 0; i < n; i++) acc += cas_bf16_to_f32(rd16(w + 2 * i)) * xf[i];
+        break;
+    case CAS_T_Q8_0:
+        for (int64_t b = 0; b < nb; b++, w += 34) {
+            int s = 0;
+            for (int i = 0; i < 32; i++) s += (int8_t)w[2 + i] * xq[b].q[i];
+            acc += cas_f16_to_f32(rd16(w)) * xq[b].d * (float)s;
+        }
+        break;
+    case CAS_T_Q4_0:
+        for (int64_t b = 0; b < nb; b++, w += 18) {
+            int s = 0;
+            for (int i = 0; i < 16; i++)
+                s += (w[2 + i] & 15) * xq[b].q[i] + (w[2 + i] >> 4) * xq[b].q[16 + i];
+            float d = cas_f16_to_f32(rd16(w));
+            acc += d * xq[b].d * (float)s - 8.0f * d * xq[b].s;
+        }
+        break;
+    case CAS_T_Q4_1:
+        for (int64_t b = 0; b < nb; b++, w += 20) {
+            int s = 0;
+            for (int i = 0; i < 16; i++)
+                s += (w[4 + i] & 15) * xq[b].q[i] + (w[4 + i] >> 4) * xq[b].q[16 + i];
+            acc += cas_f16_to_f32(rd16(w)) * xq[b].d * (float)s + cas_f16_to_f32(rd16(w + 2)) * xq[b].s;
+        }
+        break;
+    default: break;
+    }
+    return acc;
+}
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+static int cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    static int cached = -1; /* benign race: every thread computes the same value */
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                 __builtin_cpu_supports("f16c");
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+static int env_forces_generic(void) {
+    const char *e = getenv("CASCADE_SIMD");
+    return e && strcmp(e, "generic") == 0;
+}
+
+const char *cas_q_simd_name(void) {
+    return cpu_has_avx2() && !env_forces_generic() ? "avx2" : "generic";
+}
+
+/* 1 for AVX2, 0 for portable, -1 (error recorded) when AVX2 is asked for
+ * but missing. */
+static int pick_avx2(cas_q_simd s) {
+    switch (s) {
+    case CAS_Q_SIMD_GENERIC: return 0;
+    case CAS_Q_SIMD_AVX2:
+        if (!cpu_has_avx2()) {
+            cas_error(CAS_ERR_UNSUPPORTED, "AVX2+FMA+F16C kernels requested; this CPU lacks them");
+            return -1;
+        }
+        return 1;
+    default: return cpu_has_avx2() && !env_forces_generic();
+    }
+}
+
+static int resolve_threads(int nthreads) {
+    int mx = omp_get_max_threads();
+    return nthreads > 0 ? nthreads : mx > 0 ? mx : 1;
+}
+
+static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
+
+/* Workspace layout: xq[m][nb] | sx[m][nb] | tile[nthreads] of tile_bytes. */
+static size_t tile_bytes(int64_t n) { return align64((size_t)n * 4 * CAS_Q_TILE_ROWS); }
+
+size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads) {
+    size_t rb;
+    if (rows <= 0 || m <= 0 || nthreads < 0) return 0;
+    if (cas_tensor_row_bytes(t, n, &rb) != CAS_OK) return 0;
+    size_t nt = (size_t)resolve_threads(nthreads);
+    size_t nb = is_quant(t) ? (size_t)(n / 32) : 0;
+    size_t bytes = align64((size_t)m * nb * sizeof(cas_q8x_block)) + align64((size_t)m * nb * 4);
+    if (m > 1) bytes += nt * tile_bytes(n);
+    return bytes + 64;
+}
+
+/* ---- matrix kernels ------------------------------------------------------ */
+
+static cas_status check_args(const char *what, int t, const void *w, int64_t rows, int64_t n,
+                             const float *x, int64_t m, float *y, size_t *rb) {
+    if (!w || !x || !y) return cas_error(CAS_ERR_INVALID, "%s: NULL pointer", what);
+    if (rows <= 0 || m <= 0)
+        return cas_error(CAS_ERR_INVALID, "%s: %lld rows, %lld tokens", what, (long long)rows,
+                         (long long)m);
+    return cas_tensor_row_bytes(t, n, rb);
+}
+
+cas_status cas_q_matvec(int t, const void *w, int64_t rows, int64_t n, const float *x, float *y,
+                        const cas_q_opts *opt) {
+    return cas_q_matmul(t, w, rows, n, x, 1, y, opt);
+}
+
+cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const float *x, int64_t m,
+                        float *y, const cas_q_opts *opt) {
+    static const cas_q_opts defaults = {0, CAS_Q_SIMD_AUTO, NULL, 0};
+    size_t rb;
+    cas_status st = check_args(m == 1 ? "matvec" : "matmul", t, w, rows, n, x, m, y, &rb);
+    if (st) return st;
+    if (!opt) opt = &defaults;
+    if (opt->nthreads < 0) return cas_error(CAS_ERR_INVALID, "matmul: %d threads", opt->nthreads);
+    int avx2 = pick_avx2(opt->simd);
+    if (avx2 < 0) return CAS_ERR_UNSUPPORTED;
+    int nt = resolve_threads(opt->nthreads);
+    size_t need = cas_q_work_bytes(t, rows, n, m, nt);
+    uint8_t *work = opt->work, *owned = NULL;
+    if (!work) {
+        work = owned = cas_alloc(need);
+        if (!work) return cas_error(CAS_ERR_NOMEM, "matmul: %zu bytes of scratch", need);
+    } else if (opt->work_bytes < need) {
+        return cas_error(CAS_ERR_INVALID, "matmul: workspace of %zu bytes, %zu needed", opt->work_bytes,
+                         need);
+    }
+    work = (uint8_t *)align64((size_t)work);
+
+    const int quant = is_quant(t);
+    const int64_t nb = quant ? n / 32 : 0;
+    cas_q8x_block *xq = (cas_q8x_block *)(void *)work;
+    float *sx = (float *)(void *)(work + align64((size_t)m * nb * sizeof(cas_q8x_block)));
+    uint8_t *tiles = (uint8_t *)(sx) + align64((size_t)m * nb * 4);
+    const uint8_t *wb = w;
+
+    /* Threads beyond the work only add start-up cost. */
+    int64_t groups = (rows + CAS_Q_TILE_ROWS - 1) / CAS_Q_TILE_ROWS;
+    if (nt > groups) nt = (int)groups;
+
+#pragma omp parallel num_threads(nt)
+    {
+        if (quant) {
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < m; i++) quantize_x_row(x + i * n, nb, xq + i * nb, sx + i * nb);
+        }
+        int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        /* Contiguous ranges of whole 4-row groups, one per thread. */
+        int64_t g0 = groups * tid / nth, g1 = groups * (tid + 1) / nth;
+        int64_t r0 = g0 * CAS_Q_TILE_ROWS, r1 = g1 * CAS_Q_TILE_ROWS;
+        if (r1 > rows) r1 = rows;
+        if (m == 1) {
+            if (avx2)
+                cas_q_avx2_matvec_rows(t, wb, rb, r0, r1, n, x, xq, sx, y);
+            else
+                for (int64_t r = r0; r < r1; r++) y[r] = dot_row_generic(t, wb + (size_t)r * rb, n, x, xq);
+        } else if (avx2) {
+            void *tile = tiles + (size_t)tid * tile_bytes(n);
+            for (int64_t r = r0; r < r1; r += CAS_Q_TILE_ROWS) {
+                int64_t nr = r1 - r < CAS_Q_TILE_ROWS ? r1 - r : CAS_Q_TILE_ROWS;
+                cas_q_avx2_matmul_tile(t, wb, rb, r, nr, rows, n, x, xq, sx, m, y, tile);
+            }
+        } else {
+            /* A weight row (at most a few KiB) stays in L1 while every token
+             * uses it, so the weights are still read from memory once. */
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t i = 0; i < m; i++)
+                    y[i * rows + r] = dot_row_generic(t, wb + (size_t)r * rb, n, x + i * n, xq + i * nb);
+        }
+    }
+    cas_free(owned);
+    return CAS_OK;
+}
+
+/* ---- benchmarks ------------------------------------------------------------ */
+
+cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, int cold,
+                       double min_seconds, cas_q_bench_result *out) {
+    size_t rb;
+    if (!out) return cas_error(CAS_ERR_INVALID, "bench: NULL result");
+    memset(out, 0, sizeof *out);
+    if (rows <= 0 || m <= 0) return cas_error(CAS_ERR_INVALID, "bench: bad shape");
+    cas_status st = cas_tensor_row_bytes(t, n, &rb);
+    if (st) return st;
+    size_t wbytes = rb * (size_t)rows;
+    int copies = 1;
+    if (cold) {
+        size_t want = (size_t)256 << 20;
+        copies = (int)((want + wbytes - 1) / wbytes);
+        if (copies < 2) copies = 2;
+    }
+    int nt = resolve_threads(nthreads);
+    size_t wsz = cas_q_work_bytes(t, rows, n, m, nt);
+    uint8_t *w = cas_alloc_array((size_t)copies, wbytes);
+    float *src = cas_alloc_array((size_t)n, 4 * (size_t)(rows < 64 ? rows : 64));
+    float *x = cas_alloc_array((size_t)m * (size_t)n, 4);
+    float *y = cas_alloc_array((size_t)m * (size_t)rows, 4);
+    void *work = cas_alloc(wsz);
+    if (!w || !src || !x || !y || !work) {
+        st = cas_error(CAS_ERR_NOMEM, "bench: %d copies of %zu bytes", copies, wbytes);
+        goto done;
+    }
+    cas_rng rng;
+    cas_rng_seed(&rng, 1234);
+    int64_t srows = rows < 64 ? rows : 64;
+    for (int64_t i = 0; i < srows * n; i++) src[i] = (float)cas_rng_normal(&rng);
+    for (int64_t i = 0; i < m * n; i++) x[i] = (float)cas_rng_normal(&rng);
+    /* 64 distinct random rows repeated: the content does not change the
+     * speed, and quantizing millions of rows would dominate the run. */
+    for (int64_t r = 0; r < rows; r += srows) {
+        int64_t k = rows - r < srows ? rows - r : srows;
+        if ((st = cas_q_quantize_rows(t, src, w + (size_t)r * rb, k, n))) goto done;
+    }
+    for (int c = 1; c < copies; c++) memcpy(w + (size_t)c * wbytes, w, wbytes);
+    cas_q_opts o = {nt, CAS_Q_SIMD_AUTO, work, wsz};
+    if ((st = cas_q_matmul(t, w, rows, n, x, m, y, &o))) goto done; /* warm-up */
+    int64_t calls = 0;
+    double t0 = cas_now_s(), el = 0;
+    do {
+        for (int k = 0; k < 8; k++, calls++)
+            if ((st = cas_q_matmul(t, w + (size_t)(calls % copies) * wbytes, rows, n, x, m, y, &o)))
+                goto done;
+        el = cas_now_s() - t0;
+    } while (el < min_seconds);
+    out->seconds = el / (double)calls;
+    out->weight_bytes = (int64_t)wbytes;
+    out->weight_gbs = (double)wbytes / out->seconds * 1e-9;
+    out->gflops = 2.0 * (double)rows * (double)n * (double)m / out->seconds * 1e-9;
+    out->copies = copies;
+done:
+    cas_free(w);
+    cas_free(src);
+    cas_free(x);
+    cas_free(y);
+    cas_free(work);
+    return st;
+}
+
+cas_status cas_q_bench_read_bw(int nthreads, size_t bytes, double min_seconds, double *gbs) {
+    if (!gbs || bytes < 4096) return cas_error(CAS_ERR_INVALID, "read bandwidth: bad arguments");
+    size_t nw = bytes / 8;
+    uint64_t *buf = cas_alloc_array(nw, 8);
+    if (!buf) return cas_error(CAS_ERR_NOMEM, "read bandwidth: %zu bytes", bytes);
+    int nt = resolve_threads(nthreads);
+    /* Touch with the same thread split as the reads (first-touch placement). */
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < nw; i++) buf[i] = i;
+    double best = 0, t_start = cas_now_s();
+    volatile uint64_t sink = 0;
+    do {
+        uint64_t total = 0;
+        double t0 = cas_now_s();
+        /* Eight independent sums: a reduction the compiler vectorizes. */
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : total)
+        for (size_t i = 0; i < nw / 8; i++) {
+            const uint64_t *p = buf + 8 * i;
+            total += (p[0] + p[1]) + (p[2] + p[3]) + (p[4] + p[5]) + (p[6] + p[7]);
+        }
+        double el = cas_now_s() - t0;
+        sink += total;
+        double g = (double)(nw / 8 * 64) / el * 1e-9;
+        if (g > best) best = g;
+    } while (cas_now_s() - t_start < min_seconds);
+    (void)sink;
+    cas_free(buf);
+    *gbs = best;
+    return CAS_OK;
+}

@@ -1,0 +1,378 @@
+/*
+ * quant_avx2.c: the AVX2+FMA+F16C matrix kernels (compiled with -mavx2 -mfma
+ * -mf16c; quant.c calls them only after checking the CPU at run time).
+ *
+ * Matrix-vector (decode) is bound by the bytes of weights read, so the kernel
+ * reads each weight byte once, in its file format, and does as little work
+ * per 32-element block as it can: nibbles are spread to bytes with one shift
+ * and one mask, multiplied with the 8-bit x by _mm256_maddubs_epi16 (unsigned
+ * weight bytes times signed x bytes; no overflow: 2 * 15 * 127 < 2^15), summed
+ * to int32 by _mm256_madd_epi16, and scaled into an f32 accumulator with one
+ * FMA. Q8_0 weights are signed, so the sign of each weight moves onto x
+ * (_mm256_sign_epi8) and its magnitude is the unsigned operand. Four rows go
+ * together so each x block is loaded once for four rows. The zero-point
+ * terms of Q4_0 (-8 d) and Q4_1 (m) need only the block sums of x and are
+ * accumulated as scalars.
+ *
+ * Batched (prefill, many sequences) is bound by compute once m is large: a
+ * tile of four weight rows is decoded once into bytes and f32 scales (for Q4,
+ * the unpacking then costs nothing per token), and every token pair runs a
+ * 4 x 2 register tile over it, so each loaded weight vector serves two
+ * tokens and each x vector four rows. Float weights use the same tiling with
+ * FMAs on f32 (F16 and BF16 rows are converted to f32 once per tile).
+ */
+#include "quant_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define R CAS_Q_TILE_ROWS
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float ld_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of nibbles to 32 bytes 0..15: low nibbles are elements 0..15, high
+ * nibbles 16..31. */
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+    __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    __m128i hi = _mm_srli_epi16(lo, 4);
+    return _mm256_and_si256(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(15));
+}
+
+/* Sum of u[i] * s[i] (u unsigned bytes, s signed) as 8 int32 partial sums,
+ * converted to f32 (exact: |sum| < 2^24). */
+static inline __m256 dot_us(__m256i u, __m256i s) {
+    __m256i p = _mm256_maddubs_epi16(u, s);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* 8 f32 weights from a float-type row at element i. */
+static inline __m256 ld_w8(int t, const uint8_t *row, int64_t i) {
+    if (t == CAS_T_F32) return _mm256_loadu_ps((const float *)(const void *)row + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(row + 2 * i));
+    if (t == CAS_T_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float ld_w1(int t, const uint8_t *row, int64_t i) {
+    if (t == CAS_T_F32) {
+        float v;
+        memcpy(&v, row + 4 * i, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, row + 2 * i, 2);
+    if (t == CAS_T_F16) return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+/* ---- matrix-vector ------------------------------------------------------ */
+
+/* nr (1..4, a constant after inlining) rows starting at r of a quantized
+ * type t (also a constant). */
+static inline __attribute__((always_inline)) void mv_quant(const int t, const int nr,
+                                                           const uint8_t *w, size_t rb, int64_t r,
+                                                           int64_t nb, const cas_q8x_block *xq,
+                                                           const float *sx, float *y) {
+    const size_t bb = t == CAS_T_Q8_0 ? 34 : t == CAS_T_Q4_0 ? 18 : 20;
+    __m256 acc[R];
+    float corr[R];
+    const uint8_t *p[R];
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) {
+        acc[j] = _mm256_setzero_ps();
+        corr[j] = 0;
+        p[j] = w + (size_t)(r + j) * rb;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q);
+        __m256 dx = _mm256_broadcast_ss(&xq[b].d);
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            const uint8_t *blk = p[j] + (size_t)b * bb;
+            float d = ld_f16(blk);
+            __m256 f;
+            if (t == CAS_T_Q8_0) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+                f = dot_us(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+            } else if (t == CAS_T_Q4_0) {
+                f = dot_us(unpack_nibbles(blk + 2), xv);
+                corr[j] += d * sx[b];
+            } else {
+                f = dot_us(unpack_nibbles(blk + 4), xv);
+                corr[j] += ld_f16(blk + 2) * sx[b];
+            }
+            acc[j] = _mm256_fmadd_ps(f, _mm256_mul_ps(_mm256_set1_ps(d), dx), acc[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++)
+        y[r + j] = hsum8(acc[j]) + (t == CAS_T_Q4_0 ? -8.0f * corr[j] : corr[j]);
+}
+
+static inline __attribute__((always_inline)) void mv_float(const int t, const int nr,
+                                                           const uint8_t *w, size_t rb, int64_t r,
+                                                           int64_t n, const float *x, float *y) {
+    __m256 acc[R];
+    const uint8_t *p[R];
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) {
+        acc[j] = _mm256_setzero_ps();
+        p[j] = w + (size_t)(r + j) * rb;
+    }
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) acc[j] = _mm256_fmadd_ps(ld_w8(t, p[j], i), xv, acc[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) {
+        float s = hsum8(acc[j]);
+        for (int64_t k = i; k < n; k++) s += ld_w1(t, p[j], k) * x[k];
+        y[r + j] = s;
+    }
+}
+
+#define MV_TYPE(name, body4, body1)                                                          \
+    static void name(const uint8_t *w, size_t rb, int64_t r0, int64_t r1, int64_t n,          \
+                     const float *xf, const cas_q8x_block *xq, const float *sx, float *y) {   \
+        int64_t r = r0;                                                                       \
+        (void)xf, (void)xq, (void)sx;                                                         \
+        for (; r + R <= r1; r += R) body4;                                                    \
+        for (; r < r1; r++) body1;                                                            \
+    }
+
+MV_TYPE(mv_q8_0, mv_quant(CAS_T_Q8_0, 4, w, rb, r, n / 32, xq, sx, y),
+        mv_quant(CAS_T_Q8_0, 1, w, rb, r, n / 32, xq, sx, y))
+MV_TYPE(mv_q4_0, mv_quant(CAS_T_Q4_0, 4, w, rb, r, n / 32, xq, sx, y),
+        mv_quant(CAS_T_Q4_0, 1, w, rb, r, n / 32, xq, sx, y))
+MV_TYPE(mv_q4_1, mv_quant(CAS_T_Q4_1, 4, w, rb, r, n / 32, xq, sx, y),
+        mv_quant(CAS_T_Q4_1, 1, w, rb, r, n / 32, xq, sx, y))
+MV_TYPE(mv_f32, mv_float(CAS_T_F32, 4, w, rb, r, n, xf, y),
+        mv_float(CAS_T_F32, 1, w, rb, r, n, xf, y))
+MV_TYPE(mv_f16, mv_float(CAS_T_F16, 4, w, rb, r, n, xf, y),
+        mv_float(CAS_T_F16, 1, w, rb, r, n, xf, y))
+MV_TYPE(mv_bf16, mv_float(CAS_T_BF16, 4, w, rb, r, n, xf, y),
+        mv_float(CAS_T_BF16, 1, w, rb, r, n, xf, y))
+
+void cas_q_avx2_matvec_rows(int t, const uint8_t *w, size_t rb, int64_t r0, int64_t r1, int64_t n,
+                            const float *xf, const cas_q8x_block *xq, const float *sx, float *y) {
+    switch (t) {
+    case CAS_T_Q8_0: mv_q8_0(w, rb, r0, r1, n, xf, xq, sx, y); break;
+    case CAS_T_Q4_0: mv_q4_0(w, rb, r0, r1, n, xf, xq, sx, y); break;
+    case CAS_T_Q4_1: mv_q4_1(w, rb, r0, r1, n, xf, xq, sx, y); break;
+    case CAS_T_F32: mv_f32(w, rb, r0, r1, n, xf, xq, sx, y); break;
+    case CAS_T_F16: mv_f16(w, rb, r0, r1, n, xf, xq, sx, y); break;
+    case CAS_T_BF16: mv_bf16(w, rb, r0, r1, n, xf, xq, sx, y); break;
+    default: break;
+    }
+}
+
+/* ---- batched: quantized weights ---------------------------------------- */
+
+/* Decoded tile of R rows: wq[R][n] unsigned bytes (Q4: 0..15; Q8_0: |w|),
+ * ws[R][n] signed bytes (Q8_0 only: the weights, whose signs move onto x),
+ * dw[R][nb] f32 scales, mw[R][nb] zero-point factors (Q4_0: -8 d; Q4_1: m).
+ * Rows past nr are zero, so the register tile always has R rows. */
+typedef struct {
+    uint8_t *wq;
+    int8_t *ws;
+    float *dw;
+    float *mw;
+} qtile;
+
+static qtile decode_qtile(int t, const uint8_t *w, size_t rb, int64_t r0, int64_t nr, int64_t n,
+                          void *scratch) {
+    int64_t nb = n / 32;
+    qtile q;
+    q.wq = scratch;
+    q.ws = (int8_t *)(q.wq + R * n);
+    q.dw = (float *)(void *)(q.ws + R * n);
+    q.mw = q.dw + R * nb;
+    for (int64_t j = nr; j < R; j++) {
+        memset(q.wq + j * n, 0, (size_t)n);
+        memset(q.ws + j * n, 0, (size_t)n);
+        memset(q.dw + j * nb, 0, (size_t)nb * 4);
+        memset(q.mw + j * nb, 0, (size_t)nb * 4);
+    }
+    for (int64_t j = 0; j < nr; j++) {
+        const uint8_t *row = w + (size_t)(r0 + j) * rb;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *dst = q.wq + j * n + 32 * b;
+            if (t == CAS_T_Q8_0) {
+                const uint8_t *blk = row + 34 * b;
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+                _mm256_storeu_si256((__m256i *)(void *)dst, _mm256_abs_epi8(wv));
+                _mm256_storeu_si256((__m256i *)(void *)(q.ws + j * n + 32 * b), wv);
+                q.dw[j * nb + b] = ld_f16(blk);
+                q.mw[j * nb + b] = 0;
+            } else if (t == CAS_T_Q4_0) {
+                const uint8_t *blk = row + 18 * b;
+                _mm256_storeu_si256((__m256i *)(void *)dst, unpack_nibbles(blk + 2));
+                q.dw[j * nb + b] = ld_f16(blk);
+                q.mw[j * nb + b] = -8.0f * q.dw[j * nb + b];
+            } else {
+                const uint8_t *blk = row + 20 * b;
+                _mm256_storeu_si256((__m256i *)(void *)dst, unpack_nibbles(blk + 4));
+                q.dw[j * nb + b] = ld_f16(blk);
+                q.mw[j * nb + b] = ld_f16(blk + 2);
+            }
+        }
+    }
+    return q;
+}
+
+/* R rows x nt tokens (nt 1 or 2, a constant after inlining) of the integer
+ * part: out[j][t] = sum_b dw[j][b] * dx[t][b] * (wq[j] . x'[t])_b where x'
+ * is x with the signs of ws applied for Q8_0. */
+static inline __attribute__((always_inline)) void mm_qtile(const int t, const int nt,
+                                                           const qtile *q, int64_t nb, int64_t n,
+                                                           const cas_q8x_block *x0,
+                                                           const cas_q8x_block *x1,
+                                                           float out[R][2]) {
+    __m256 acc[R][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i xv0 = _mm256_loadu_si256((const __m256i *)(const void *)x0[b].q);
+        __m256i xv1 = nt > 1 ? _mm256_loadu_si256((const __m256i *)(const void *)x1[b].q) : xv0;
+        __m256 dx0 = _mm256_broadcast_ss(&x0[b].d);
+        __m256 dx1 = nt > 1 ? _mm256_broadcast_ss(&x1[b].d) : dx0;
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++) {
+            __m256i wv = _mm256_load_si256((const __m256i *)(const void *)(q->wq + j * n + 32 * b));
+            __m256 dw = _mm256_broadcast_ss(q->dw + j * nb + b);
+            __m256i u0 = xv0, u1 = xv1;
+            if (t == CAS_T_Q8_0) {
+                __m256i sg = _mm256_load_si256((const __m256i *)(const void *)(q->ws + j * n + 32 * b));
+                u0 = _mm256_sign_epi8(xv0, sg);
+                if (nt > 1) u1 = _mm256_sign_epi8(xv1, sg);
+            }
+            acc[j][0] = _mm256_fmadd_ps(dot_us(wv, u0), _mm256_mul_ps(dw, dx0), acc[j][0]);
+            if (nt > 1) acc[j][1] = _mm256_fmadd_ps(dot_us(wv, u1), _mm256_mul_ps(dw, dx1), acc[j][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) {
+        out[j][0] = hsum8(acc[j][0]);
+        out[j][1] = nt > 1 ? hsum8(acc[j][1]) : 0;
+    }
+}
+
+/* sum_b a[b] * c[b]: the zero-point term of one row and one token. */
+static float dot_f32(const float *a, const float *c, int64_t k) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(c + i), acc);
+    float s = hsum8(acc);
+    for (; i < k; i++) s += a[i] * c[i];
+    return s;
+}
+
+static inline __attribute__((always_inline)) void mm_quant(const int t, const uint8_t *w, size_t rb,
+                                                           int64_t r0, int64_t nr, int64_t rows,
+                                                           int64_t n, const cas_q8x_block *xq,
+                                                           const float *sx, int64_t m, float *y,
+                                                           void *scratch) {
+    int64_t nb = n / 32;
+    qtile q = decode_qtile(t, w, rb, r0, nr, n, scratch);
+    float out[R][2];
+    for (int64_t i = 0; i < m; i += 2) {
+        int two = i + 1 < m;
+        if (two)
+            mm_qtile(t, 2, &q, nb, n, xq + i * nb, xq + (i + 1) * nb, out);
+        else
+            mm_qtile(t, 1, &q, nb, n, xq + i * nb, xq + i * nb, out);
+        for (int k = 0; k <= two; k++)
+            for (int64_t j = 0; j < nr; j++) {
+                float v = out[j][k];
+                if (t != CAS_T_Q8_0) v += dot_f32(q.mw + j * nb, sx + (i + k) * nb, nb);
+                y[(i + k) * rows + r0 + j] = v;
+            }
+    }
+}
+
+/* ---- batched: float weights -------------------------------------------- */
+
+static inline __attribute__((always_inline)) void mm_ftile(const int nt, const float *const *wr,
+                                                           int64_t n, const float *x0,
+                                                           const float *x1, float out[R][2]) {
+    __m256 acc[R][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xa = _mm256_loadu_ps(x0 + i);
+        __m256 xb = nt > 1 ? _mm256_loadu_ps(x1 + i) : xa;
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++) {
+            __m256 wv = _mm256_loadu_ps(wr[j] + i);
+            acc[j][0] = _mm256_fmadd_ps(wv, xa, acc[j][0]);
+            if (nt > 1) acc[j][1] = _mm256_fmadd_ps(wv, xb, acc[j][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) {
+        float s0 = hsum8(acc[j][0]), s1 = nt > 1 ? hsum8(acc[j][1]) : 0;
+        for (int64_t k = i; k < n; k++) {
+            s0 += wr[j][k] * x0[k];
+            if (nt > 1) s1 += wr[j][k] * x1[k];
+        }
+        out[j][0] = s0;
+        out[j][1] = s1;
+    }
+}
+
+static void mm_float(int t, const uint8_t *w, size_t rb, int64_t r0, int64_t nr, int64_t rows,
+                     int64_t n, const float *x, int64_t m, float *y, float *scratch) {
+    const float *wr[R];
+    for (int64_t j = 0; j < R; j++) {
+        if (j >= nr) {
+            wr[j] = wr[0]; /* a real row; its results are dropped */
+        } else if (t == CAS_T_F32) {
+            wr[j] = (const float *)(const void *)(w + (size_t)(r0 + j) * rb);
+        } else {
+            float *d = scratch + j * n;
+            const uint8_t *row = w + (size_t)(r0 + j) * rb;
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, ld_w8(t, row, i));
+            for (; i < n; i++) d[i] = ld_w1(t, row, i);
+            wr[j] = d;
+        }
+    }
+    float out[R][2];
+    for (int64_t i = 0; i < m; i += 2) {
+        int two = i + 1 < m;
+        if (two)
+            mm_ftile(2, wr, n, x + i * n, x + (i + 1) * n, out);
+        else
+            mm_ftile(1, wr, n, x + i * n, x + i * n, out);
+        for (int k = 0; k <= two; k++)
+            for (int64_t j = 0; j < nr; j++) y[(i + k) * rows + r0 + j] = out[j][k];
+    }
+}
+
+void cas_q_avx2_matmul_tile(int t, const uint8_t *w, size_t rb, int64_t r0, int64_t nr, int64_t rows,
+                            int64_t n, const float *xf, const cas_q8x_block *xq, const float *sx,
+                            int64_t m, float *y, void *tile) {
+    switch (t) {
+    case CAS_T_Q8_0: mm_quant(CAS_T_Q8_0, w, rb, r0, nr, rows, n, xq, sx, m, y, tile); break;
+    case CAS_T_Q4_0: mm_quant(CAS_T_Q4_0, w, rb, r0, nr, rows, n, xq, sx, m, y, tile); break;
+    case CAS_T_Q4_1: mm_quant(CAS_T_Q4_1, w, rb, r0, nr, rows, n, xq, sx, m, y, tile); break;
+    default: mm_float(t, w, rb, r0, nr, rows, n, xf, m, y, tile); break;
+    }
+}

@@ -1,0 +1,160 @@
+/*
+ * quant_impl.h: tensor element types and the CPU matrix kernels of the model
+ * layer (internal to src/model). Weights stay in their file format (ggml's
+ * 32-element blocks for Q8_0, Q4_0, Q4_1; plain F32, F16, BF16) and the
+ * kernels read them in place, because decode is bound by the bytes of weights
+ * read per token: unpacking to f32 first would multiply those bytes by 4-8.
+ *
+ * Block formats (little-endian, no padding):
+ *   Q8_0: f16 d, int8 q[32];             x[i] = d * q[i]
+ *   Q4_0: f16 d, uint8 qs[16];           x[i] = d * (nib(i) - 8)
+ *   Q4_1: f16 d, f16 m, uint8 qs[16];    x[i] = d * nib(i) + m
+ * where nib(i) is the low nibble of qs[i] for i < 16 and the high nibble of
+ * qs[i - 16] for i >= 16 (ggml's order).
+ *
+ * For quantized weights the kernels first quantize the activation x to 8 bits
+ * per 32-element block (an f32 scale, plus the block's sum for the zero-point
+ * terms of Q4_0 and Q4_1) and compute exact integer dot products per block,
+ * accumulating in f32 across blocks. The cost is an error on x of at most
+ * half a step of its block scale: |y - y_exact| <= sum_b (amax_b(x) / 254) *
+ * sum_{i in b} |w_i| plus f32 rounding. Float weights (F32, F16, BF16) use x
+ * as given.
+ *
+ * Threading: every call is reentrant; the kernels split rows over OpenMP
+ * threads inside the call (nthreads 0 = omp_get_max_threads()). Nothing is
+ * allocated when the caller passes a workspace of cas_q_work_bytes().
+ */
+#ifndef CASCADE_MODEL_QUANT_IMPL_H
+#define CASCADE_MODEL_QUANT_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/core.h"
+#include "tensor.h"
+
+/* Elements per block of the quantized types. */
+#define CAS_Q_BLOCK 32
+
+/* ---- type info ---------------------------------------------------------- */
+
+/* 1 when the kernels here can compute with type t (F32, F16, BF16, Q8_0,
+ * Q4_0, Q4_1), else 0. */
+int cas_tensor_type_supported(int t);
+
+/* Elements per block (1 for plain types, 32 for quantized); 0 if t is not a
+ * supported type. */
+int64_t cas_tensor_block_size(int t);
+
+/* Bytes per block; 0 if t is not a supported type. */
+size_t cas_tensor_block_bytes(int t);
+
+/* A short name: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"; "?" otherwise. */
+const char *cas_tensor_type_name(int t);
+
+/* Bytes of one row of n elements into *bytes. CAS_ERR_UNSUPPORTED for a type
+ * the kernels do not handle, CAS_ERR_INVALID when n <= 0 or n is not a
+ * multiple of the block size. */
+cas_status cas_tensor_row_bytes(int t, int64_t n, size_t *bytes);
+
+/* ---- conversion ---------------------------------------------------------- */
+
+/* Dequantizes one row of n elements of type t at src into dst[n] (f32). */
+cas_status cas_q_dequantize_row(int t, const void *src, float *dst, int64_t n);
+
+/* Quantizes rows x rows of n f32 values (contiguous, row-major) into type t
+ * at dst (rows * row_bytes). Round to nearest; the block scales are rounded
+ * to f16 first and the values quantized against the stored scale, so the
+ * round trip error is at most half a step (Q8_0, Q4_1) and one step for the
+ * extreme opposite value of Q4_0, which has 8 steps below zero and 7 above.
+ * Values must be finite and below the f16 range times the step count.
+ * Single-threaded (for tests and synthetic weights, not the hot path). */
+cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, int64_t n);
+
+/* ---- matrix kernels ----------------------------------------------------- */
+
+/* Instruction set of the kernels: AUTO picks AVX2+FMA when the CPU has it,
+ * unless the environment variable CASCADE_SIMD=generic forces the portable
+ * path. GENERIC forces the portable path. AVX2 asks for AVX2 and fails with
+ * CAS_ERR_UNSUPPORTED when the CPU lacks it. */
+typedef enum { CAS_Q_SIMD_AUTO = 0, CAS_Q_SIMD_GENERIC = 1, CAS_Q_SIMD_AVX2 = 2 } cas_q_simd;
+
+/* Options of a kernel call; a NULL pointer means all defaults (zeroes). */
+typedef struct {
+    int nthreads;      /* OpenMP threads; 0 = omp_get_max_threads() */
+    cas_q_simd simd;   /* instruction set, see above */
+    void *work;        /* scratch of at least work_bytes, 64-byte aligned; NULL = allocate in the call */
+    size_t work_bytes; /* size of work */
+} cas_q_opts;
+
+/* The name of the path AUTO resolves to on this machine now ("avx2" or
+ * "generic"). */
+const char *cas_q_simd_name(void);
+
+/* Bytes of scratch a call of cas_q_matmul with these arguments needs (m = 1
+ * for cas_q_matvec); nthreads as in cas_q_opts. 0 if the arguments are
+ * invalid. Allocate it once at start-up for the largest shapes and pass it in
+ * cas_q_opts.work: then the kernels allocate nothing. */
+size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads);
+
+/* y[rows] = W[rows][n] . x[n]. W is rows rows of type t, each row_bytes(t, n)
+ * bytes, contiguous. Every y[r] is written. x and y must not overlap W or
+ * each other. */
+cas_status cas_q_matvec(int t, const void *w, int64_t rows, int64_t n, const float *x, float *y,
+                        const cas_q_opts *opt);
+
+/* Y[m][rows] = X[m][n] . W[rows][n]^T: m tokens through one weight matrix,
+ * which is read from memory once per call (rows are processed in tiles that
+ * all m tokens use while the tile is in cache). X and Y are row-major and
+ * contiguous. m = 1 is the same as cas_q_matvec. */
+cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const float *x, int64_t m,
+                        float *y, const cas_q_opts *opt);
+
+/* ---- benchmarks ----------------------------------------------------------- */
+
+typedef struct {
+    double seconds;      /* mean wall time of one call */
+    double weight_gbs;   /* weight bytes per call / seconds, 1e9 bytes/s */
+    double gflops;       /* 2 * rows * n * m / seconds, 1e9/s */
+    int64_t weight_bytes; /* bytes of one weight matrix */
+    int copies;          /* distinct weight copies cycled through (cold runs) */
+} cas_q_bench_result;
+
+/* Times cas_q_matmul (cas_q_matvec when m = 1) on random weights of type t for
+ * about min_seconds. cold != 0 cycles through enough copies of the matrix
+ * (>= 256 MiB in all) that each call reads its weights from DRAM, as a model's
+ * decode step does; cold == 0 measures a cache-resident matrix. */
+cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, int cold,
+                       double min_seconds, cas_q_bench_result *out);
+
+/* Read bandwidth of this machine in 1e9 bytes/s: nthreads threads sum a
+ * buffer of `bytes` (use far more than the last-level cache) for about
+ * min_seconds; the best pass is reported. */
+cas_status cas_q_bench_read_bw(int nthreads, size_t bytes, double min_seconds, double *gbs);
+
+/* ---- internal: shared by quant.c and quant_avx2.c ------------------------ */
+
+/* x quantized to 8 bits per block: x[i] ~= d * q[i]; s = d * sum(q). */
+typedef struct {
+    float d;
+    float s;
+    int8_t q[CAS_Q_BLOCK];
+} cas_q8x_block;
+
+/* Sizes of the per-thread tile scratch of the batched kernels. */
+#define CAS_Q_TILE_ROWS 4
+
+/* AVX2 kernels (quant_avx2.c). Row ranges [r0, r1) of one thread; xq is x
+ * quantized (nb = n / 32 blocks per token) and sx[m][nb] its block sums
+ * (copies of xq[].s, contiguous); xf is the f32 x, used for float types. */
+void cas_q_avx2_matvec_rows(int t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
+                            int64_t n, const float *xf, const cas_q8x_block *xq, const float *sx,
+                            float *y);
+/* One tile of nr <= CAS_Q_TILE_ROWS rows starting at r0, all m tokens; y is
+ * Y[m][rows]. tile is 64-byte aligned scratch of CAS_Q_TILE_ROWS * n floats
+ * (the tile's weights decoded once, then used by every token). */
+void cas_q_avx2_matmul_tile(int t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t nr,
+                            int64_t rows, int64_t n, const float *xf, const cas_q8x_block *xq,
+                            const float *sx, int64_t m, float *y, void *tile);
+
+#endif

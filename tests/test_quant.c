@@ -1,0 +1,471 @@
+/*
+ * test_quant.c: tensor types and the CPU matrix kernels (src/model/quant*.c)
+ * against a float64 reference computed from the dequantized weights.
+ *
+ * Tolerances. Float weights (F32, F16, BF16) see x unchanged, so the only
+ * error is f32 summation: at most about n * 2^-24 * sum|w||x| for a
+ * sequential sum (the SIMD path's lane-wise sums are better). Quantized
+ * weights see x rounded to 8 bits per block against the scale d_b =
+ * amax_b|x| / 127, an error of at most d_b / 2 per element, hence
+ *     |y - y_ref| <= sum_b (d_b / 2) * sum_{i in b} |w_i|    (the x term)
+ * plus f32 rounding of the per-block scaled integer sums, bounded by a few
+ * units of 2^-24 per block times sum_b max_b|w| * sum_{i in b}(|x_i| + d_b)
+ * (Q4_1's m and d q terms can each be up to twice the largest |w| of the
+ * block, hence the max rather than |w_i|). The x term is computed exactly
+ * from the test's own x, so the check is tight enough to catch a wrong
+ * nibble or a wrong scale, which would err by O(sum |w||x|).
+ *
+ * `test_quant --bench` runs the benchmarks instead of the tests.
+ */
+#include "check.h"
+
+#include <float.h>
+#include <string.h>
+
+#include "../src/core/core.h"
+#include "../src/model/quant_impl.h"
+
+static const int k_types[] = {CAS_T_F32, CAS_T_F16, CAS_T_BF16, CAS_T_Q8_0, CAS_T_Q4_0, CAS_T_Q4_1};
+#define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
+
+static int is_q(int t) { return t == CAS_T_Q8_0 || t == CAS_T_Q4_0 || t == CAS_T_Q4_1; }
+
+static int have_avx2(void) {
+    cas_q_opts o = {1, CAS_Q_SIMD_AVX2, NULL, 0};
+    float w = 1, x = 1, y = 0;
+    return cas_q_matvec(CAS_T_F32, &w, 1, 1, &x, &y, &o) == CAS_OK;
+}
+
+/* Normal values with a per-row and a per-block magnitude spread, so blocks
+ * of very different scales sit side by side. */
+static void fill_weights(cas_rng *rng, float *w, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        double rs = pow(10.0, cas_rng_uniform(rng) * 2 - 1);
+        for (int64_t b = 0; b < n; b += 32) {
+            double bs = rs * pow(2.0, cas_rng_uniform(rng) * 6 - 3);
+            for (int64_t i = b; i < b + 32 && i < n; i++) w[r * n + i] = (float)(bs * cas_rng_normal(rng));
+        }
+    }
+}
+
+/* Quantizes w into type t and returns the dequantized matrix in wd. */
+static void make_matrix(int t, const float *w, int64_t rows, int64_t n, uint8_t **wq, float *wd) {
+    size_t rb = 0;
+    CHECK(cas_tensor_row_bytes(t, n, &rb) == CAS_OK);
+    *wq = cas_alloc(rb * (size_t)rows);
+    CHECK(cas_q_quantize_rows(t, w, *wq, rows, n) == CAS_OK);
+    for (int64_t r = 0; r < rows; r++) CHECK(cas_q_dequantize_row(t, *wq + r * rb, wd + r * n, n) == CAS_OK);
+}
+
+/* Reference and per-output tolerance for Y[m][rows]. */
+static void reference(int t, const float *wd, int64_t rows, int64_t n, const float *x, int64_t m,
+                      double *yref, double *tol, double *ftol) {
+    for (int64_t i = 0; i < m; i++) {
+        const float *xi = x + i * n;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *wr = wd + r * n;
+            double s = 0, xterm = 0, fterm = 0;
+            for (int64_t b = 0; b < n; b += 32) {
+                int64_t e = b + 32 < n ? b + 32 : n;
+                double amx = 0, amw = 0, sw = 0, sx = 0, swx = 0;
+                for (int64_t k = b; k < e; k++) {
+                    s += (double)wr[k] * xi[k];
+                    amx = fmax(amx, fabs(xi[k]));
+                    amw = fmax(amw, fabs(wr[k]));
+                    sw += fabs(wr[k]);
+                    sx += fabs(xi[k]);
+                    swx += fabs((double)wr[k] * xi[k]);
+                }
+                if (is_q(t)) {
+                    double d = amx / 127;
+                    xterm += d / 2 * sw;
+                    fterm += 3 * amw * (sx + 32 * d);
+                } else {
+                    fterm += swx;
+                }
+            }
+            double nb = (double)(n + 31) / 32;
+            /* f32 rounding: quantized types round a handful of times per
+             * block and once per block in the sum; float types once per
+             * element in the worst (sequential) order. */
+            double frel = is_q(t) ? (nb + 8) * 0x1p-22 : (double)(n + 8) * 0x1p-23;
+            yref[i * rows + r] = s;
+            tol[i * rows + r] = 1.001 * xterm + frel * fterm + 1e-30;
+            ftol[i * rows + r] = 2 * frel * fterm + 1e-30;
+        }
+    }
+}
+
+static void check_result(const char *what, int t, int64_t rows, int64_t n, int64_t m, const float *y,
+                         const double *yref, const double *tol) {
+    int bad = 0;
+    for (int64_t i = 0; i < m * rows && bad < 3; i++) {
+        double err = fabs((double)y[i] - yref[i]);
+        if (!(err <= tol[i])) { /* also catches NaN: every output must be written */
+            CHECKF(0, "%s %s rows=%lld n=%lld m=%lld: y[%lld]=%g ref=%g err=%g tol=%g", what,
+                   cas_tensor_type_name(t), (long long)rows, (long long)n, (long long)m, (long long)i,
+                   (double)y[i], yref[i], err, tol[i]);
+            bad++;
+        }
+    }
+}
+
+static void poison(float *y, int64_t k) {
+    for (int64_t i = 0; i < k; i++) y[i] = NAN;
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+static void test_type_info(void) {
+    size_t rb = 7;
+    CHECK(cas_tensor_row_bytes(CAS_T_Q4_1, 576, &rb) == CAS_OK && rb == 18 * 20);
+    CHECK(cas_tensor_row_bytes(CAS_T_Q4_0, 64, &rb) == CAS_OK && rb == 36);
+    CHECK(cas_tensor_row_bytes(CAS_T_Q8_0, 1536, &rb) == CAS_OK && rb == 48 * 34);
+    CHECK(cas_tensor_row_bytes(CAS_T_F32, 37, &rb) == CAS_OK && rb == 148);
+    CHECK(cas_tensor_row_bytes(CAS_T_F16, 37, &rb) == CAS_OK && rb == 74);
+    CHECK(cas_tensor_row_bytes(CAS_T_BF16, 3, &rb) == CAS_OK && rb == 6);
+    CHECK(cas_tensor_row_bytes(CAS_T_Q4_1, 33, &rb) == CAS_ERR_INVALID && rb == 0);
+    CHECK(cas_tensor_row_bytes(CAS_T_Q8_0, 16, &rb) == CAS_ERR_INVALID);
+    CHECK(cas_tensor_row_bytes(CAS_T_Q4_0, 0, &rb) == CAS_ERR_INVALID);
+    CHECK(cas_tensor_row_bytes(CAS_T_F32, -1, &rb) == CAS_ERR_INVALID);
+    CHECK(cas_tensor_row_bytes(12 /* q4_k */, 256, &rb) == CAS_ERR_UNSUPPORTED);
+    CHECK(cas_tensor_row_bytes(CAS_T_F32, 32, NULL) == CAS_ERR_INVALID);
+    CHECK(cas_tensor_block_size(CAS_T_Q4_1) == 32 && cas_tensor_block_size(CAS_T_BF16) == 1);
+    CHECK(cas_tensor_block_size(99) == 0 && cas_tensor_block_bytes(99) == 0);
+    CHECK(cas_tensor_block_bytes(CAS_T_Q4_0) == 18 && cas_tensor_block_bytes(CAS_T_Q8_0) == 34);
+    CHECK(strcmp(cas_tensor_type_name(CAS_T_Q4_1), "q4_1") == 0);
+    CHECK(strcmp(cas_tensor_type_name(CAS_T_BF16), "bf16") == 0);
+    CHECK(strcmp(cas_tensor_type_name(99), "?") == 0);
+    for (int i = 0; i < N_TYPES; i++) CHECK(cas_tensor_type_supported(k_types[i]));
+    CHECK(!cas_tensor_type_supported(6) && !cas_tensor_type_supported(12));
+}
+
+/* Hand-built blocks pin the layout: ggml's nibble order puts element i in the
+ * low nibble of byte i and element 16 + i in the high nibble. */
+static void test_layout(void) {
+    uint8_t q40[18], q41[20], q80[34];
+    uint16_t two = cas_f32_to_f16(2.0f), half = cas_f32_to_f16(0.5f), m = cas_f32_to_f16(-3.0f);
+    memcpy(q40, &two, 2);
+    memcpy(q41, &half, 2);
+    memcpy(q41 + 2, &m, 2);
+    memcpy(q80, &half, 2);
+    for (int i = 0; i < 16; i++) {
+        q40[2 + i] = (uint8_t)(i | (15 - i) << 4);
+        q41[4 + i] = (uint8_t)(i | (15 - i) << 4);
+    }
+    for (int i = 0; i < 32; i++) q80[2 + i] = (uint8_t)(int8_t)(i * 8 - 128);
+    float d[32];
+    REQUIRE(cas_q_dequantize_row(CAS_T_Q4_0, q40, d, 32) == CAS_OK);
+    for (int i = 0; i < 16; i++) {
+        CHECK(d[i] == 2.0f * (float)(i - 8));
+        CHECK(d[16 + i] == 2.0f * (float)(15 - i - 8));
+    }
+    REQUIRE(cas_q_dequantize_row(CAS_T_Q4_1, q41, d, 32) == CAS_OK);
+    for (int i = 0; i < 16; i++) {
+        CHECK(d[i] == 0.5f * (float)i - 3.0f);
+        CHECK(d[16 + i] == 0.5f * (float)(15 - i) - 3.0f);
+    }
+    REQUIRE(cas_q_dequantize_row(CAS_T_Q8_0, q80, d, 32) == CAS_OK);
+    for (int i = 0; i < 32; i++) CHECK(d[i] == 0.5f * (float)(i * 8 - 128));
+
+    /* The kernels read the same layout: y = W x with x = e_k picks column k
+     * (exact: one-hot x quantizes without error). */
+    const uint8_t *blocks[3] = {q40, q41, q80};
+    const int types[3] = {CAS_T_Q4_0, CAS_T_Q4_1, CAS_T_Q8_0};
+    for (int v = 0; v < 3; v++) {
+        REQUIRE(cas_q_dequantize_row(types[v], blocks[v], d, 32) == CAS_OK);
+        for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
+            if (path == CAS_Q_SIMD_AVX2 && !have_avx2()) continue;
+            cas_q_opts o = {1, (cas_q_simd)path, NULL, 0};
+            for (int k = 0; k < 32; k++) {
+                float x[32] = {0}, y = NAN;
+                x[k] = 1;
+                CHECK(cas_q_matvec(types[v], blocks[v], 1, 32, x, &y, &o) == CAS_OK);
+                CHECKF(fabsf(y - d[k]) <= 1e-6f * fabsf(d[k]), "type %s path %d k %d: %g vs %g",
+                       cas_tensor_type_name(types[v]), path, k, (double)y, (double)d[k]);
+            }
+        }
+    }
+}
+
+/* Round trip: per block, Q8_0 and Q4_1 err by at most half a step (plus the
+ * f16 rounding of the scale and of Q4_1's minimum against the block's
+ * magnitude); Q4_0 by one step (its extreme value on the short side of zero
+ * is clamped from +8 to +7 steps). F16 and BF16 round to nearest: relative
+ * 2^-11 and 2^-8 (F16 values here stay in its normal range). */
+static void test_roundtrip(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 7);
+    const int64_t rows = 9, n = 576;
+    float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+    REQUIRE(w && wd);
+    fill_weights(&rng, w, rows, n);
+    for (int64_t i = 0; i < 32; i++) w[i] = 0;           /* an all-zero block */
+    for (int64_t i = 32; i < 64; i++) w[i] = 1.25f;       /* a constant block */
+    for (int64_t i = 64; i < 96; i++) w[i] = -3.0f + 0.5f * (float)(i % 16); /* on the Q4_1 grid */
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int t = k_types[ti];
+        uint8_t *q = NULL;
+        make_matrix(t, w, rows, n, &q, wd);
+        double worst = 0;
+        for (int64_t b = 0; b < rows * n; b += 32) {
+            float lo = w[b], hi = w[b], amax = 0;
+            for (int k = 0; k < 32; k++) {
+                lo = fminf(lo, w[b + k]), hi = fmaxf(hi, w[b + k]);
+                amax = fmaxf(amax, fabsf(w[b + k]));
+            }
+            for (int k = 0; k < 32; k++) {
+                double err = fabs((double)wd[b + k] - w[b + k]), tol;
+                switch (t) {
+                case CAS_T_F32: tol = 0; break;
+                case CAS_T_F16: tol = fabs(w[b + k]) * 0x1p-11; break;
+                case CAS_T_BF16: tol = fabs(w[b + k]) * 0x1p-8; break;
+                case CAS_T_Q8_0: tol = amax / 127.0 * (0.5 + 127 * 0x1p-10); break;
+                case CAS_T_Q4_0: tol = amax / 8.0 * (1 + 16 * 0x1p-10); break;
+                default: tol = (hi - lo) / 15.0 * (0.5 + 16 * 0x1p-10) + fabs(lo) * 0x1p-10; break;
+                }
+                if (!(err <= tol) && worst < 1) {
+                    CHECKF(0, "%s element %lld: %g -> %g (tol %g)", cas_tensor_type_name(t),
+                           (long long)(b + k), (double)w[b + k], (double)wd[b + k], tol);
+                    worst = 1;
+                }
+            }
+        }
+        for (int k = 0; k < 32; k++) CHECK(wd[k] == 0); /* zero block stays zero */
+        if (t == CAS_T_Q4_1 || t == CAS_T_F32 || t == CAS_T_F16 || t == CAS_T_BF16)
+            for (int k = 64; k < 96; k++) CHECK(wd[k] == w[k]);
+        if (t == CAS_T_F16 || t == CAS_T_BF16)
+            for (int k = 32; k < 64; k++) CHECKF(wd[k] == 1.25f, "%s %g", cas_tensor_type_name(t), (double)wd[k]);
+        cas_free(q);
+    }
+    cas_free(w);
+    cas_free(wd);
+}
+
+/* One (type, shape) over tokens counts, paths and thread counts. */
+static void run_case(int t, int64_t rows, int64_t n, const int64_t *ms, int nm, int avx2, cas_rng *rng) {
+    int64_t mmax = 0;
+    for (int i = 0; i < nm; i++) mmax = ms[i] > mmax ? ms[i] : mmax;
+    float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+    float *x = cas_alloc_array((size_t)(mmax * n), 4);
+    float *y = cas_alloc_array((size_t)(mmax * rows), 4), *y1 = cas_alloc_array((size_t)rows, 4);
+    float *yg = cas_alloc_array((size_t)(mmax * rows), 4);
+    double *yref = cas_alloc_array((size_t)(mmax * rows), 8), *tol = cas_alloc_array((size_t)(mmax * rows), 8);
+    double *ftol = cas_alloc_array((size_t)(mmax * rows), 8);
+    uint8_t *wq = NULL;
+    REQUIRE(w && wd && x && y && y1 && yg && yref && tol && ftol);
+    fill_weights(rng, w, rows, n);
+    make_matrix(t, w, rows, n, &wq, wd);
+    for (int mi = 0; mi < nm; mi++) {
+        int64_t m = ms[mi];
+        for (int64_t i = 0; i < m * n; i++) x[i] = (float)cas_rng_normal(rng);
+        if (n >= 64) /* an all-zero x block (scale 0) and a tiny one */
+            for (int64_t k = 0; k < 32; k++) x[k] = 0, x[32 + k] *= 1e-6f;
+        reference(t, wd, rows, n, x, m, yref, tol, ftol);
+        int first = 1;
+        for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
+            if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
+            for (int nt = 1; nt <= 2; nt++) {
+                cas_q_opts o = {nt, (cas_q_simd)path, NULL, 0};
+                poison(y, m * rows);
+                cas_status st = m == 1 ? cas_q_matvec(t, wq, rows, n, x, y, &o)
+                                       : cas_q_matmul(t, wq, rows, n, x, m, y, &o);
+                CHECKF(st == CAS_OK, "%s", cas_last_error());
+                check_result(path == CAS_Q_SIMD_AVX2 ? "avx2" : "generic", t, rows, n, m, y, yref, tol);
+                /* Differential: every path and thread count computes from
+                 * the same quantized x, so they differ only by f32 rounding:
+                 * twice the f32 part of the tolerance, without the x term. */
+                if (first) {
+                    memcpy(yg, y, (size_t)(m * rows) * 4);
+                    first = 0;
+                } else {
+                    for (int64_t i = 0; i < m * rows; i++) {
+                        if (!(fabs((double)y[i] - yg[i]) <= ftol[i])) {
+                            CHECKF(0, "%s path %d nt %d m %lld: y[%lld] %g vs first %g", cas_tensor_type_name(t),
+                                   path, nt, (long long)m, (long long)i, (double)y[i], (double)yg[i]);
+                            break;
+                        }
+                    }
+                }
+                /* batched = alone: each token's row of Y matches its own matvec */
+                if (m > 1 && nt == 2) {
+                    for (int64_t i = 0; i < m; i += (m > 4 ? m / 4 : 1)) {
+                        poison(y1, rows);
+                        CHECK(cas_q_matvec(t, wq, rows, n, x + i * n, y1, &o) == CAS_OK);
+                        for (int64_t r = 0; r < rows; r++)
+                            if (!(fabs((double)y1[r] - y[i * rows + r]) <= ftol[i * rows + r])) {
+                                CHECKF(0, "%s batched vs alone token %lld row %lld: %g vs %g",
+                                       cas_tensor_type_name(t), (long long)i, (long long)r,
+                                       (double)y[i * rows + r], (double)y1[r]);
+                                break;
+                            }
+                    }
+                }
+            }
+        }
+    }
+    cas_free(wq);
+    cas_free(w);
+    cas_free(wd);
+    cas_free(x);
+    cas_free(y);
+    cas_free(y1);
+    cas_free(yg);
+    cas_free(yref);
+    cas_free(tol);
+    cas_free(ftol);
+}
+
+static void test_kernels(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 42);
+    int avx2 = have_avx2();
+    if (!avx2) printf("note: no AVX2 on this CPU; testing the portable path only\n");
+    static const int64_t ns[] = {32, 64, 576, 1536};
+    static const int64_t rowss[] = {1, 7, 33, 577};
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int t = k_types[ti];
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) {
+                int64_t n = ns[a], rows = rowss[b];
+                if (n == 32 && rows > 33) continue;
+                /* token counts: 1 (matvec), odd and even small batches, and a
+                 * full 32-token batch where it stays cheap */
+                int64_t ms[4] = {1, 2, 5, 32};
+                int nm = rows * n <= 33 * 1536 || (rows == 577 && n == 64) ? 4 : 3;
+                run_case(t, rows, n, ms, nm, avx2, &rng);
+            }
+        if (!is_q(t)) { /* float types take any n: SIMD tails */
+            int64_t ms[3] = {1, 3, 4};
+            run_case(t, 33, 37, ms, 3, avx2, &rng);
+            run_case(t, 5, 7, ms, 3, avx2, &rng);
+        }
+    }
+}
+
+static void test_workspace_and_env(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 3);
+    const int64_t rows = 65, n = 576, m = 7;
+    float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+    float *x = cas_alloc_array((size_t)(m * n), 4), *y = cas_alloc_array((size_t)(m * rows), 4);
+    float *y2 = cas_alloc_array((size_t)(m * rows), 4);
+    REQUIRE(w && wd && x && y && y2);
+    fill_weights(&rng, w, rows, n);
+    for (int64_t i = 0; i < m * n; i++) x[i] = (float)cas_rng_normal(&rng);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int t = k_types[ti];
+        uint8_t *wq = NULL;
+        make_matrix(t, w, rows, n, &wq, wd);
+        /* A caller-owned workspace gives bit-identical results. */
+        size_t need = cas_q_work_bytes(t, rows, n, m, 2);
+        CHECK(need > 0);
+        void *work = cas_alloc(need);
+        cas_q_opts own = {2, CAS_Q_SIMD_AUTO, work, need}, dflt = {2, CAS_Q_SIMD_AUTO, NULL, 0};
+        poison(y, m * rows);
+        poison(y2, m * rows);
+        CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &own) == CAS_OK);
+        CHECK(cas_q_matmul(t, wq, rows, n, x, m, y2, &dflt) == CAS_OK);
+        CHECK(memcmp(y, y2, (size_t)(m * rows) * 4) == 0);
+        own.work_bytes = need - 1;
+        CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &own) == CAS_ERR_INVALID);
+        /* NULL options mean defaults */
+        CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, NULL) == CAS_OK);
+        /* CASCADE_SIMD=generic makes AUTO the portable path: bit-identical
+         * to asking for GENERIC. */
+        cas_q_opts gen = {1, CAS_Q_SIMD_GENERIC, NULL, 0}, aut = {1, CAS_Q_SIMD_AUTO, NULL, 0};
+        setenv("CASCADE_SIMD", "generic", 1);
+        CHECK(strcmp(cas_q_simd_name(), "generic") == 0);
+        poison(y, m * rows);
+        poison(y2, m * rows);
+        CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &aut) == CAS_OK);
+        CHECK(cas_q_matmul(t, wq, rows, n, x, m, y2, &gen) == CAS_OK);
+        CHECK(memcmp(y, y2, (size_t)(m * rows) * 4) == 0);
+        unsetenv("CASCADE_SIMD");
+        if (have_avx2()) CHECK(strcmp(cas_q_simd_name(), "avx2") == 0);
+        cas_free(work);
+        cas_free(wq);
+    }
+    cas_free(w);
+    cas_free(wd);
+    cas_free(x);
+    cas_free(y);
+    cas_free(y2);
+}
+
+static void test_bad_input(void) {
+    float x[64] = {0}, y[4] = {0}, f[64] = {0};
+    uint8_t w[4 * 40] = {0};
+    cas_q_opts o = {1, CAS_Q_SIMD_AUTO, NULL, 0};
+    CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 33, x, y, &o) == CAS_ERR_INVALID);
+    CHECK(strlen(cas_last_error()) > 0);
+    CHECK(cas_q_matvec(CAS_T_Q8_0, w, 1, 48, x, y, &o) == CAS_ERR_INVALID);
+    CHECK(cas_q_matmul(CAS_T_Q4_0, w, 2, 16, x, 2, y, &o) == CAS_ERR_INVALID);
+    CHECK(cas_q_matvec(CAS_T_Q4_1, NULL, 1, 32, x, y, &o) == CAS_ERR_INVALID);
+    CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 32, NULL, y, &o) == CAS_ERR_INVALID);
+    CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 32, x, NULL, &o) == CAS_ERR_INVALID);
+    CHECK(cas_q_matvec(CAS_T_Q4_1, w, 0, 32, x, y, &o) == CAS_ERR_INVALID);
+    CHECK(cas_q_matmul(CAS_T_Q4_1, w, 1, 32, x, 0, y, &o) == CAS_ERR_INVALID);
+    CHECK(cas_q_matvec(12 /* q4_k */, w, 1, 256, x, y, &o) == CAS_ERR_UNSUPPORTED);
+    cas_q_opts neg = {-1, CAS_Q_SIMD_AUTO, NULL, 0};
+    CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 32, x, y, &neg) == CAS_ERR_INVALID);
+    CHECK(cas_q_dequantize_row(CAS_T_Q4_0, w, f, 40) == CAS_ERR_INVALID);
+    CHECK(cas_q_dequantize_row(CAS_T_Q4_0, NULL, f, 32) == CAS_ERR_INVALID);
+    CHECK(cas_q_dequantize_row(CAS_T_Q4_0, w, NULL, 32) == CAS_ERR_INVALID);
+    CHECK(cas_q_quantize_rows(CAS_T_Q8_0, f, w, 1, 40) == CAS_ERR_INVALID);
+    CHECK(cas_q_quantize_rows(CAS_T_Q8_0, NULL, w, 1, 32) == CAS_ERR_INVALID);
+    CHECK(cas_q_quantize_rows(CAS_T_Q8_0, f, w, -1, 32) == CAS_ERR_INVALID);
+    CHECK(cas_q_work_bytes(CAS_T_Q4_1, 1, 33, 1, 1) == 0);
+    CHECK(cas_q_work_bytes(CAS_T_Q4_1, 0, 32, 1, 1) == 0);
+}
+
+/* ---- benchmark mode --------------------------------------------------------- */
+
+static void bench_line(const char *label, int t, int64_t rows, int64_t n, int64_t m, int cold, double bw,
+                       double *secs) {
+    cas_q_bench_result r;
+    cas_status st = cas_q_bench(t, rows, n, m, 2, cold, 0.5, &r);
+    if (st) {
+        printf("%s: error %s\n", label, cas_last_error());
+        return;
+    }
+    printf("%-34s %-5s %6lldx%-5lld m=%-3lld %s  %8.1f us  %6.1f GB/s weights (%3.0f%% of read bw)  %6.1f GFLOP/s\n",
+           label, cas_tensor_type_name(t), (long long)rows, (long long)n, (long long)m,
+           cold ? "cold" : "hot ", r.seconds * 1e6, r.weight_gbs, 100 * r.weight_gbs / bw, r.gflops);
+    if (secs) *secs = r.seconds;
+}
+
+static int bench_main(void) {
+    double bw = 0;
+    if (cas_q_bench_read_bw(2, (size_t)1 << 30, 1.0, &bw)) {
+        printf("read bandwidth: %s\n", cas_last_error());
+        return 1;
+    }
+    printf("simd path: %s; read bandwidth (2 threads, sum of 1 GiB): %.1f GB/s\n", cas_q_simd_name(), bw);
+    double s1 = 0, s32 = 0;
+    bench_line("decode: ffn down/up", CAS_T_Q4_1, 576, 1536, 1, 1, bw, &s1);
+    bench_line("decode: ffn down/up", CAS_T_Q4_1, 576, 1536, 1, 0, bw, NULL);
+    bench_line("decode: ffn up (1536 rows)", CAS_T_Q4_1, 1536, 576, 1, 1, bw, NULL);
+    bench_line("batched 32 tokens", CAS_T_Q4_1, 576, 1536, 32, 1, bw, &s32);
+    if (s1 > 0 && s32 > 0)
+        printf("  -> 32 tokens cost %.1fx one matvec (%.1fx the tokens/s)\n", s32 / s1, 32 * s1 / s32);
+    bench_line("decode: output embedding", CAS_T_Q8_0, 49152, 576, 1, 1, bw, &s1);
+    bench_line("batched 32 tokens", CAS_T_Q8_0, 49152, 576, 32, 1, bw, &s32);
+    if (s1 > 0 && s32 > 0)
+        printf("  -> 32 tokens cost %.1fx one matvec (%.1fx the tokens/s)\n", s32 / s1, 32 * s1 / s32);
+    for (int i = 0; i < N_TYPES; i++) bench_line("decode 1536x576 all types", k_types[i], 1536, 576, 1, 1, bw, NULL);
+    bench_line("batched 128 tokens", CAS_T_Q4_1, 1536, 576, 128, 1, bw, NULL);
+    bench_line("batched 32 tokens", CAS_T_F32, 1536, 576, 32, 1, bw, NULL);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) return bench_main();
+    RUN(test_type_info);
+    RUN(test_layout);
+    RUN(test_roundtrip);
+    RUN(test_bad_input);
+    RUN(test_workspace_and_env);
+    RUN(test_kernels);
+    return check_summary();
+}
