@@ -13,6 +13,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"attn-bench", cmd_attn_bench, "benchmark flat vs cascade paged attention on a random batch"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text as a JSON array"},
 };
 
 static void usage(FILE *f) {
