@@ -1,0 +1,428 @@
+/*
+ * attn_bench_cuda.c: benchmark of the CUDA attention backend, flat vs
+ * cascade, on batches of B requests that share a prefix of P tokens and own U
+ * tokens each (decode: qlen queries per request), the shapes of the anchors in
+ * ../shared/anchors (FlashInfer and PyTorch on an H200). Standalone so that
+ * it can be wired into `cascade attn-bench --backend cuda` later.
+ *
+ * Timing: CUDA events around one run (the three launches of
+ * cas_cuda_attn_run, replayed from a CUDA graph, and also eager), after
+ * warm-up, median of --iters; the same method as the anchors' scripts
+ * (no L2 flush, same pool). The ceiling is a device-to-device copy measured
+ * in the same process (bytes read + written). Errors are max |o - ref|
+ * against the float64 reference for the last request of the batch (the
+ * reference of a whole batch of 256 x 32k would take minutes).
+ *
+ *   attn_bench_cuda [--batch B] [--prefix P] [--suffix U] [--qlen Q]
+ *                   [--heads HQ:HKV] [--head-dim D] [--page-size S]
+ *                   [--dtype bf16|f16] [--iters N] [--grid] [--unshared]
+ *                   [--prefill L] [--json FILE]
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../src/cuda/cuda_attn.h"
+
+#ifndef CAS_HAVE_CPU_PLANNER
+#define CAS_HAVE_CPU_PLANNER 0
+#endif
+
+#define CU(call)                                                                            \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) {                                                            \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+#define CS(call)                                                                            \
+    do {                                                                                    \
+        cas_status s_ = (call);                                                             \
+        if (s_ != CAS_OK) {                                                                 \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cas_last_error()); \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+typedef struct {
+    int Hq, Hkv, D, page;
+    cas_dtype dt;
+    int iters, warm;
+} opts_t;
+
+/* one pool for all cases, filled once (host copy kept for the reference) */
+static uint16_t *hk, *hv;
+static void *dk, *dv;
+static int64_t pool_pages;
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static float time_ms(const opts_t *o, cas_cuda_attn *a, cudaGraphExec_t g, const void *q, float *O,
+                     float *L, cudaStream_t s) {
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float ts[512];
+    int n = o->iters > 512 ? 512 : o->iters;
+    for (int i = 0; i < o->warm + n; i++) {
+        CU(cudaEventRecord(e0, s));
+        if (g) CU(cudaGraphLaunch(g, s));
+        else CS(cas_cuda_attn_run(a, dk, dv, q, O, L, s));
+        CU(cudaEventRecord(e1, s));
+        CU(cudaEventSynchronize(e1));
+        if (i >= o->warm) CU(cudaEventElapsedTime(&ts[i - o->warm], e0, e1));
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    qsort(ts, (size_t)n, sizeof(float), cmp_f);
+    return ts[n / 2];
+}
+
+static double copy_GBps(void) {
+    size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CU(cudaMalloc(&a, bytes));
+    CU(cudaMalloc(&b, bytes));
+    CU(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float ts[20];
+    for (int i = 0; i < 23; i++) {
+        CU(cudaEventRecord(e0, 0));
+        CU(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        if (i >= 3) CU(cudaEventElapsedTime(&ts[i - 3], e0, e1));
+    }
+    qsort(ts, 20, sizeof(float), cmp_f);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * (double)bytes / (ts[10] * 1e-3) / 1e9;
+}
+
+/* max |o - ref| over request r's rows */
+static double check_request(const opts_t *o, const cas_attn_batch *b, int r, const cas_attn_params *pr,
+                            const float *qf, const float *O) {
+    cas_attn_shape sh = {o->Hq, o->Hkv, o->D, o->page, o->dt};
+    int32_t q0 = b->qo_indptr[r], ql = b->qo_indptr[r + 1] - q0;
+    int32_t qo[2] = {0, ql}, kvp[2] = {0, b->kv_indptr[r + 1] - b->kv_indptr[r]};
+    cas_attn_batch sb = {1, qo, kvp, b->kv_indices + b->kv_indptr[r], b->kv_last_page_len + r};
+    cas_kv_pool kp = {hk, hv, (int32_t)pool_pages};
+    size_t n = (size_t)ql * o->Hq * o->D;
+    double *ref = malloc(n * sizeof(double));
+    CS(cas_attn_reference(&sh, &kp, &sb, pr, qf + (size_t)q0 * o->Hq * o->D, ref, NULL));
+    double e = 0;
+    const float *Or = O + (size_t)q0 * o->Hq * o->D;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)Or[i] - ref[i]);
+        if (!(d <= e)) e = isfinite(d) ? d : INFINITY;
+    }
+    free(ref);
+    return e;
+}
+
+typedef struct {
+    int B, P, U, Q;
+    double flat_ms, cascade_ms, planned_ms, flat_eager_ms, cascade_eager_ms;
+    double err_flat, err_cascade, err_planned;
+    double flat_GBps, cascade_GBps, roofline_ms;
+    int planned_shared;
+} result_t;
+
+static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, result_t *res) {
+    const int ps = o->page, pp = P / ps, up = (U + ps - 1) / ps;
+    const int lastlen = U - (up - 1) * ps;
+    const int total_q = B * Q;
+    const cas_attn_shape sh = {o->Hq, o->Hkv, o->D, ps, o->dt};
+    if ((int64_t)pp + (int64_t)B * up > pool_pages) {
+        fprintf(stderr, "pool too small\n");
+        exit(1);
+    }
+    int32_t *qo = malloc(sizeof(int32_t) * (size_t)(B + 1)), *kvp = malloc(sizeof(int32_t) * (size_t)(B + 1));
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)B * (pp + up)), *last = malloc(sizeof(int32_t) * (size_t)B);
+    qo[0] = kvp[0] = 0;
+    for (int r = 0; r < B; r++) {
+        qo[r + 1] = qo[r] + Q;
+        kvp[r + 1] = kvp[r] + pp + up;
+        last[r] = lastlen;
+        for (int j = 0; j < pp; j++) idx[kvp[r] + j] = j;
+        for (int j = 0; j < up; j++) idx[kvp[r] + pp + j] = pp + r * up + j;
+    }
+    cas_attn_batch b = {B, qo, kvp, idx, last};
+    cas_attn_params pr = cas_attn_params_default(); /* causal */
+    /* q, rounded; outputs */
+    size_t nq = (size_t)total_q * o->Hq * o->D;
+    uint16_t *q16 = malloc(nq * 2);
+    float *qf = malloc(nq * 4), *Oh = malloc(nq * 4);
+    cas_rng rng;
+    cas_rng_seed(&rng, (uint64_t)(B * 131 + P * 7 + U));
+    for (size_t i = 0; i < nq; i++) {
+        float x = (float)cas_rng_normal(&rng);
+        q16[i] = o->dt == CAS_BF16 ? cas_f32_to_bf16(x) : cas_f32_to_f16(x);
+        qf[i] = o->dt == CAS_BF16 ? cas_bf16_to_f32(q16[i]) : cas_f16_to_f32(q16[i]);
+    }
+    void *dq;
+    float *dO, *dL;
+    CU(cudaMalloc(&dq, nq * 2));
+    CU(cudaMalloc((void **)&dO, nq * 4));
+    CU(cudaMalloc((void **)&dL, (size_t)total_q * o->Hq * 4));
+    CU(cudaMemcpy(dq, q16, nq * 2, cudaMemcpyHostToDevice));
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+    cas_cuda_attn_caps caps = {0};
+    caps.max_total_q = total_q;
+    caps.max_passes = B + 1;
+    caps.max_tok_rows = 2 * total_q;
+    caps.max_page_ids = (int64_t)B * (pp + up);
+    caps.max_states = 64 * (int64_t)total_q;
+    cas_cuda_attn *a;
+    CS(cas_cuda_attn_create(&a, &sh, &caps));
+
+    /* passes of the two-level cascade */
+    cas_attn_pass *pass = malloc(sizeof(cas_attn_pass) * (size_t)(B + 1));
+    int32_t *ids = malloc(sizeof(int32_t) * 2 * (size_t)total_q), *pos = malloc(sizeof(int32_t) * 2 * (size_t)total_q);
+    int32_t kvl = P + U;
+    pass[0] = (cas_attn_pass){0, 0, P, 0, total_q, 0};
+    for (int r = 0; r < B; r++) {
+        pass[1 + r] = (cas_attn_pass){kvp[r] + pp, P, U, total_q + r * Q, Q, -1};
+        for (int i = 0; i < Q; i++) {
+            ids[r * Q + i] = ids[total_q + r * Q + i] = r * Q + i;
+            pos[r * Q + i] = pos[total_q + r * Q + i] = kvl - Q + i;
+        }
+    }
+
+    double kv_bytes_tok = 2.0 * o->Hkv * o->D * 2; /* K + V per token */
+    double flat_bytes = (double)B * kvl * kv_bytes_tok, dedup_bytes = ((double)P + (double)B * U) * kv_bytes_tok;
+    for (int mode = 0; mode < 3; mode++) {
+        cas_status st = CAS_OK;
+#if CAS_HAVE_CPU_PLANNER
+        cas_attn_plan *cplan = NULL;
+#endif
+        if (mode == 0) st = cas_cuda_attn_plan_flat(a, &b, (int32_t)pool_pages, &pr);
+        else if (mode == 1)
+            st = cas_cuda_attn_plan_passes(a, &pr, (int32_t)pool_pages, B + 1, pass, idx,
+                                           (int64_t)B * (pp + up), ids, pos, 2 * total_q, total_q);
+        else {
+#if CAS_HAVE_CPU_PLANNER
+            cas_attn_plan_opts po = cas_attn_plan_opts_default();
+            po.cascade = CAS_CASCADE_AUTO;
+            st = cas_attn_plan_create(&cplan, &sh, &po, B, total_q, (int64_t)B * (pp + up));
+            if (st == CAS_OK) st = cas_attn_plan_build(cplan, &b, (int32_t)pool_pages, &pr);
+            if (st == CAS_OK) {
+                cas_attn_plan_info inf;
+                cas_attn_plan_get_info(cplan, &inf);
+                res->planned_shared = inf.shared_passes;
+                st = cas_cuda_attn_plan_from_cpu(a, cplan);
+            }
+            if (st != CAS_OK) fprintf(stderr, "planned run skipped: %s\n", cas_last_error());
+#else
+            st = CAS_ERR_UNSUPPORTED;
+#endif
+            if (st != CAS_OK) {
+                res->planned_ms = NAN;
+                res->err_planned = NAN;
+                continue;
+            }
+        }
+        if (st != CAS_OK) {
+            fprintf(stderr, "plan failed: %s\n", cas_last_error());
+            exit(1);
+        }
+        CS(cas_cuda_attn_upload(a, s));
+        CU(cudaMemsetAsync(dO, 0xff, nq * 4, s));
+        CS(cas_cuda_attn_run(a, dk, dv, dq, dO, dL, s));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(Oh, dO, nq * 4, cudaMemcpyDeviceToHost));
+        /* the reference of a long prefill would take minutes: skipped (NaN) */
+        double err = (double)Q * kvl * o->Hq * o->D > 2e10 ? NAN : check_request(o, &b, B - 1, &pr, qf, Oh);
+        /* also the first request's first row must be written */
+        if (!isfinite(Oh[0])) err = INFINITY;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        CS(cas_cuda_attn_run(a, dk, dv, dq, dO, dL, s));
+        CU(cudaStreamEndCapture(s, &graph));
+        CU(cudaGraphInstantiate(&exec, graph, 0));
+        double tg = time_ms(o, a, exec, dq, dO, dL, s);
+        double te = time_ms(o, a, NULL, dq, dO, dL, s);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        if (mode == 0) {
+            res->flat_ms = tg;
+            res->flat_eager_ms = te;
+            res->err_flat = err;
+        } else if (mode == 1) {
+            res->cascade_ms = tg;
+            res->cascade_eager_ms = te;
+            res->err_cascade = err;
+        } else {
+            res->planned_ms = tg;
+            res->err_planned = err;
+        }
+#if CAS_HAVE_CPU_PLANNER
+        if (cplan) cas_attn_plan_destroy(cplan);
+#endif
+    }
+    res->B = B;
+    res->P = P;
+    res->U = U;
+    res->Q = Q;
+    res->flat_GBps = flat_bytes / (res->flat_ms * 1e-3) / 1e9;
+    res->cascade_GBps = dedup_bytes / (res->cascade_ms * 1e-3) / 1e9;
+    double flops = 4.0 * B * Q * o->Hq * (double)P * o->D;
+    double t1 = dedup_bytes / (peak * 1e9), t2 = flops / 790e12;
+    res->roofline_ms = (t1 > t2 ? t1 : t2) * 1e3;
+    cas_cuda_attn_destroy(a);
+    cudaStreamDestroy(s);
+    cudaFree(dq);
+    cudaFree(dO);
+    cudaFree(dL);
+    free(qo); free(kvp); free(idx); free(last); free(q16); free(qf); free(Oh);
+    free(pass); free(ids); free(pos);
+}
+
+static void fill_pool(const opts_t *o, int64_t pages) {
+    size_t n = (size_t)pages * o->page * o->Hkv * o->D;
+    hk = malloc(n * 2);
+    hv = malloc(n * 2);
+    if (!hk || !hv) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < (int64_t)(n / 4096 + 1); c++) {
+        uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(c + 1);
+        for (size_t i = (size_t)c * 4096; i < n && i < (size_t)(c + 1) * 4096; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            /* uniform in [-2, 2) then rounded: not zeros, not huge */
+            float a = ((float)(x & 0xffffff) / 16777216.0f) * 4.0f - 2.0f;
+            float b2 = ((float)((x >> 32) & 0xffffff) / 16777216.0f) * 4.0f - 2.0f;
+            hk[i] = o->dt == CAS_BF16 ? cas_f32_to_bf16(a) : cas_f32_to_f16(a);
+            hv[i] = o->dt == CAS_BF16 ? cas_f32_to_bf16(b2) : cas_f32_to_f16(b2);
+        }
+    }
+    CU(cudaMalloc(&dk, n * 2));
+    CU(cudaMalloc(&dv, n * 2));
+    CU(cudaMemcpy(dk, hk, n * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, hv, n * 2, cudaMemcpyHostToDevice));
+    pool_pages = pages;
+}
+
+static void print_result(FILE *f, const result_t *r, int comma) {
+    fprintf(f,
+            "  {\"B\": %d, \"P\": %d, \"U\": %d, \"qlen\": %d, \"flat_ms\": %.5f, \"cascade_ms\": %.5f, "
+            "\"flat_eager_ms\": %.5f, \"cascade_eager_ms\": %.5f, ",
+            r->B, r->P, r->U, r->Q, r->flat_ms, r->cascade_ms, r->flat_eager_ms, r->cascade_eager_ms);
+    if (isfinite(r->planned_ms))
+        fprintf(f, "\"planned_ms\": %.5f, \"planned_shared_passes\": %d, \"max_abs_err_planned\": %.3g, ",
+                r->planned_ms, r->planned_shared, r->err_planned);
+    fprintf(f,
+            "\"max_abs_err_flat\": %.3g, \"max_abs_err_cascade\": %.3g, \"flat_GBps\": %.1f, "
+            "\"cascade_GBps\": %.1f, \"roofline_ms\": %.5f}%s\n",
+            r->err_flat, r->err_cascade, r->flat_GBps, r->cascade_GBps, r->roofline_ms,
+            comma ? "," : "");
+}
+
+int main(int argc, char **argv) {
+    opts_t o = {32, 8, 128, 16, CAS_BF16, 30, 5};
+    int B = 64, P = 32768, U = 512, Q = 1, grid = 0, unshared = 0, prefill = 0;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--batch")) B = atoi(v), i++;
+        else if (!strcmp(a, "--prefix")) P = atoi(v), i++;
+        else if (!strcmp(a, "--suffix")) U = atoi(v), i++;
+        else if (!strcmp(a, "--qlen")) Q = atoi(v), i++;
+        else if (!strcmp(a, "--heads")) { if (sscanf(v, "%d:%d", &o.Hq, &o.Hkv) != 2) return 2; i++; }
+        else if (!strcmp(a, "--head-dim")) o.D = atoi(v), i++;
+        else if (!strcmp(a, "--page-size")) o.page = atoi(v), i++;
+        else if (!strcmp(a, "--dtype")) { if (cas_dtype_parse(v, &o.dt)) return 2; i++; }
+        else if (!strcmp(a, "--iters")) o.iters = atoi(v), i++;
+        else if (!strcmp(a, "--json")) json = v, i++;
+        else if (!strcmp(a, "--grid")) grid = 1;
+        else if (!strcmp(a, "--unshared")) unshared = 1;
+        else if (!strcmp(a, "--prefill")) prefill = atoi(v), i++;
+        else {
+            fprintf(stderr, "unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (P % o.page) {
+        fprintf(stderr, "--prefix must be a multiple of --page-size\n");
+        return 2;
+    }
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    double peak = copy_GBps();
+    fprintf(stderr, "device %s, copy %.0f GB/s (read + write)\n", prop.name, peak);
+
+    static const int Ps[4] = {1024, 4096, 16384, 32768}, Bs[5] = {8, 16, 64, 128, 256}, Us[3] = {128, 512, 2048};
+    int ncase = grid ? 60 : 1;
+    result_t *res = calloc((size_t)ncase, sizeof(result_t));
+    int64_t need = grid ? 32768 / o.page + 256LL * 2048 / o.page
+                        : (int64_t)P / o.page + (int64_t)B * ((U + o.page - 1) / o.page);
+    if (unshared && need < 64LL * 4096 / o.page) need = 64LL * 4096 / o.page;
+    if (prefill && need < (int64_t)prefill / o.page + 1) need = (int64_t)prefill / o.page + 1;
+    fill_pool(&o, need);
+    if (grid) {
+        int k = 0;
+        for (int a = 0; a < 4; a++)
+            for (int bb = 0; bb < 5; bb++)
+                for (int c = 0; c < 3; c++) {
+                    run_case(&o, Bs[bb], Ps[a], Us[c], Q, peak, &res[k]);
+                    fprintf(stderr, "P %5d B %3d U %4d: flat %.4f cascade %.4f planned %.4f ms (roof %.4f) err %.2g %.2g\n",
+                            Ps[a], Bs[bb], Us[c], res[k].flat_ms, res[k].cascade_ms, res[k].planned_ms,
+                            res[k].roofline_ms, res[k].err_flat, res[k].err_cascade);
+                    k++;
+                }
+    } else if (!unshared && !prefill) {
+        run_case(&o, B, P, U, Q, peak, &res[0]);
+    }
+    result_t un = {0}, pf = {0};
+    if (unshared) {
+        /* B=64 x 4096 tokens, nothing shared: the flat kernel's bandwidth */
+        run_case(&o, 64, 0, 4096, 1, peak, &un);
+        fprintf(stderr, "unshared B64 x 4096: flat %.4f ms, %.0f GB/s (%.0f%% of copy)\n", un.flat_ms,
+                un.flat_GBps, 100 * un.flat_GBps / peak);
+    }
+    if (prefill) {
+        run_case(&o, 1, 0, prefill, prefill, peak, &pf);
+        double fl = 4.0 * prefill * (double)prefill / 2 * o.D * o.Hq;
+        fprintf(stderr, "prefill L=%d causal: %.4f ms, %.1f TFLOP/s\n", prefill, pf.flat_ms,
+                fl / (pf.flat_ms * 1e-3) / 1e12);
+    }
+    FILE *f = json ? fopen(json, "w") : stdout;
+    if (!f) return 1;
+    fprintf(f, "{\"device\": \"%s\", \"backend\": \"cuda\", \"heads\": \"%d:%d\", \"head_dim\": %d, "
+               "\"page_size\": %d, \"dtype\": \"%s\", \"peak_GBps\": %.1f, \"timing\": "
+               "\"CUDA events, graph replay of one run, %d warm-up, median of %d\",\n",
+            prop.name, o.Hq, o.Hkv, o.D, o.page, cas_dtype_name(o.dt), peak, o.warm, o.iters);
+    if (unshared)
+        fprintf(f, "\"flat_unshared\": {\"B\": 64, \"L\": 4096, \"ms\": %.5f, \"GBps\": %.1f, \"max_abs_err\": %.3g},\n",
+                un.flat_ms, un.flat_GBps, un.err_flat);
+    if (prefill) {
+        double fl = 4.0 * prefill * (double)prefill / 2 * o.D * o.Hq;
+        fprintf(f, "\"prefill\": {\"L\": %d, \"ms\": %.5f, \"TFLOPs\": %.1f, \"max_abs_err_last_rows\": %.3g},\n",
+                prefill, pf.flat_ms, fl / (pf.flat_ms * 1e-3) / 1e12, pf.err_flat);
+    }
+    fprintf(f, "\"cases\": [\n");
+    int nprint = (grid || (!unshared && !prefill)) ? ncase : 0;
+    for (int i = 0; i < nprint; i++) print_result(f, &res[i], i + 1 < nprint);
+    fprintf(f, "]}\n");
+    if (json) fclose(f);
+    /* short table last */
+    printf("%6s %4s %5s | %9s %9s %9s | %9s | %7s %7s\n", "P", "B", "U", "flat", "cascade", "planned",
+           "roof", "GB/s", "err");
+    for (int i = 0; i < nprint; i++)
+        printf("%6d %4d %5d | %9.4f %9.4f %9.4f | %9.4f | %7.0f %7.1e\n", res[i].P, res[i].B, res[i].U,
+               res[i].flat_ms, res[i].cascade_ms, res[i].planned_ms, res[i].roofline_ms,
+               res[i].cascade_GBps, fmax(res[i].err_flat, res[i].err_cascade));
+    free(res);
+    return 0;
+}

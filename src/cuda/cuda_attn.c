@@ -1,0 +1,549 @@
+/*
+ * cuda_attn.c: host side of the CUDA attention backend (C11): the context,
+ * the GPU plan (tasks, split-KV, merge lists) built in pinned staging, its
+ * upload, and the run that launches the kernels of cuda_attn_kernels.cu.
+ *
+ * Planning is pure host work over arrays allocated at create time. Each pass
+ * (query tokens x one KV segment) is split along its KV into chunks so that
+ * the GPU has a few waves of CTAs, then into tasks per KV head and row block
+ * (64 rows for the wide kernel, 16 for the narrow one); each task's key range
+ * is trimmed by the causal and window masks of its rows. A token whose only
+ * state comes from one unsplit pass is written directly; the others get
+ * scratch states and a merge list. Tasks are ordered longest first
+ * (stable), so row blocks over the same KV run side by side and share L2.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_attn.h"
+#include "cuda_attn_impl.h"
+
+#define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
+
+struct cas_cuda_attn {
+    cas_attn_shape shape;
+    cas_cuda_attn_caps caps;
+    cas_cuda_geom geom;
+    int device, num_sms, occ_wide, occ_narrow;
+    int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
+
+    /* pinned staging and its device copy */
+    char *stage;
+    char *dplan;
+    float *dscratch;
+    cudaEvent_t upload_done, ev_fork, ev_join;
+    cudaStream_t side;
+
+    /* host work arrays (allocated at create) */
+    cas_cuda_task *tw, *tn;  /* [cap_tasks] */
+    int32_t *cnt, *fill;     /* [max_total_q] */
+    int32_t *direct_tok;     /* [max_total_q] */
+    int32_t *nsplit, *chunk; /* [max_passes] */
+    int64_t *job_off;        /* [max_passes] scratch offset of the pass's first chunk, -1 direct */
+    cas_attn_pass *flat_passes;        /* [max_passes] */
+    int32_t *flat_ids, *flat_pos;      /* [max_total_q] */
+
+    cas_cuda_attn_info info;
+};
+
+static int64_t plan_bytes_cap(const cas_cuda_attn_caps *c, int64_t cap_tasks, int64_t cap_states) {
+    int64_t b = ALIGN16((int64_t)sizeof(cas_cuda_plan_hdr));
+    b += ALIGN16((int64_t)c->max_passes * (int64_t)sizeof(cas_cuda_pass));
+    b += ALIGN16(c->max_page_ids * 4);
+    b += 2 * ALIGN16((int64_t)c->max_tok_rows * 4);
+    b += 2 * ALIGN16(cap_tasks * (int64_t)sizeof(cas_cuda_task));
+    b += ALIGN16((int64_t)c->max_total_q * 4) + ALIGN16(((int64_t)c->max_total_q + 1) * 4);
+    b += 2 * ALIGN16(cap_states * 8);
+    return b + 64;
+}
+
+void cas_cuda_attn_destroy(cas_cuda_attn *a) {
+    if (!a) return;
+    if (a->stage) cudaFreeHost(a->stage);
+    if (a->dplan) cudaFree(a->dplan);
+    if (a->dscratch) cudaFree(a->dscratch);
+    if (a->upload_done) cudaEventDestroy(a->upload_done);
+    if (a->ev_fork) cudaEventDestroy(a->ev_fork);
+    if (a->ev_join) cudaEventDestroy(a->ev_join);
+    if (a->side) cudaStreamDestroy(a->side);
+    free(a->tw);
+    free(a->tn);
+    free(a->cnt);
+    free(a->fill);
+    free(a->direct_tok);
+    free(a->nsplit);
+    free(a->chunk);
+    free(a->job_off);
+    free(a->flat_passes);
+    free(a->flat_ids);
+    free(a->flat_pos);
+    free(a);
+}
+
+cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape,
+                                const cas_cuda_attn_caps *caps) {
+    if (!out || !shape || !caps) return cas_error(CAS_ERR_INVALID, "cuda attn: NULL argument");
+    *out = NULL;
+    if (shape->kv_dtype != CAS_BF16 && shape->kv_dtype != CAS_F16)
+        return cas_error(CAS_ERR_UNSUPPORTED, "cuda attn: kv dtype %s (bf16 and f16 only)",
+                         cas_dtype_name(shape->kv_dtype));
+    if (!(shape->head_dim == 64 || shape->head_dim == 96 || shape->head_dim == 128 ||
+          shape->head_dim == 256))
+        return cas_error(CAS_ERR_UNSUPPORTED, "cuda attn: head_dim %d", shape->head_dim);
+    if (shape->num_kv_heads <= 0 || shape->num_qo_heads % shape->num_kv_heads ||
+        shape->page_size < 1 || shape->page_size > CAS_ATTN_MAX_PAGE_SIZE)
+        return cas_error(CAS_ERR_INVALID, "cuda attn: bad shape (Hq %d, Hkv %d, page %d)",
+                         shape->num_qo_heads, shape->num_kv_heads, shape->page_size);
+    if (caps->max_total_q <= 0 || caps->max_passes <= 0 || caps->max_tok_rows <= 0 ||
+        caps->max_page_ids <= 0)
+        return cas_error(CAS_ERR_INVALID, "cuda attn: capacities must be positive");
+
+    cas_cuda_attn *a = calloc(1, sizeof *a);
+    if (!a) return cas_error(CAS_ERR_NOMEM, "cuda attn: out of memory");
+    a->shape = *shape;
+    a->caps = *caps;
+    if (a->caps.max_split <= 0) a->caps.max_split = 64;
+    if (a->caps.max_states <= 0) a->caps.max_states = 8 * (int64_t)caps->max_tok_rows;
+    a->geom.Hq = shape->num_qo_heads;
+    a->geom.Hkv = shape->num_kv_heads;
+    a->geom.D = shape->head_dim;
+    a->geom.page_size = shape->page_size;
+    a->geom.dtype = (int32_t)shape->kv_dtype;
+    a->device = caps->device;
+    cas_status st = CAS_OK;
+#define TRY(call)                                                                          \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            st = cas_error(CAS_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,  \
+                           cudaGetErrorString(e_));                                        \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+    TRY(cudaSetDevice(a->device));
+    TRY(cudaDeviceGetAttribute(&a->num_sms, cudaDevAttrMultiProcessorCount, a->device));
+    {
+        int e1 = cas_cuda_attn_occupancy(&a->geom, 1, &a->occ_wide);
+        int e2 = cas_cuda_attn_occupancy(&a->geom, 0, &a->occ_narrow);
+        if (e1 || e2 || a->occ_wide < 1 || a->occ_narrow < 1) {
+            st = cas_error(CAS_ERR_INTERNAL, "cuda attn: kernel occupancy query failed: %s",
+                           cas_cuda_error_string(e1 ? e1 : e2));
+            goto fail;
+        }
+    }
+    {
+        const int32_t group = shape->num_qo_heads / shape->num_kv_heads;
+        int64_t base = (int64_t)shape->num_kv_heads *
+                       ((int64_t)caps->max_passes + ((int64_t)caps->max_tok_rows * group + 15) / 16);
+        a->cap_tasks = 4 * base + 64 * (int64_t)a->num_sms;
+        a->cap_states = a->caps.max_states;
+        a->cap_bytes = plan_bytes_cap(&a->caps, a->cap_tasks, a->cap_states);
+        a->scratch_floats = a->cap_states * shape->num_qo_heads * (shape->head_dim + 1);
+    }
+    TRY(cudaMallocHost((void **)&a->stage, (size_t)a->cap_bytes));
+    TRY(cudaMalloc((void **)&a->dplan, (size_t)a->cap_bytes));
+    TRY(cudaMalloc((void **)&a->dscratch, (size_t)(a->scratch_floats > 0 ? a->scratch_floats : 1) * 4));
+    memset(a->stage, 0, (size_t)a->cap_bytes);
+    TRY(cudaMemset(a->dplan, 0, (size_t)a->cap_bytes)); /* an empty plan: zero tasks */
+    TRY(cudaEventCreateWithFlags(&a->upload_done, cudaEventDisableTiming));
+    TRY(cudaEventCreateWithFlags(&a->ev_fork, cudaEventDisableTiming));
+    TRY(cudaEventCreateWithFlags(&a->ev_join, cudaEventDisableTiming));
+    TRY(cudaStreamCreateWithFlags(&a->side, cudaStreamNonBlocking));
+#undef TRY
+    a->tw = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
+    a->tn = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
+    a->cnt = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
+    a->fill = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
+    a->direct_tok = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
+    a->nsplit = malloc(sizeof(int32_t) * (size_t)caps->max_passes);
+    a->chunk = malloc(sizeof(int32_t) * (size_t)caps->max_passes);
+    a->job_off = malloc(sizeof(int64_t) * (size_t)caps->max_passes);
+    a->flat_passes = malloc(sizeof(cas_attn_pass) * (size_t)caps->max_passes);
+    a->flat_ids = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
+    a->flat_pos = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
+    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tn || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
+        !a->job_off) {
+        st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
+        goto fail;
+    }
+    *out = a;
+    return CAS_OK;
+fail:
+    cas_cuda_attn_destroy(a);
+    return st;
+}
+
+/* ---- planning ----------------------------------------------------------- */
+
+static int cmp_task(const void *x, const void *y) {
+    const cas_cuda_task *a = x, *b = y;
+    int64_t ca = (int64_t)(a->kv1 - a->kv0) * a->nrows, cb = (int64_t)(b->kv1 - b->kv0) * b->nrows;
+    if (ca != cb) return ca > cb ? -1 : 1;
+    /* stable: pad holds the creation index */
+    return a->pad < b->pad ? -1 : a->pad > b->pad;
+}
+
+cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *params,
+                                     int32_t num_pages, int32_t n_passes,
+                                     const cas_attn_pass *passes, const int32_t *pages,
+                                     int64_t n_page_ids, const int32_t *tok_ids,
+                                     const int32_t *tok_pos, int32_t n_tok_rows, int32_t total_q) {
+    if (!a || !params || (n_passes > 0 && (!passes || !tok_ids || !tok_pos)))
+        return cas_error(CAS_ERR_INVALID, "cuda attn plan: NULL argument");
+    const cas_cuda_attn_caps *cp = &a->caps;
+    if (n_passes > cp->max_passes || n_tok_rows > cp->max_tok_rows || total_q > cp->max_total_q ||
+        n_page_ids > cp->max_page_ids || n_passes < 0 || total_q < 0 || n_tok_rows < 0)
+        return cas_error(CAS_ERR_NOMEM,
+                         "cuda attn plan: over capacity (passes %d/%d, token rows %d/%d, tokens "
+                         "%d/%d, page ids %lld/%lld)",
+                         n_passes, cp->max_passes, n_tok_rows, cp->max_tok_rows, total_q,
+                         cp->max_total_q, (long long)n_page_ids, (long long)cp->max_page_ids);
+    const int32_t Hq = a->shape.num_qo_heads, Hkv = a->shape.num_kv_heads, D = a->shape.head_dim;
+    const int32_t P = a->shape.page_size, group = Hq / Hkv;
+    if (params->window_left < -1 || !(params->logits_soft_cap >= 0.f) || !(params->sm_scale >= 0.f))
+        return cas_error(CAS_ERR_INVALID, "cuda attn plan: bad params");
+
+    /* validate the passes */
+    for (int32_t i = 0; i < n_passes; i++) {
+        const cas_attn_pass *p = &passes[i];
+        int64_t np = ((int64_t)p->len + P - 1) / P;
+        if (p->len < 0 || p->n_tok < 0 || p->pos0 < 0 || p->pos0 % P || p->page_off < 0 ||
+            p->page_off + np > n_page_ids || p->tok_off < 0 || p->tok_off + p->n_tok > n_tok_rows)
+            return cas_error(CAS_ERR_INVALID, "cuda attn plan: pass %d out of range", i);
+        for (int64_t j = 0; j < np; j++)
+            if (pages[p->page_off + j] < 0 || pages[p->page_off + j] >= num_pages)
+                return cas_error(CAS_ERR_INVALID, "cuda attn plan: pass %d page id %d outside pool",
+                                 i, pages[p->page_off + j]);
+        for (int32_t j = 0; j < p->n_tok; j++)
+            if (tok_ids[p->tok_off + j] < 0 || tok_ids[p->tok_off + j] >= total_q)
+                return cas_error(CAS_ERR_INVALID, "cuda attn plan: pass %d token id out of range", i);
+    }
+
+    /* wait until the previous upload has read the staging */
+    CAS_CUDA_CHECK(cudaEventSynchronize(a->upload_done));
+
+    /* split-KV: aim for a couple of waves of CTAs */
+    int64_t work = 0; /* CTA x keys */
+    for (int32_t i = 0; i < n_passes; i++) {
+        int64_t rows = (int64_t)passes[i].n_tok * group;
+        int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS - 1) / CAS_CUDA_WIDE_ROWS
+                                                 : (rows > 0 ? 1 : 0);
+        work += rb * Hkv * passes[i].len;
+    }
+    const int64_t slots = 2 * (int64_t)a->num_sms * (a->occ_wide > a->occ_narrow ? a->occ_wide : a->occ_narrow);
+    int64_t L = work / (slots > 0 ? slots : 1);
+    if (L < 512) L = 512;
+    L = (L + 63) / 64 * 64;
+    int64_t n_tasks = 0, n_states = 0;
+    for (int iter = 0;; iter++) {
+        n_tasks = 0;
+        n_states = 0;
+        for (int32_t i = 0; i < n_passes; i++) {
+            int32_t len = passes[i].len;
+            int32_t ns = (int32_t)((len + L - 1) / L);
+            if (ns < 1) ns = 1;
+            if (ns > cp->max_split) ns = cp->max_split;
+            int32_t ch = (int32_t)(((int64_t)(len + ns - 1) / ns + 63) / 64 * 64);
+            if (ch < 1) ch = 1;
+            ns = len > 0 ? (len + ch - 1) / ch : 1;
+            a->nsplit[i] = ns;
+            a->chunk[i] = ch;
+            int64_t rows = (int64_t)passes[i].n_tok * group;
+            int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS - 1) / CAS_CUDA_WIDE_ROWS
+                                                     : (rows > 0 ? 1 : 0);
+            n_tasks += rb * Hkv * ns;
+            n_states += (int64_t)ns * passes[i].n_tok;
+        }
+        if (n_tasks <= a->cap_tasks && n_states <= a->cap_states) break;
+        if (iter > 40)
+            return cas_error(CAS_ERR_NOMEM, "cuda attn plan: %lld tasks / %lld states exceed capacity",
+                             (long long)n_tasks, (long long)n_states);
+        L *= 2;
+    }
+
+    /* contributions per token, direct passes */
+    for (int32_t t = 0; t < total_q; t++) {
+        a->cnt[t] = 0;
+        a->direct_tok[t] = 0;
+    }
+    for (int32_t i = 0; i < n_passes; i++)
+        for (int32_t j = 0; j < passes[i].n_tok; j++) a->cnt[tok_ids[passes[i].tok_off + j]] += a->nsplit[i];
+    for (int32_t t = 0; t < total_q; t++)
+        if (a->cnt[t] == 0)
+            return cas_error(CAS_ERR_INVALID, "cuda attn plan: token %d is in no pass", t);
+    int64_t cur = 0; /* scratch floats */
+    for (int32_t i = 0; i < n_passes; i++) {
+        int direct = a->nsplit[i] == 1;
+        for (int32_t j = 0; direct && j < passes[i].n_tok; j++)
+            if (a->cnt[tok_ids[passes[i].tok_off + j]] != 1) direct = 0;
+        if (direct) {
+            a->job_off[i] = -1;
+            for (int32_t j = 0; j < passes[i].n_tok; j++) a->direct_tok[tok_ids[passes[i].tok_off + j]] = 1;
+        } else {
+            a->job_off[i] = cur;
+            cur += (int64_t)a->nsplit[i] * passes[i].n_tok * Hq * (D + 1);
+        }
+    }
+    if (cur > a->scratch_floats)
+        return cas_error(CAS_ERR_INTERNAL, "cuda attn plan: scratch overflow");
+
+    /* layout of the block */
+    char *S = a->stage;
+    cas_cuda_plan_hdr *h = (cas_cuda_plan_hdr *)S;
+    memset(h, 0, sizeof *h);
+    int64_t off = ALIGN16((int64_t)sizeof *h);
+    h->off_passes = off;
+    off = ALIGN16(off + (int64_t)n_passes * (int64_t)sizeof(cas_cuda_pass));
+    h->off_pages = off;
+    off = ALIGN16(off + n_page_ids * 4);
+    h->off_tok_ids = off;
+    off = ALIGN16(off + (int64_t)n_tok_rows * 4);
+    h->off_tok_pos = off;
+    off = ALIGN16(off + (int64_t)n_tok_rows * 4);
+
+    cas_cuda_pass *gp = (cas_cuda_pass *)(S + h->off_passes);
+    for (int32_t i = 0; i < n_passes; i++) {
+        gp[i].page_off = passes[i].page_off;
+        gp[i].pos0 = passes[i].pos0;
+        gp[i].len = passes[i].len;
+        gp[i].tok_off = passes[i].tok_off;
+        gp[i].n_tok = passes[i].n_tok;
+        gp[i].pad = 0;
+    }
+    if (n_page_ids) memcpy(S + h->off_pages, pages, (size_t)n_page_ids * 4);
+    if (n_tok_rows) {
+        memcpy(S + h->off_tok_ids, tok_ids, (size_t)n_tok_rows * 4);
+        memcpy(S + h->off_tok_pos, tok_pos, (size_t)n_tok_rows * 4);
+    }
+
+    /* tasks */
+    int32_t nw = 0, nn = 0;
+    int64_t kv_read = 0;
+    for (int32_t i = 0; i < n_passes; i++) {
+        const cas_attn_pass *p = &passes[i];
+        const int32_t rows = p->n_tok * group;
+        if (rows == 0) continue;
+        const int wide = rows > CAS_CUDA_NARROW_ROWS;
+        const int32_t rblk = wide ? CAS_CUDA_WIDE_ROWS : CAS_CUDA_NARROW_ROWS;
+        for (int32_t c = 0; c < a->nsplit[i]; c++) {
+            int32_t c0 = c * a->chunk[i], c1 = c0 + a->chunk[i];
+            if (c1 > p->len) c1 = p->len;
+            for (int32_t r0 = 0; r0 < rows; r0 += rblk) {
+                int32_t nr = rows - r0 < rblk ? rows - r0 : rblk;
+                int32_t pmin = INT32_MAX, pmax = INT32_MIN;
+                for (int32_t tk = r0 / group; tk <= (r0 + nr - 1) / group; tk++) {
+                    int32_t ps = tok_pos[p->tok_off + tk];
+                    if (ps < pmin) pmin = ps;
+                    if (ps > pmax) pmax = ps;
+                }
+                int32_t k0 = c0, k1 = c1;
+                if (params->causal && (int64_t)pmax - p->pos0 + 1 < k1)
+                    k1 = (int32_t)((int64_t)pmax - p->pos0 + 1);
+                if (params->window_left >= 0 && (int64_t)pmin - params->window_left - p->pos0 > k0)
+                    k0 = (int32_t)((int64_t)pmin - params->window_left - p->pos0);
+                if (k1 < k0) k1 = k0;
+                for (int32_t hk = 0; hk < Hkv; hk++) {
+                    cas_cuda_task t;
+                    t.pass = i;
+                    t.kv_head = hk;
+                    t.row0 = r0;
+                    t.nrows = nr;
+                    t.kv0 = k0;
+                    t.kv1 = k1;
+                    t.qpos_min = pmin;
+                    t.qpos_max = pmax;
+                    if (a->job_off[i] < 0) {
+                        t.o_off = -1;
+                        t.lse_off = -1;
+                    } else {
+                        int64_t job = a->job_off[i] + (int64_t)c * p->n_tok * Hq * (D + 1);
+                        t.o_off = job;
+                        t.lse_off = job + (int64_t)p->n_tok * Hq * D;
+                    }
+                    kv_read += k1 - k0;
+                    if (wide) {
+                        t.pad = nw;
+                        a->tw[nw++] = t;
+                    } else {
+                        t.pad = nn;
+                        a->tn[nn++] = t;
+                    }
+                }
+            }
+        }
+    }
+    qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
+    qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
+    for (int32_t i = 0; i < nw; i++) a->tw[i].pad = 0;
+    for (int32_t i = 0; i < nn; i++) a->tn[i].pad = 0;
+    h->off_tasks_wide = off;
+    memcpy(S + off, a->tw, (size_t)nw * sizeof(cas_cuda_task));
+    off = ALIGN16(off + (int64_t)nw * (int64_t)sizeof(cas_cuda_task));
+    h->off_tasks_narrow = off;
+    memcpy(S + off, a->tn, (size_t)nn * sizeof(cas_cuda_task));
+    off = ALIGN16(off + (int64_t)nn * (int64_t)sizeof(cas_cuda_task));
+
+    /* merge lists */
+    int32_t nm = 0;
+    for (int32_t t = 0; t < total_q; t++)
+        if (!a->direct_tok[t]) nm++;
+    h->off_merge_tok = off;
+    off = ALIGN16(off + (int64_t)nm * 4);
+    h->off_contrib_indptr = off;
+    off = ALIGN16(off + ((int64_t)nm + 1) * 4);
+    int32_t *mtok = (int32_t *)(S + h->off_merge_tok);
+    int32_t *ind = (int32_t *)(S + h->off_contrib_indptr);
+    int32_t ncontrib = 0;
+    nm = 0;
+    ind[0] = 0;
+    for (int32_t t = 0; t < total_q; t++) {
+        a->fill[t] = -1;
+        if (a->direct_tok[t]) continue;
+        mtok[nm] = t;
+        a->fill[t] = ncontrib; /* next free slot of t's list */
+        ncontrib += a->cnt[t];
+        ind[++nm] = ncontrib;
+    }
+    h->off_contrib_o = off;
+    off = ALIGN16(off + (int64_t)ncontrib * 8);
+    h->off_contrib_lse = off;
+    off = ALIGN16(off + (int64_t)ncontrib * 8);
+    if (off > a->cap_bytes) return cas_error(CAS_ERR_INTERNAL, "cuda attn plan: block overflow");
+    int64_t *co = (int64_t *)(S + h->off_contrib_o);
+    int64_t *cl = (int64_t *)(S + h->off_contrib_lse);
+    for (int32_t i = 0; i < n_passes; i++) {
+        if (a->job_off[i] < 0) continue;
+        const cas_attn_pass *p = &passes[i];
+        for (int32_t c = 0; c < a->nsplit[i]; c++) {
+            int64_t job = a->job_off[i] + (int64_t)c * p->n_tok * Hq * (D + 1);
+            for (int32_t j = 0; j < p->n_tok; j++) {
+                int32_t t = tok_ids[p->tok_off + j];
+                int32_t slot = a->fill[t]++;
+                co[slot] = job + (int64_t)j * Hq * D;
+                cl[slot] = job + (int64_t)p->n_tok * Hq * D + (int64_t)j * Hq;
+            }
+        }
+    }
+
+    h->n_passes = n_passes;
+    h->n_tasks_wide = nw;
+    h->n_tasks_narrow = nn;
+    h->total_q = total_q;
+    h->n_merge_tok = nm;
+    h->causal = params->causal ? 1 : 0;
+    h->window_left = params->window_left;
+    h->scale = cas_attn_scale(&a->shape, params);
+    h->scale_log2 = h->scale * 1.4426950408889634f;
+    h->soft_cap = params->logits_soft_cap;
+    h->group = group;
+    h->block_bytes = off;
+
+    a->info.passes = n_passes;
+    a->info.tasks_wide = nw;
+    a->info.tasks_narrow = nn;
+    a->info.merge_tokens = nm;
+    a->info.contribs = ncontrib;
+    a->info.plan_bytes = off;
+    a->info.kv_tokens_read = kv_read;
+    return CAS_OK;
+}
+
+cas_status cas_cuda_attn_plan_flat(cas_cuda_attn *a, const cas_attn_batch *b, int32_t num_pages,
+                                   const cas_attn_params *params) {
+    if (!a) return cas_error(CAS_ERR_INVALID, "cuda attn plan: NULL context");
+    cas_status st = cas_attn_validate(&a->shape, b, num_pages, params);
+    if (st) return st;
+    const int32_t B = b->batch, P = a->shape.page_size;
+    const int32_t total_q = B ? b->qo_indptr[B] : 0;
+    if (B > a->caps.max_passes || total_q > a->caps.max_tok_rows || total_q > a->caps.max_total_q)
+        return cas_error(CAS_ERR_NOMEM, "cuda attn plan: batch of %d (%d tokens) over capacity", B,
+                         total_q);
+    for (int32_t r = 0; r < B; r++) {
+        int32_t q0 = b->qo_indptr[r], ql = b->qo_indptr[r + 1] - q0;
+        int32_t kv_len = (b->kv_indptr[r + 1] - b->kv_indptr[r] - 1) * P + b->kv_last_page_len[r];
+        cas_attn_pass *p = &a->flat_passes[r];
+        p->page_off = b->kv_indptr[r];
+        p->pos0 = 0;
+        p->len = kv_len;
+        p->tok_off = q0;
+        p->n_tok = ql;
+        p->node = -1;
+        for (int32_t i = 0; i < ql; i++) {
+            a->flat_ids[q0 + i] = q0 + i;
+            a->flat_pos[q0 + i] = kv_len - ql + i;
+        }
+    }
+    return cas_cuda_attn_plan_passes(a, params, num_pages, B, a->flat_passes, b->kv_indices,
+                                     B ? b->kv_indptr[B] : 0, a->flat_ids, a->flat_pos, total_q,
+                                     total_q);
+}
+
+cas_status cas_cuda_attn_plan_from_cpu(cas_cuda_attn *a, const struct cas_attn_plan *plan) {
+    if (!a || !plan) return cas_error(CAS_ERR_INVALID, "cuda attn plan: NULL argument");
+    const cas_attn_shape *s = &plan->shape;
+    if (s->num_qo_heads != a->shape.num_qo_heads || s->num_kv_heads != a->shape.num_kv_heads ||
+        s->head_dim != a->shape.head_dim || s->page_size != a->shape.page_size ||
+        s->kv_dtype != a->shape.kv_dtype)
+        return cas_error(CAS_ERR_INVALID, "cuda attn plan: CPU plan has another shape");
+    int64_t n_page_ids = plan->batch ? plan->kv_indptr[plan->batch] : 0;
+    return cas_cuda_attn_plan_passes(a, &plan->params, plan->num_pages, plan->n_passes,
+                                     plan->passes, plan->pages, n_page_ids, plan->tok_ids,
+                                     plan->tok_pos, plan->n_tok_rows, plan->total_q);
+}
+
+cas_status cas_cuda_attn_upload(cas_cuda_attn *a, cudaStream_t stream) {
+    if (!a) return cas_error(CAS_ERR_INVALID, "cuda attn upload: NULL context");
+    const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)a->stage;
+    int64_t bytes = h->block_bytes > 0 ? h->block_bytes : (int64_t)sizeof *h;
+    CAS_CUDA_CHECK(cudaMemcpyAsync(a->dplan, a->stage, (size_t)bytes, cudaMemcpyHostToDevice, stream));
+    CAS_CUDA_CHECK(cudaEventRecord(a->upload_done, stream));
+    return CAS_OK;
+}
+
+cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, const void *q,
+                             float *o, float *lse, cudaStream_t stream) {
+    if (!a || !k || !v || !q || !o || !lse)
+        return cas_error(CAS_ERR_INVALID, "cuda attn run: NULL argument");
+    int e;
+    /* narrow tasks (decode rows, memory bound) on the side stream, wide ones
+     * (many rows, tensor-core bound) on the caller's: they overlap */
+    CAS_CUDA_CHECK(cudaEventRecord(a->ev_fork, stream));
+    CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side, a->ev_fork, 0));
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
+                             a->num_sms * a->occ_narrow, a->side);
+    if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
+                            cas_cuda_error_string(e));
+    CAS_CUDA_CHECK(cudaEventRecord(a->ev_join, a->side));
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 1,
+                             a->num_sms * a->occ_wide, stream);
+    if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
+                            cas_cuda_error_string(e));
+    CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));
+    e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
+    if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
+                            cas_cuda_error_string(e));
+    return CAS_OK;
+}
+
+void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
+    if (a && info) *info = a->info;
+}
+
+cas_status cas_cuda_attn_merge2(float *o_out, float *lse_out, const float *o_a, const float *lse_a,
+                                const float *o_b, const float *lse_b, int64_t rows,
+                                int32_t head_dim, cudaStream_t stream) {
+    int e = cas_cuda_launch_merge2(o_out, lse_out, o_a, lse_a, o_b, lse_b, rows, head_dim, stream);
+    if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge2: %s", __FILE__, __LINE__,
+                            cas_cuda_error_string(e));
+    return CAS_OK;
+}
+
+cas_status cas_cuda_attn_merge_n(float *o_out, float *lse_out, const float *o_in,
+                                 const float *lse_in, int n, int64_t rows, int32_t head_dim,
+                                 cudaStream_t stream) {
+    int e = cas_cuda_launch_merge_states(o_out, lse_out, o_in, lse_in, n, rows, head_dim, stream);
+    if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge_n: %s", __FILE__, __LINE__,
+                            cas_cuda_error_string(e));
+    return CAS_OK;
+}

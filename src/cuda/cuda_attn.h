@@ -1,0 +1,120 @@
+/*
+ * cuda_attn.h: the attention contract of src/attn/attn.h on NVIDIA GPUs.
+ *
+ * The same function, batch descriptions, masks and merge semantics as the
+ * CPU backend; the float64 reference (cas_attn_reference) is the oracle.
+ * Differences at the interface, all on the device side:
+ *
+ *   - K and V pools live in device memory, bf16 or f16 (f32 pools are
+ *     rejected with CAS_ERR_UNSUPPORTED), [num_pages][page_size][Hkv][D].
+ *   - q is in device memory in the pools' storage type (bf16 or f16),
+ *     [total_q][Hq][D]: the tensor cores take it in that type, and the QKV
+ *     projection that produces it writes it so.
+ *   - o is f32 [total_q][Hq][D] and lse f32 [total_q][Hq] (natural log), both
+ *     in device memory; lse may not be NULL (the merge needs it anyway).
+ *   - head_dim 64, 96, 128, 256; page_size 1..256; any GQA group.
+ *
+ * Plan and run. A context (cas_cuda_attn) owns fixed-capacity device buffers
+ * and a pinned staging copy of the GPU plan. cas_cuda_attn_plan_*() turns a
+ * batch (flat), a list of passes, or a CPU plan built by cas_attn_plan_build
+ * into GPU tasks in the staging copy (host only, no allocation, no device
+ * call except waiting for the previous upload to finish reading the staging).
+ * cas_cuda_attn_upload() copies it to the device on a stream (one copy).
+ * cas_cuda_attn_run() launches the kernels on a stream; it never allocates
+ * and its launches do not depend on the plan (counts are read on the
+ * device), so a run captured once in a CUDA graph replays correctly after
+ * any later plan + upload that fits the capacities.
+ *
+ * Threads: one context is used by one thread at a time.
+ */
+#ifndef CASCADE_CUDA_ATTN_H
+#define CASCADE_CUDA_ATTN_H
+
+#include <cuda_runtime_api.h>
+
+#include "../attn/attn.h"
+#include "../attn/attn_impl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Reports a failed CUDA runtime call as a cas_status with file and line. */
+#define CAS_CUDA_CHECK(call)                                                              \
+    do {                                                                                  \
+        cudaError_t cas_e_ = (call);                                                      \
+        if (cas_e_ != cudaSuccess)                                                        \
+            return cas_error(CAS_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call, \
+                             cudaGetErrorString(cas_e_));                                 \
+    } while (0)
+
+typedef struct {
+    int32_t max_total_q;     /* query tokens in one batch */
+    int32_t max_passes;      /* passes in one plan (flat: the batch size) */
+    int32_t max_tok_rows;    /* sum over passes of their query tokens */
+    int64_t max_page_ids;    /* page ids the passes refer to (flat: kv_indptr[B]) */
+    int32_t max_split;       /* most KV chunks one pass may be split into (0: 64) */
+    int64_t max_states;      /* token states (all heads) in split-KV scratch (0: 8 * max_tok_rows) */
+    int32_t device;          /* CUDA device ordinal */
+} cas_cuda_attn_caps;
+
+typedef struct cas_cuda_attn cas_cuda_attn;
+
+cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape,
+                                const cas_cuda_attn_caps *caps);
+void cas_cuda_attn_destroy(cas_cuda_attn *a);
+
+/* Plans a batch without cascade: one pass per request. */
+cas_status cas_cuda_attn_plan_flat(cas_cuda_attn *a, const cas_attn_batch *batch,
+                                   int32_t num_pages, const cas_attn_params *params);
+
+/* Plans the passes of a CPU plan (struct cas_attn_plan, src/attn/attn_impl.h)
+ * after cas_attn_plan_build: the shared-node passes and the tails. The GPU
+ * chooses its own split of every pass. */
+cas_status cas_cuda_attn_plan_from_cpu(cas_cuda_attn *a, const struct cas_attn_plan *plan);
+
+/* Plans an explicit pass list (the layout of src/attn/attn_impl.h):
+ * passes[i] covers pages[page_off .. page_off + ceil(len / page_size)) from
+ * key position pos0 (a multiple of page_size), for the query tokens
+ * tok_ids[tok_off .. tok_off + n_tok) at positions tok_pos[...]. Every token
+ * 0 .. total_q-1 must appear in at least one pass. */
+cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *params,
+                                     int32_t num_pages, int32_t n_passes,
+                                     const cas_attn_pass *passes,
+                                     const int32_t *pages, int64_t n_page_ids,
+                                     const int32_t *tok_ids, const int32_t *tok_pos,
+                                     int32_t n_tok_rows, int32_t total_q);
+
+/* Copies the staged plan to the device, asynchronously on `stream`. */
+cas_status cas_cuda_attn_upload(cas_cuda_attn *a, cudaStream_t stream);
+
+/* Runs the uploaded plan: k, v are the device pools, q [total_q][Hq][D] of the
+ * pools' type, o [total_q][Hq][D] f32 and lse [total_q][Hq] f32. Every
+ * element of o and lse of tokens 0..total_q-1 is written. Capturable. */
+cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, const void *q,
+                             float *o, float *lse, cudaStream_t stream);
+
+/* What the last plan does. */
+typedef struct {
+    int32_t passes, tasks_wide, tasks_narrow, merge_tokens, contribs;
+    int64_t plan_bytes;     /* bytes uploaded */
+    int64_t kv_tokens_read; /* per KV head, over all tasks (each row block reads its range) */
+} cas_cuda_attn_info;
+void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info);
+
+/* Merges of attention states in device memory (f32), the semantics of
+ * cas_attn_merge2 / cas_attn_merge_n: lse -inf is the empty state. merge2:
+ * out may alias a or b. merge_n: inputs stacked, o_in [n][rows][D], lse_in
+ * [n][rows]; the output aliases no input. Asynchronous on stream. */
+cas_status cas_cuda_attn_merge2(float *o_out, float *lse_out, const float *o_a,
+                                const float *lse_a, const float *o_b, const float *lse_b,
+                                int64_t rows, int32_t head_dim, cudaStream_t stream);
+cas_status cas_cuda_attn_merge_n(float *o_out, float *lse_out, const float *o_in,
+                                 const float *lse_in, int n, int64_t rows, int32_t head_dim,
+                                 cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

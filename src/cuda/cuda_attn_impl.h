@@ -1,0 +1,106 @@
+/*
+ * cuda_attn_impl.h: what the host side of the CUDA attention backend
+ * (cuda_attn.c, C11) and its kernels (cuda_attn_kernels.cu) share: the layout
+ * of the GPU plan in device memory and the launchers of the kernels.
+ *
+ * The GPU plan is one block of memory, laid out identically in pinned host
+ * staging and in device memory, so a re-plan is one host-to-device copy. Its
+ * arrays have fixed capacities chosen at create time; the kernels read their
+ * counts from the header in device memory, never from launch arguments, so a
+ * captured CUDA graph stays valid when the plan changes (same capacities).
+ *
+ * Work is described as tasks: one task is (pass, KV head, a block of rows of
+ * that pass, a key range of the pass's segment). A row of a pass is
+ * (pass token, group head): row = tok * group + g. A task writes one state
+ * per row, either straight into o/lse (direct) or into scratch, from where the
+ * merge kernel combines the states of each token by their log-sum-exp.
+ */
+#ifndef CASCADE_CUDA_ATTN_IMPL_H
+#define CASCADE_CUDA_ATTN_IMPL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A pass: query tokens against one contiguous KV segment (same meaning as
+ * cas_attn_pass in src/attn/attn_impl.h). */
+typedef struct {
+    int32_t page_off; /* offset into pages[]: the segment's page ids */
+    int32_t pos0;     /* absolute position of the segment's first key */
+    int32_t len;      /* tokens in the segment */
+    int32_t tok_off;  /* offset into tok_ids[] / tok_pos[] */
+    int32_t n_tok;    /* query tokens of the pass */
+    int32_t pad;
+} cas_cuda_pass;
+
+typedef struct {
+    int32_t pass;    /* index into passes[] */
+    int32_t kv_head; /* KV head */
+    int32_t row0;    /* first row of the pass (row = tok * group + g) */
+    int32_t nrows;   /* rows, at most the kernel's rows per CTA */
+    int32_t kv0, kv1; /* key range [kv0, kv1) within the segment (trimmed by the masks) */
+    int32_t qpos_min, qpos_max; /* least and greatest query position of the rows */
+    int32_t pad;     /* host: creation order (stable sort); 0 on the device */
+    int32_t pad2;
+    int64_t o_off;   /* -1: direct into o/lse; else scratch float offset of (pass tok 0, head 0),
+                        states [n_tok][Hq][D] */
+    int64_t lse_off; /* scratch float offset of lse [n_tok][Hq] */
+} cas_cuda_task;
+
+/* Header of the plan block; every offset is in bytes from the block start. */
+typedef struct {
+    int32_t n_passes;
+    int32_t n_tasks_wide;   /* tasks for the many-rows kernel */
+    int32_t n_tasks_narrow; /* tasks for the few-rows kernel (decode rows) */
+    int32_t total_q;
+    int32_t n_merge_tok;    /* tokens needing a merge, listed in merge_tok[] */
+    int32_t causal;
+    int32_t window_left;
+    float scale_log2;       /* sm_scale * log2(e) */
+    float soft_cap;         /* 0: off */
+    float scale;            /* sm_scale */
+    int32_t group;          /* Hq / Hkv */
+    int32_t pad;
+    int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,
+        off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse;
+    int64_t block_bytes;    /* bytes of the whole block */
+} cas_cuda_plan_hdr;
+
+/* Geometry the kernels are launched with. */
+typedef struct {
+    int32_t Hq, Hkv, D, page_size;
+    int32_t dtype; /* cas_dtype: 1 f16, 2 bf16 */
+} cas_cuda_geom;
+
+/* Rows one CTA of each kernel holds. */
+#define CAS_CUDA_WIDE_ROWS 64
+#define CAS_CUDA_NARROW_ROWS 16
+
+/* Launchers (cuda_attn_kernels.cu). plan points to the device copy of the
+ * block. Grids are persistent (fixed size derived from the device), so the
+ * launches are identical for every plan: graph capture safe. Return a
+ * cudaError_t as int. */
+int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
+                         const void *q, float *o, float *lse, float *scratch, int wide,
+                         int grid, void *stream);
+int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,
+                          const float *scratch, int grid, void *stream);
+/* CTAs per SM the attention kernel reaches (occupancy), for the grid size.
+ * Also sets the kernels' shared-memory attributes; call before launching. */
+int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm);
+/* Merge of n states [n][rows][D] (o) and [n][rows] (lse) into out. */
+int cas_cuda_launch_merge_states(float *o_out, float *lse_out, const float *o_in,
+                                 const float *lse_in, int n, int64_t rows, int32_t D,
+                                 void *stream);
+int cas_cuda_launch_merge2(float *o_out, float *lse_out, const float *o_a, const float *lse_a,
+                           const float *o_b, const float *lse_b, int64_t rows, int32_t D,
+                           void *stream);
+const char *cas_cuda_error_string(int err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,583 @@
+/*
+ * cuda_attn_kernels.cu: the attention kernels of the CUDA backend.
+ *
+ * One kernel template serves every pass of a plan (decode rows, prefill
+ * chunks, shared prefix nodes, request tails): a CTA takes a task (rows of
+ * one pass for one KV head, a key range of the pass's segment), keeps the
+ * rows' queries in registers, streams the segment's K and V pages through
+ * shared memory with cp.async (STAGES deep) and computes S = Q K^T and O += P V
+ * with mma.sync m16n8k16 (bf16 or f16 operands, f32 accumulation), with an
+ * online softmax in the log2 domain. Masks are applied per (query position,
+ * key position), only on tiles that need them.
+ *
+ * The CTA's warps form a WM x WN grid: WM warps split the rows (16 each) and
+ * share every K/V tile (the shared-node pass: many queries over one KV run,
+ * where the tensor cores do the work), WN warps split each tile's keys and
+ * merge their states at the end (decode rows: few rows, the bytes are the
+ * work). The "wide" instance is 4 x 1 (64 rows), the "narrow" one 1 x 4.
+ *
+ * Grids are persistent and their size never depends on the plan; task counts
+ * are read from the plan block in device memory, so a captured graph replays
+ * correctly after a re-plan.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "cuda_attn_impl.h"
+
+#define LOG2E_F 1.4426950408889634f
+#define LN2_F 0.6931471805599453f
+
+/* ---- small PTX helpers -------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+template <typename T> struct mma_op;
+template <> struct mma_op<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+template <> struct mma_op<__half> {
+    static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+
+/* ---- configuration ------------------------------------------------------ */
+
+template <int D_, int WM_, int WN_, int BN_, int STAGES_> struct cfg {
+    static constexpr int D = D_, WM = WM_, WN = WN_, BN = BN_, STAGES = STAGES_;
+    static constexpr int NT = 32 * WM * WN;
+    static constexpr int ROWS = 16 * WM;
+    static constexpr int KEYS = WN * BN; /* keys per pipeline stage */
+    static constexpr int LD = D + 8;     /* smem row pitch (elements): 16 B pad, no ldmatrix conflicts */
+    static constexpr int CPR = D / 8;    /* 16-byte chunks per row */
+    static constexpr bool Q_REGS = D <= 128;
+    static constexpr size_t Q_BYTES = (size_t)ROWS * LD * 2;
+    static constexpr size_t KV_STAGE = (size_t)KEYS * LD * 2;
+    static constexpr size_t MERGE_BYTES = WN > 1 ? (size_t)WN * ROWS * (D + 2) * 4 : 0;
+    static constexpr size_t KV_BYTES = 2 * STAGES * KV_STAGE;
+    static constexpr size_t SMEM = Q_BYTES + (KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES);
+    static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
+    static_assert(BN % 16 == 0, "BN must be a multiple of 16");
+};
+
+template <int D> struct wide_cfg : cfg<D, 4, 1, (D <= 128 ? 64 : 32), 2> {};
+template <int D> struct narrow_cfg : cfg<D, 1, 4, 16, (D <= 128 ? 3 : 2)> {};
+
+/* ---- the attention kernel ----------------------------------------------- */
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(C::NT)
+    attn_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
+                const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
+                float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
+                int wide) {
+    constexpr int D = C::D, WN = C::WN, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
+    constexpr int ROWS = C::ROWS, KEYS = C::KEYS, LD = C::LD, CPR = C::CPR;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T *sQ = reinterpret_cast<T *>(smem);
+    T *sK = reinterpret_cast<T *>(smem + C::Q_BYTES);
+    T *sV = sK + (size_t)STAGES * KEYS * LD;
+    __shared__ int s_qpos[ROWS];
+    __shared__ long long s_qrow[ROWS], s_oo[ROWS], s_lo[ROWS];
+
+    const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
+    const int ntask = wide ? h->n_tasks_wide : h->n_tasks_narrow;
+    const cas_cuda_task *tasks =
+        reinterpret_cast<const cas_cuda_task *>(plan + (wide ? h->off_tasks_wide : h->off_tasks_narrow));
+    const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
+    const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
+    const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
+    const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
+    const int group = h->group, causal = h->causal, window = h->window_left;
+    const float scale_log2 = h->scale_log2, cap = h->soft_cap, scale = h->scale;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % C::WM, wn = warp / C::WM;
+    const int64_t page_stride = (int64_t)P * Hkv * D; /* elements per page */
+
+    for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
+        const cas_cuda_task t = tasks[ti];
+        const cas_cuda_pass ps = passes[t.pass];
+        if (tid < ROWS) {
+            int r = tid < t.nrows ? tid : t.nrows - 1; /* padding rows repeat the last row */
+            int row = t.row0 + r;
+            int tk = row / group, g = row - tk * group;
+            int tokid = tok_ids[ps.tok_off + tk];
+            int hq = t.kv_head * group + g;
+            s_qpos[tid] = tok_pos[ps.tok_off + tk];
+            s_qrow[tid] = ((long long)tokid * Hq + hq) * D;
+            if (t.o_off < 0) {
+                s_oo[tid] = ((long long)tokid * Hq + hq) * D;
+                s_lo[tid] = (long long)tokid * Hq + hq;
+            } else {
+                s_oo[tid] = t.o_off + ((long long)tk * Hq + hq) * D;
+                s_lo[tid] = t.lse_off + (long long)tk * Hq + hq;
+            }
+        }
+        __syncthreads();
+        for (int c = tid; c < ROWS * CPR; c += NT) {
+            int r = c / CPR, ch = c - r * CPR;
+            cp_async16(sQ + r * LD + ch * 8, q + s_qrow[r] + ch * 8, r < t.nrows ? 16 : 0);
+        }
+        const int nkeys = t.kv1 - t.kv0;
+        const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
+        const T *kbase = kpool + (int64_t)t.kv_head * D;
+        const T *vbase = vpool + (int64_t)t.kv_head * D;
+
+        auto load_tile = [&](int tile) {
+            const int slot = tile % STAGES;
+            T *dk = sK + (size_t)slot * KEYS * LD;
+            T *dv = sV + (size_t)slot * KEYS * LD;
+            const int k0 = t.kv0 + tile * KEYS;
+#pragma unroll
+            for (int it = 0; it < (KEYS * CPR + NT - 1) / NT; it++) {
+                int c = tid + it * NT;
+                if (KEYS * CPR % NT == 0 || c < KEYS * CPR) {
+                    int key = c / CPR, ch = c - key * CPR;
+                    int kidx = k0 + key;
+                    int ok = kidx < t.kv1;
+                    int kk = ok ? kidx : t.kv0;
+                    int pg = pages[ps.page_off + kk / P];
+                    int64_t off = (int64_t)pg * page_stride + (int64_t)(kk % P) * Hkv * D + ch * 8;
+                    cp_async16(dk + key * LD + ch * 8, kbase + off, ok ? 16 : 0);
+                    cp_async16(dv + key * LD + ch * 8, vbase + off, ok ? 16 : 0);
+                }
+            }
+        };
+
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; s++) {
+            if (s < ntiles) load_tile(s);
+            cp_async_commit();
+        }
+
+        float oacc[D / 8][4];
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+        float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
+        uint32_t qf[C::Q_REGS ? D / 16 : 1][4];
+        const int rA = wm * 16 + (lane >> 2), rB = rA + 8;
+        const int qpA = s_qpos[rA], qpB = s_qpos[rB];
+
+        for (int i = 0; i < ntiles; i++) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            if (i + STAGES - 1 < ntiles) load_tile(i + STAGES - 1);
+            cp_async_commit();
+            const T *Qw = sQ + (size_t)(wm * 16) * LD;
+            if (C::Q_REGS && i == 0) {
+#pragma unroll
+                for (int ks = 0; ks < (C::Q_REGS ? D / 16 : 1); ks++) {
+                    int mi = lane >> 3;
+                    ldsm_x4(qf[ks], Qw + ((mi & 1) * 8 + (lane & 7)) * LD + ks * 16 + (mi >> 1) * 8);
+                }
+            }
+            const int slot = i % STAGES;
+            const T *Kt = sK + (size_t)slot * KEYS * LD + (size_t)wn * BN * LD;
+            const T *Vt = sV + (size_t)slot * KEYS * LD + (size_t)wn * BN * LD;
+
+            float s[BN / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+            for (int kp = 0; kp < D / 32; kp++) {
+                uint32_t qa[4], qb[4];
+                if constexpr (C::Q_REGS) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        qa[j] = qf[2 * kp][j];
+                        qb[j] = qf[C::Q_REGS ? 2 * kp + 1 : 0][j];
+                    }
+                } else {
+                    int mi = lane >> 3;
+                    ldsm_x4(qa, Qw + ((mi & 1) * 8 + (lane & 7)) * LD + (2 * kp) * 16 + (mi >> 1) * 8);
+                    ldsm_x4(qb, Qw + ((mi & 1) * 8 + (lane & 7)) * LD + (2 * kp + 1) * 16 + (mi >> 1) * 8);
+                }
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) {
+                    uint32_t b[4];
+                    ldsm_x4(b, Kt + (nt * 8 + (lane & 7)) * LD + kp * 32 + (lane >> 3) * 8);
+                    mma_op<T>::run(s[nt], qa, b[0], b[1]);
+                    mma_op<T>::run(s[nt], qb, b[2], b[3]);
+                }
+            }
+            /* scale, soft cap, masks */
+            const int kb = t.kv0 + i * KEYS + wn * BN; /* segment index of this warp's first key */
+            const bool full = kb + BN <= t.kv1 && (!causal || ps.pos0 + kb + BN - 1 <= t.qpos_min) &&
+                              (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = s[nt][e];
+                    x = cap > 0.f ? cap * tanhf(x * scale / cap) * LOG2E_F : x * scale_log2;
+                    if (!full) {
+                        int key = kb + nt * 8 + (lane & 3) * 2 + (e & 1);
+                        int kabs = ps.pos0 + key;
+                        int qp = e < 2 ? qpA : qpB;
+                        bool vis = key < t.kv1 && (!causal || kabs <= qp) &&
+                                   (window < 0 || kabs >= qp - window);
+                        if (!vis) x = -CUDART_INF_F;
+                    }
+                    s[nt][e] = x;
+                }
+            }
+            /* online softmax */
+            float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float mu0 = mn0 == -CUDART_INF_F ? 0.f : mn0;
+            const float mu1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
+            const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+            m0 = mn0;
+            m1 = mn1;
+            float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - mu0);
+                s[nt][1] = exp2f(s[nt][1] - mu0);
+                s[nt][2] = exp2f(s[nt][2] - mu1);
+                s[nt][3] = exp2f(s[nt][3] - mu1);
+                rs0 += s[nt][0] + s[nt][1];
+                rs1 += s[nt][2] + s[nt][3];
+            }
+            l0 = l0 * al0 + rs0;
+            l1 = l1 * al1 + rs1;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                oacc[dt][0] *= al0;
+                oacc[dt][1] *= al0;
+                oacc[dt][2] *= al1;
+                oacc[dt][3] *= al1;
+            }
+            /* O += P V */
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                uint32_t a[4];
+                a[0] = mma_op<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+                a[1] = mma_op<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+                a[2] = mma_op<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                a[3] = mma_op<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                const int mi = lane >> 3;
+#pragma unroll
+                for (int dt = 0; dt < D / 16; dt++) {
+                    uint32_t b[4];
+                    ldsm_x4_t(b, Vt + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + dt * 16 + (mi >> 1) * 8);
+                    mma_op<T>::run(oacc[2 * dt], a, b[0], b[1]);
+                    mma_op<T>::run(oacc[2 * dt + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        cp_async_wait<0>();
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        float *obase = t.o_off < 0 ? o : scratch;
+        float *lbase = t.o_off < 0 ? lse : scratch;
+
+        if constexpr (WN == 1) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int r = half ? rB : rA;
+                const float l = half ? l1 : l0, m = half ? m1 : m0;
+                if (r < t.nrows) {
+                    const float inv = l > 0.f ? 1.f / l : 0.f;
+                    float *dst = obase + s_oo[r];
+#pragma unroll
+                    for (int dt = 0; dt < D / 8; dt++) {
+                        float2 v = make_float2(oacc[dt][2 * half] * inv, oacc[dt][2 * half + 1] * inv);
+                        *reinterpret_cast<float2 *>(dst + dt * 8 + (lane & 3) * 2) = v;
+                    }
+                    if ((lane & 3) == 0)
+                        lbase[s_lo[r]] = l > 0.f ? (m + log2f(l)) * LN2_F : -CUDART_INF_F;
+                }
+            }
+        } else {
+            /* merge the WN warps' states of the same rows through shared memory */
+            __syncthreads();
+            float *mo = reinterpret_cast<float *>(smem + C::Q_BYTES); /* [WN][ROWS][D] */
+            float *mm = mo + (size_t)WN * ROWS * D;                    /* [WN][ROWS] */
+            float *ml = mm + WN * ROWS;                                 /* [WN][ROWS] */
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                int d = dt * 8 + (lane & 3) * 2;
+                *reinterpret_cast<float2 *>(mo + ((size_t)wn * ROWS + rA) * D + d) =
+                    make_float2(oacc[dt][0], oacc[dt][1]);
+                *reinterpret_cast<float2 *>(mo + ((size_t)wn * ROWS + rB) * D + d) =
+                    make_float2(oacc[dt][2], oacc[dt][3]);
+            }
+            if ((lane & 3) == 0) {
+                mm[wn * ROWS + rA] = m0;
+                mm[wn * ROWS + rB] = m1;
+                ml[wn * ROWS + rA] = l0;
+                ml[wn * ROWS + rB] = l1;
+            }
+            __syncthreads();
+            for (int idx = tid; idx < ROWS * D; idx += NT) {
+                const int r = idx / D, d = idx - r * D;
+                if (r >= t.nrows) continue;
+                float ms = -CUDART_INF_F;
+#pragma unroll
+                for (int w = 0; w < WN; w++) ms = fmaxf(ms, mm[w * ROWS + r]);
+                float acc = 0.f, ls = 0.f;
+                if (ms != -CUDART_INF_F) {
+#pragma unroll
+                    for (int w = 0; w < WN; w++) {
+                        float f = exp2f(mm[w * ROWS + r] - ms);
+                        acc += f * mo[((size_t)w * ROWS + r) * D + d];
+                        ls += f * ml[w * ROWS + r];
+                    }
+                }
+                const bool any = ls > 0.f;
+                obase[s_oo[r] + d] = any ? acc / ls : 0.f;
+                if (d == 0) lbase[s_lo[r]] = any ? (ms + log2f(ls)) * LN2_F : -CUDART_INF_F;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* ---- merge kernels ------------------------------------------------------ */
+
+/* One warp per (merge token, q head): merges the token's scratch states. */
+template <int D>
+__global__ void __launch_bounds__(256)
+    merge_plan_kernel(const char *__restrict__ plan, float *__restrict__ o,
+                      float *__restrict__ lse, const float *__restrict__ scratch, int Hq) {
+    const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
+    const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
+    const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
+    const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
+    const int64_t *cl = reinterpret_cast<const int64_t *>(plan + h->off_contrib_lse);
+    const int lane = threadIdx.x & 31;
+    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int64_t n = (int64_t)h->n_merge_tok * Hq;
+    for (int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; w < n; w += nw) {
+        const int i = (int)(w / Hq), hh = (int)(w - (int64_t)i * Hq);
+        const int tkn = mtok[i], c0 = indptr[i], c1 = indptr[i + 1];
+        float m = -CUDART_INF_F;
+        for (int c = c0; c < c1; c++) m = fmaxf(m, scratch[cl[c] + hh]);
+        float acc[D / 32];
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) acc[j] = 0.f;
+        float s = 0.f;
+        if (m != -CUDART_INF_F) {
+            for (int c = c0; c < c1; c++) {
+                float l = scratch[cl[c] + hh];
+                if (l == -CUDART_INF_F) continue;
+                float f = __expf(l - m);
+                s += f;
+                const float *src = scratch + co[c] + (int64_t)hh * D;
+#pragma unroll
+                for (int j = 0; j < D / 32; j++) acc[j] += f * src[lane + 32 * j];
+            }
+        }
+        float *dst = o + ((int64_t)tkn * Hq + hh) * D;
+        const float inv = s > 0.f ? 1.f / s : 0.f;
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) dst[lane + 32 * j] = acc[j] * inv;
+        if (lane == 0) lse[(int64_t)tkn * Hq + hh] = s > 0.f ? m + __logf(s) : -CUDART_INF_F;
+    }
+}
+
+/* merge of n states stored [n][rows][D] / [n][rows]: one warp per row */
+__global__ void merge_states_kernel(float *o_out, float *lse_out, const float *o_in,
+                                    const float *lse_in, int n, int64_t rows, int D) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += nw) {
+        float m = -CUDART_INF_F;
+        for (int i = 0; i < n; i++) m = fmaxf(m, lse_in[(int64_t)i * rows + r]);
+        float s = 0.f;
+        if (m != -CUDART_INF_F)
+            for (int i = 0; i < n; i++) {
+                float l = lse_in[(int64_t)i * rows + r];
+                if (l != -CUDART_INF_F) s += expf(l - m);
+            }
+        for (int d = lane; d < D; d += 32) {
+            float acc = 0.f;
+            if (m != -CUDART_INF_F)
+                for (int i = 0; i < n; i++) {
+                    float l = lse_in[(int64_t)i * rows + r];
+                    if (l != -CUDART_INF_F) acc += expf(l - m) * o_in[((int64_t)i * rows + r) * D + d];
+                }
+            o_out[r * D + d] = s > 0.f ? acc / s : 0.f;
+        }
+        if (lane == 0) lse_out[r] = s > 0.f ? m + logf(s) : -CUDART_INF_F;
+    }
+}
+
+/* out = merge(a, b), out may alias a or b: each element is read before written by one thread */
+__global__ void merge2_kernel(float *o_out, float *lse_out, const float *o_a, const float *lse_a,
+                              const float *o_b, const float *lse_b, int64_t rows, int D) {
+    const int lane = threadIdx.x & 31;
+    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += nw) {
+        const float la = lse_a[r], lb = lse_b[r];
+        const float m = fmaxf(la, lb);
+        float wa = 0.f, wb = 0.f, l = -CUDART_INF_F;
+        if (m != -CUDART_INF_F) {
+            float ea = expf(la - m), eb = expf(lb - m), s = ea + eb;
+            wa = ea / s;
+            wb = eb / s;
+            l = m + logf(s);
+        }
+        __syncwarp();
+        for (int d = lane; d < D; d += 32) {
+            float va = wa != 0.f ? wa * o_a[r * D + d] : 0.f;
+            float vb = wb != 0.f ? wb * o_b[r * D + d] : 0.f;
+            o_out[r * D + d] = va + vb;
+        }
+        __syncwarp();
+        if (lane == 0) lse_out[r] = l;
+    }
+}
+
+/* ---- launchers ---------------------------------------------------------- */
+
+template <typename T, typename C>
+static int launch_one(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
+                      const void *q, float *o, float *lse, float *scratch, int wide, int grid,
+                      cudaStream_t st) {
+    attn_kernel<T, C><<<grid, C::NT, C::SMEM, st>>>(
+        (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq,
+        g->Hkv, g->page_size, wide);
+    return (int)cudaGetLastError();
+}
+
+template <typename T, typename C> static int occ_one(int *ctas) {
+    cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, C>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, attn_kernel<T, C>, C::NT,
+                                                              C::SMEM);
+}
+
+/* Calls F<T, config>(args...) for the geometry's dtype, head_dim and kind. */
+#define CAS_DISPATCH(g, wide, CALL)                                                       \
+    do {                                                                                  \
+        if ((g)->dtype == 2) {                                                            \
+            typedef __nv_bfloat16 T_;                                                     \
+            CAS_DISPATCH_D(g, wide, CALL);                                                \
+        } else if ((g)->dtype == 1) {                                                     \
+            typedef __half T_;                                                            \
+            CAS_DISPATCH_D(g, wide, CALL);                                                \
+        }                                                                                 \
+    } while (0)
+#define CAS_DISPATCH_D(g, wide, CALL)                                                     \
+    switch ((g)->D) {                                                                     \
+    case 64: if (wide) { typedef wide_cfg<64> C_; CALL; } else { typedef narrow_cfg<64> C_; CALL; } break; \
+    case 96: if (wide) { typedef wide_cfg<96> C_; CALL; } else { typedef narrow_cfg<96> C_; CALL; } break; \
+    case 128: if (wide) { typedef wide_cfg<128> C_; CALL; } else { typedef narrow_cfg<128> C_; CALL; } break; \
+    case 256: if (wide) { typedef wide_cfg<256> C_; CALL; } else { typedef narrow_cfg<256> C_; CALL; } break; \
+    default: break;                                                                       \
+    }
+
+extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
+                                    const void *v, const void *q, float *o, float *lse,
+                                    float *scratch, int wide, int grid, void *stream) {
+    int rc = (int)cudaErrorInvalidValue;
+    CAS_DISPATCH(g, wide,
+                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide, grid,
+                                          (cudaStream_t)stream)));
+    return rc;
+}
+
+extern "C" int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm) {
+    int rc = (int)cudaErrorInvalidValue;
+    *ctas_per_sm = 0;
+    CAS_DISPATCH(g, wide, rc = (occ_one<T_, C_>(ctas_per_sm)));
+    return rc;
+}
+
+extern "C" int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o,
+                                     float *lse, const float *scratch, int grid, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (g->D) {
+    case 64: merge_plan_kernel<64><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    case 96: merge_plan_kernel<96><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    case 128: merge_plan_kernel<128><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    case 256: merge_plan_kernel<256><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    return (int)cudaGetLastError();
+}
+
+static int merge_grid(int64_t rows) {
+    int64_t b = (rows + 7) / 8;
+    if (b > 4096) b = 4096;
+    return b < 1 ? 1 : (int)b;
+}
+
+extern "C" int cas_cuda_launch_merge_states(float *o_out, float *lse_out, const float *o_in,
+                                            const float *lse_in, int n, int64_t rows, int32_t D,
+                                            void *stream) {
+    if (rows <= 0) return 0;
+    merge_states_kernel<<<merge_grid(rows), 256, 0, (cudaStream_t)stream>>>(o_out, lse_out, o_in,
+                                                                            lse_in, n, rows, D);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int cas_cuda_launch_merge2(float *o_out, float *lse_out, const float *o_a,
+                                      const float *lse_a, const float *o_b, const float *lse_b,
+                                      int64_t rows, int32_t D, void *stream) {
+    if (rows <= 0) return 0;
+    merge2_kernel<<<merge_grid(rows), 256, 0, (cudaStream_t)stream>>>(o_out, lse_out, o_a, lse_a,
+                                                                      o_b, lse_b, rows, D);
+    return (int)cudaGetLastError();
+}
+
+extern "C" const char *cas_cuda_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
