@@ -28,6 +28,9 @@
 
 #define R CAS_Q_TILE_ROWS
 
+/* Software prefetch distance beyond the next 4-row group, bytes. */
+#define PF_AHEAD 1024
+
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -81,46 +84,78 @@ static inline float ld_w1(int t, const uint8_t *row, int64_t i) {
 
 /* ---- matrix-vector ------------------------------------------------------ */
 
+/* The weight scale d (Q8_0, Q4_0) or scale and minimum [d, m] (Q4_1) of a
+ * block in the low lanes of an xmm, converted from f16 in one instruction.
+ * For d alone it is broadcast, so that lane 1 holds d as well. */
+static inline __m128 ld_scales(const int t, const uint8_t *blk) {
+    if (t == CAS_T_Q4_1) {
+        int32_t v;
+        memcpy(&v, blk, 4);
+        return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+    }
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return _mm_cvtph_ps(_mm_set1_epi16((short)h));
+}
+
 /* nr (1..4, a constant after inlining) rows starting at r of a quantized
- * type t (also a constant). */
+ * type t (also a constant). Per block and row: the scales times [dx, sx]
+ * (adjacent in cas_q8x_block) give d dx in lane 0, the FMA's factor, and the
+ * zero-point term (m sx, or d sx for Q4_0) in lane 1, summed in an xmm. */
 static inline __attribute__((always_inline)) void mv_quant(const int t, const int nr,
                                                            const uint8_t *w, size_t rb, int64_t r,
                                                            int64_t nb, const cas_q8x_block *xq,
-                                                           const float *sx, float *y) {
+                                                           float *y) {
     const size_t bb = t == CAS_T_Q8_0 ? 34 : t == CAS_T_Q4_0 ? 18 : 20;
+    const size_t qoff = t == CAS_T_Q4_1 ? 4 : 2;
+    const __m256i shift = _mm256_set_epi64x(4, 4, 0, 0), m4 = _mm256_set1_epi8(15);
     __m256 acc[R];
-    float corr[R];
+    __m128 corr[R];
     const uint8_t *p[R];
 #pragma GCC unroll 4
     for (int j = 0; j < nr; j++) {
         acc[j] = _mm256_setzero_ps();
-        corr[j] = 0;
+        corr[j] = _mm_setzero_ps();
         p[j] = w + (size_t)(r + j) * rb;
     }
+    /* The four rows are contiguous, and the next group follows them; each
+     * row is only a few cache lines, too short for the hardware stream
+     * prefetchers to train on, so prefetch the next group linearly, at the
+     * pace this group is consumed, PF_AHEAD bytes further. */
+    const uint8_t *pf = p[0] + (size_t)R * rb + PF_AHEAD;
     for (int64_t b = 0; b < nb; b++) {
+        if (nr == R) {
+            const uint8_t *a = pf + (size_t)b * R * bb;
+            _mm_prefetch((const char *)a, _MM_HINT_T0);
+            _mm_prefetch((const char *)a + 64, _MM_HINT_T0);
+            if (R * bb > 128) _mm_prefetch((const char *)a + 128, _MM_HINT_T0);
+        }
         __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)xq[b].q);
-        __m256 dx = _mm256_broadcast_ss(&xq[b].d);
+        __m128 dxs = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)&xq[b].d));
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
             const uint8_t *blk = p[j] + (size_t)b * bb;
-            float d = ld_f16(blk);
+            __m128 pr = _mm_mul_ps(ld_scales(t, blk), dxs);
             __m256 f;
             if (t == CAS_T_Q8_0) {
                 __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
                 f = dot_us(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
-            } else if (t == CAS_T_Q4_0) {
-                f = dot_us(unpack_nibbles(blk + 2), xv);
-                corr[j] += d * sx[b];
             } else {
-                f = dot_us(unpack_nibbles(blk + 4), xv);
-                corr[j] += ld_f16(blk + 2) * sx[b];
+                /* the 16 nibble bytes in both halves, the upper half shifted
+                 * right by 4: one load, one shift, one mask */
+                __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + qoff));
+                __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(q), shift), m4);
+                f = dot_us(nib, xv);
+                corr[j] = _mm_add_ps(corr[j], pr);
             }
-            acc[j] = _mm256_fmadd_ps(f, _mm256_mul_ps(_mm256_set1_ps(d), dx), acc[j]);
+            acc[j] = _mm256_fmadd_ps(f, _mm256_broadcastss_ps(pr), acc[j]);
         }
     }
 #pragma GCC unroll 4
-    for (int j = 0; j < nr; j++)
-        y[r + j] = hsum8(acc[j]) + (t == CAS_T_Q4_0 ? -8.0f * corr[j] : corr[j]);
+    for (int j = 0; j < nr; j++) {
+        float c = _mm_cvtss_f32(_mm_shuffle_ps(corr[j], corr[j], 1));
+        y[r + j] = hsum8(acc[j]) + (t == CAS_T_Q4_0 ? -8.0f * c : t == CAS_T_Q4_1 ? c : 0.0f);
+    }
 }
 
 static inline __attribute__((always_inline)) void mv_float(const int t, const int nr,
@@ -133,8 +168,15 @@ static inline __attribute__((always_inline)) void mv_float(const int t, const in
         acc[j] = _mm256_setzero_ps();
         p[j] = w + (size_t)(r + j) * rb;
     }
+    const size_t es = t == CAS_T_F32 ? 4 : 2;
+    const uint8_t *pf = p[0] + (size_t)R * rb + PF_AHEAD;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
+        if (nr == R) { /* as in mv_quant: 4 rows x 8 elements consumed per step */
+            const uint8_t *a = pf + (size_t)i * R * es;
+            _mm_prefetch((const char *)a, _MM_HINT_T0);
+            if (R * 8 * es > 64) _mm_prefetch((const char *)a + 64, _MM_HINT_T0);
+        }
         __m256 xv = _mm256_loadu_ps(x + i);
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) acc[j] = _mm256_fmadd_ps(ld_w8(t, p[j], i), xv, acc[j]);
@@ -156,12 +198,12 @@ static inline __attribute__((always_inline)) void mv_float(const int t, const in
         for (; r < r1; r++) body1;                                                            \
     }
 
-MV_TYPE(mv_q8_0, mv_quant(CAS_T_Q8_0, 4, w, rb, r, n / 32, xq, sx, y),
-        mv_quant(CAS_T_Q8_0, 1, w, rb, r, n / 32, xq, sx, y))
-MV_TYPE(mv_q4_0, mv_quant(CAS_T_Q4_0, 4, w, rb, r, n / 32, xq, sx, y),
-        mv_quant(CAS_T_Q4_0, 1, w, rb, r, n / 32, xq, sx, y))
-MV_TYPE(mv_q4_1, mv_quant(CAS_T_Q4_1, 4, w, rb, r, n / 32, xq, sx, y),
-        mv_quant(CAS_T_Q4_1, 1, w, rb, r, n / 32, xq, sx, y))
+MV_TYPE(mv_q8_0, mv_quant(CAS_T_Q8_0, 4, w, rb, r, n / 32, xq, y),
+        mv_quant(CAS_T_Q8_0, 1, w, rb, r, n / 32, xq, y))
+MV_TYPE(mv_q4_0, mv_quant(CAS_T_Q4_0, 4, w, rb, r, n / 32, xq, y),
+        mv_quant(CAS_T_Q4_0, 1, w, rb, r, n / 32, xq, y))
+MV_TYPE(mv_q4_1, mv_quant(CAS_T_Q4_1, 4, w, rb, r, n / 32, xq, y),
+        mv_quant(CAS_T_Q4_1, 1, w, rb, r, n / 32, xq, y))
 MV_TYPE(mv_f32, mv_float(CAS_T_F32, 4, w, rb, r, n, xf, y),
         mv_float(CAS_T_F32, 1, w, rb, r, n, xf, y))
 MV_TYPE(mv_f16, mv_float(CAS_T_F16, 4, w, rb, r, n, xf, y),
