@@ -50,7 +50,7 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart 
 BASEFLAGS += -DCAS_WITH_CUDA=1 -I$(CUDA_HOME)/include
 endif
 
-.PHONY: all test asan clean model bench fuzz
+.PHONY: all test asan clean model bench fuzz test-cuda cuda-build-check cuda-bench
 all: $(BUILD)/libcascade.a $(BUILD)/libcascade.so $(BUILD)/cascade
 
 $(BUILD)/libcascade.a: $(LIB_OBJ)
@@ -78,7 +78,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a
 	@mkdir -p $(dir $@)
@@ -99,4 +99,53 @@ model:
 clean:
 	rm -rf build build-asan
 
+# ---- CUDA backend: tests and benchmark (need CUDA=1) ----------------------
+# `make CUDA=1 test-cuda` builds and runs tests/cuda/test_cuda_attn.c on the
+# GPU (against the float64 reference); `make CUDA=1 cuda-build-check` only
+# compiles the backend, its test and its benchmark (works without a GPU: CI);
+# `make CUDA=1 cuda-bench` builds bench/cuda/attn_bench_cuda.
+CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_attn
+CUDA_BENCH_BIN := $(BUILD)/bench/cuda/attn_bench_cuda
+CUDA_PLANNER_DEF := $(if $(wildcard src/attn/attn_plan.c),-DCAS_HAVE_CPU_PLANNER=1,)
+
+$(CUDA_TEST_BIN): tests/cuda/test_cuda_attn.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
+
+$(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -o $@ $< $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
+
+ifeq ($(CUDA),1)
+test-cuda: $(CUDA_TEST_BIN)
+	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN)
+cuda-build-check: $(BUILD)/libcascade.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN)
+	@echo "CUDA backend, test and benchmark compiled"
+cuda-bench: $(CUDA_BENCH_BIN)
+else
+test-cuda cuda-build-check cuda-bench:
+	@echo "$@ needs CUDA=1" && false
+endif
+
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d)
+
+# ---- fuzzing the GGUF reader ------------------------------------------------
+# `make fuzz` builds fuzz/fuzz_gguf.c with clang's libFuzzer, ASan and UBSan
+# in build-fuzz/, writes the seed corpus (fuzz/make_seeds.py) and fuzzes for
+# FUZZ_TIME seconds. New inputs collect in build-fuzz/corpus, crashes in
+# build-fuzz/crash-*. See fuzz/README.md.
+FUZZ_CC   ?= clang
+FUZZ_TIME ?= 120
+FUZZ_SRC  := fuzz/fuzz_gguf.c src/core/core.c src/model/gguf.c src/model/tokenizer.c src/model/chat.c
+
+build-fuzz/fuzz_gguf: $(FUZZ_SRC) src/model/model.h src/model/tensor.h src/core/core.h
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined $$(pkg-config --cflags libpcre2-8) -o $@ $(FUZZ_SRC) \
+	  $$(pkg-config --libs libpcre2-8) -lm -lpthread
+
+fuzz: build-fuzz/fuzz_gguf
+	@mkdir -p build-fuzz/corpus
+	$(PYTHON) fuzz/make_seeds.py build-fuzz/seeds
+	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=65536 -timeout=10 \
+	  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/ build-fuzz/corpus build-fuzz/seeds
