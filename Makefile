@@ -107,19 +107,25 @@ clean:
 CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_attn
 CUDA_BENCH_BIN := $(BUILD)/bench/cuda/attn_bench_cuda
 CUDA_PLANNER_DEF := $(if $(wildcard src/attn/attn_plan.c),-DCAS_HAVE_CPU_PLANNER=1,)
-
-$(CUDA_TEST_BIN): tests/cuda/test_cuda_attn.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a
+# The attention backend's own archive (core + attn + cuda): its test and
+# benchmark need nothing of the higher layers (and their libraries).
+ATTN_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/% $(BUILD)/src/cuda/%,$(LIB_OBJ))
+$(BUILD)/libcascade_attn.a: $(ATTN_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
+	rm -f $@ && ar rcs $@ $^
 
-$(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade.a
+$(CUDA_TEST_BIN): tests/cuda/test_cuda_attn.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade_attn.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -o $@ $< $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
+	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
+
+$(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -o $@ $< $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
 ifeq ($(CUDA),1)
 test-cuda: $(CUDA_TEST_BIN)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN)
-cuda-build-check: $(BUILD)/libcascade.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN)
+cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN)
 	@echo "CUDA backend, test and benchmark compiled"
 cuda-bench: $(CUDA_BENCH_BIN)
 else

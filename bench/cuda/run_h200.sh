@@ -32,7 +32,14 @@ fi
 if has cputest; then
   echo "== CPU make test"
   grep -o -m1 'avx512[a-z]*' /proc/cpuinfo | sort -u | head -3
-  ( timeout 200 make -j16 BUILD=build-cpu test ) > "$OUT/cpu_test.log" 2>&1; echo "make test rc=$?"; grep -E "FAIL|passed, |crashed|error" "$OUT/cpu_test.log" | tail -15
+  ( timeout 200 make -j16 -k BUILD=build-cpu test ) > "$OUT/cpu_test.log" 2>&1; echo "make test rc=$?"; grep -E "FAIL|passed, |crashed|error" "$OUT/cpu_test.log" | tail -8
+  # the attention tests alone, linked without the model layer (no pcre2 there)
+  for t in tests/test_attn*.c tests/test_core*.c; do [ -f "$t" ] || continue
+    n=build-cpu/tests/$(basename "$t" .c); mkdir -p build-cpu/tests
+    make -s BUILD=build-cpu build-cpu/libcascade_attn.a >/dev/null 2>&1
+    gcc -std=c11 -O2 -fopenmp -D_GNU_SOURCE -Itests -o "$n" "$t" build-cpu/libcascade_attn.a -fopenmp -lm -lpthread 2>&1 | tail -3
+    echo "-- $t"; timeout 200 "$n" 2>&1 | grep -E "FAIL|passed, |simd|avx" | tail -8
+  done
 fi
 if has grid; then
   echo "== grid"
