@@ -235,6 +235,23 @@ static void quantize_x_row(const float *x, int64_t nb, cas_q8x_block *xq, float 
     }
 }
 
+/* Block b of token group g (gb = g * nb + b) into the token-lane layout. */
+static void transpose_x8(const cas_q8x_block *xq, int64_t m, int64_t nb, int64_t gb, cas_q8x8_block *o) {
+    int64_t g = gb / nb, b = gb % nb;
+    for (int t = 0; t < 8; t++) {
+        int64_t i = 8 * g + t;
+        if (i < m) {
+            const cas_q8x_block *s = xq + i * nb + b;
+            for (int k = 0; k < 8; k++) memcpy(o->q[k][t], s->q + 4 * k, 4);
+            o->d[t] = s->d;
+            o->s[t] = s->s;
+        } else {
+            for (int k = 0; k < 8; k++) memset(o->q[k][t], 0, 4);
+            o->d[t] = o->s[t] = 0;
+        }
+    }
+}
+
 /* ---- portable kernels ---------------------------------------------------- */
 
 /* Dot product of one weight row with one token (x as f32 for float types,
@@ -331,7 +348,8 @@ static int resolve_threads(int nthreads) {
 
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
-/* Workspace layout: xq[m][nb] | sx[m][nb] | tile[nthreads] of tile_bytes. */
+/* Workspace layout: xq[m][nb] | sx[m][nb] | x8[ceil(m/8)][nb] |
+ * tile[nthreads] of tile_bytes. */
 static size_t tile_bytes(int64_t n) { return align64((size_t)n * 4 * CAS_Q_TILE_ROWS); }
 
 size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads) {
@@ -341,6 +359,7 @@ size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads)
     size_t nt = (size_t)resolve_threads(nthreads);
     size_t nb = is_quant(t) ? (size_t)(n / 32) : 0;
     size_t bytes = align64((size_t)m * nb * sizeof(cas_q8x_block)) + align64((size_t)m * nb * 4);
+    bytes += align64((size_t)((m + 7) / 8) * nb * sizeof(cas_q8x8_block));
     if (m > 1) bytes += nt * tile_bytes(n);
     return bytes + 64;
 }
@@ -387,7 +406,9 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
     const int64_t nb = quant ? n / 32 : 0;
     cas_q8x_block *xq = (cas_q8x_block *)(void *)work;
     float *sx = (float *)(void *)(work + align64((size_t)m * nb * sizeof(cas_q8x_block)));
-    uint8_t *tiles = (uint8_t *)(sx) + align64((size_t)m * nb * 4);
+    cas_q8x8_block *x8 = (cas_q8x8_block *)(void *)((uint8_t *)sx + align64((size_t)m * nb * 4));
+    uint8_t *tiles = (uint8_t *)x8 + align64((size_t)((m + 7) / 8) * nb * sizeof(cas_q8x8_block));
+    const int lanes = avx2 && quant && m >= CAS_Q_LANE_MIN_M;
     const uint8_t *wb = w;
 
     /* Threads beyond the work only add start-up cost. */
@@ -399,6 +420,10 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
         if (quant) {
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < m; i++) quantize_x_row(x + i * n, nb, xq + i * nb, sx + i * nb);
+            if (lanes) {
+#pragma omp for schedule(static)
+                for (int64_t gb = 0; gb < (m + 7) / 8 * nb; gb++) transpose_x8(xq, m, nb, gb, x8 + gb);
+            }
         }
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         /* Contiguous ranges of whole 4-row groups, one per thread. */
@@ -414,7 +439,10 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
             void *tile = tiles + (size_t)tid * tile_bytes(n);
             for (int64_t r = r0; r < r1; r += CAS_Q_TILE_ROWS) {
                 int64_t nr = r1 - r < CAS_Q_TILE_ROWS ? r1 - r : CAS_Q_TILE_ROWS;
-                cas_q_avx2_matmul_tile(t, wb, rb, r, nr, rows, n, x, xq, sx, m, y, tile);
+                if (lanes)
+                    cas_q_avx2_matmul_tile_lanes(t, wb, rb, r, nr, rows, n, x8, m, y, tile);
+                else
+                    cas_q_avx2_matmul_tile(t, wb, rb, r, nr, rows, n, x, xq, sx, m, y, tile);
             }
         } else {
             /* A weight row (at most a few KiB) stays in L1 while every token

@@ -348,6 +348,95 @@ static inline __attribute__((always_inline)) void mm_quant(const int t, const ui
     }
 }
 
+/* ---- batched: quantized weights, tokens in lanes ------------------------
+ * Eight tokens sit in the eight f32 lanes; the x of one block comes as eight
+ * vectors (cas_q8x8_block), vector k holding elements 4k..4k+3 of every
+ * token. Four weight bytes of row j, broadcast to all lanes, times vector k
+ * with _mm256_maddubs_epi16 give each token two 16-bit partial sums, so one
+ * instruction serves eight tokens and the per-block scaling (madd, convert,
+ * scale, FMA) is paid once per eight tokens instead of once per token. For
+ * Q4 the eight 16-bit partial sums of a block add up without overflow
+ * (8 * 2 * 15 * 127 < 2^15); Q8_0's do not, so it widens every chunk. */
+
+static inline __m256i bcast4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void mm_lanes(const int t, const qtile *q, int64_t nb,
+                                                           int64_t n, const cas_q8x8_block *xg,
+                                                           __m256 acc[R]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const cas_q8x8_block *xb = xg + b;
+        __m256i a[R];
+        /* Row by row (the x vectors come from L1 as memory operands): with
+         * the chunk loop outside, the compiler keeps all 32 products live
+         * and spills them. */
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++) {
+            const uint8_t *wq = q->wq + (size_t)j * n + 32 * b;
+            const int8_t *ws = q->ws + (size_t)j * n + 32 * b;
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m256i xk = _mm256_load_si256((const __m256i *)(const void *)xb->q[k]);
+                if (t == CAS_T_Q8_0) {
+                    __m256i p = _mm256_maddubs_epi16(bcast4(wq + 4 * k), _mm256_sign_epi8(xk, bcast4(ws + 4 * k)));
+                    p = _mm256_madd_epi16(p, ones);
+                    a[j] = k ? _mm256_add_epi32(a[j], p) : p;
+                } else {
+                    __m256i p = _mm256_maddubs_epi16(bcast4(wq + 4 * k), xk);
+                    a[j] = k ? _mm256_add_epi16(a[j], p) : p;
+                }
+                /* Keep the chain in order: GCC otherwise reassociates the
+                 * sums into a tree of 32 live products and spills them. */
+                __asm__("" : "+x"(a[j]));
+            }
+        }
+        __m256 dx = _mm256_load_ps(xb->d);
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++) {
+            __m256i s32 = t == CAS_T_Q8_0 ? a[j] : _mm256_madd_epi16(a[j], ones);
+            __m256 sc = _mm256_mul_ps(_mm256_broadcast_ss(q->dw + j * nb + b), dx);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), sc, acc[j]);
+            if (t != CAS_T_Q8_0)
+                acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(q->mw + j * nb + b), _mm256_load_ps(xb->s), acc[j]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void mm_quant_lanes(const int t, const uint8_t *w,
+                                                                 size_t rb, int64_t r0, int64_t nr,
+                                                                 int64_t rows, int64_t n,
+                                                                 const cas_q8x8_block *x8, int64_t m,
+                                                                 float *y, void *scratch) {
+    int64_t nb = n / 32;
+    qtile q = decode_qtile(t, w, rb, r0, nr, n, scratch);
+    for (int64_t g = 0; g < (m + 7) / 8; g++) {
+        __m256 acc[R];
+        float out[R][8];
+        mm_lanes(t, &q, nb, n, x8 + g * nb, acc);
+        for (int j = 0; j < R; j++) _mm256_storeu_ps(out[j], acc[j]);
+        int64_t nt = m - 8 * g < 8 ? m - 8 * g : 8;
+        for (int64_t i = 0; i < nt; i++)
+            for (int64_t j = 0; j < nr; j++) y[(8 * g + i) * rows + r0 + j] = out[j][i];
+    }
+}
+
+void cas_q_avx2_matmul_tile_lanes(int t, const uint8_t *w, size_t rb, int64_t r0, int64_t nr,
+                                  int64_t rows, int64_t n, const cas_q8x8_block *x8, int64_t m,
+                                  float *y, void *tile) {
+    switch (t) {
+    case CAS_T_Q8_0: mm_quant_lanes(CAS_T_Q8_0, w, rb, r0, nr, rows, n, x8, m, y, tile); break;
+    case CAS_T_Q4_0: mm_quant_lanes(CAS_T_Q4_0, w, rb, r0, nr, rows, n, x8, m, y, tile); break;
+    case CAS_T_Q4_1: mm_quant_lanes(CAS_T_Q4_1, w, rb, r0, nr, rows, n, x8, m, y, tile); break;
+    default: break;
+    }
+}
+
 /* ---- batched: float weights -------------------------------------------- */
 
 static inline __attribute__((always_inline)) void mm_ftile(const int nt, const float *const *wr,

@@ -141,7 +141,23 @@ typedef struct {
     int8_t q[CAS_Q_BLOCK];
 } cas_q8x_block;
 
-/* Sizes of the per-thread tile scratch of the batched kernels. */
+/* Eight tokens' x for one block, transposed so that one vector holds four
+ * consecutive elements of each of the eight tokens: q[k][t][i] is element
+ * 4 k + i of token t. With it the batched kernel keeps tokens in SIMD lanes
+ * and broadcasts four weight bytes against them (see quant_avx2.c). Missing
+ * tokens of the last group are zero. 320 bytes, a multiple of 32. */
+typedef struct {
+    int8_t q[8][8][4];
+    float d[8]; /* scale of each token's block */
+    float s[8]; /* d * sum(q) of each token's block */
+} cas_q8x8_block;
+
+/* Batched calls with at least this many tokens use the token-lane kernel
+ * (it pads to multiples of 8 tokens, so below this the row-tile kernel that
+ * takes two tokens at a time does less work). */
+#define CAS_Q_LANE_MIN_M 4
+
+/* Rows per register tile of the kernels. */
 #define CAS_Q_TILE_ROWS 4
 
 /* AVX2 kernels (quant_avx2.c). Row ranges [r0, r1) of one thread; xq is x
@@ -156,5 +172,9 @@ void cas_q_avx2_matvec_rows(int t, const uint8_t *w, size_t row_bytes, int64_t r
 void cas_q_avx2_matmul_tile(int t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t nr,
                             int64_t rows, int64_t n, const float *xf, const cas_q8x_block *xq,
                             const float *sx, int64_t m, float *y, void *tile);
+/* The same for quantized t and m >= CAS_Q_LANE_MIN_M, from x8[ceil(m/8)][nb]. */
+void cas_q_avx2_matmul_tile_lanes(int t, const uint8_t *w, size_t row_bytes, int64_t r0,
+                                  int64_t nr, int64_t rows, int64_t n, const cas_q8x8_block *x8,
+                                  int64_t m, float *y, void *tile);
 
 #endif
