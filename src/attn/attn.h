@@ -154,14 +154,19 @@ typedef enum {
     CAS_CASCADE_ALL = 2   /* every run shared by >= 2 requests (tests, benchmarks) */
 } cas_cascade_mode;
 
-/* The cost model's machine numbers. Defaults were measured on the 2-core
- * development machine (see bench/NOTES.md); cas_attn_calibrate() measures
- * them on the machine at hand. */
+/* The cost model's machine numbers. A pass costs the larger of its memory
+ * time (KV bytes not already in cache over bytes_per_s) and its compute time
+ * (KV bytes converted into tiles over pack_bytes_per_s, plus its FLOPs over
+ * flops_per_s); an extra pass adds pass_overhead_s and a merge of its rows.
+ * Defaults were measured on the 2-core development machine with
+ * `cascade attn-bench --calibrate` (bench/NOTES.md). */
 typedef struct {
-    double bytes_per_s;    /* KV streaming rate of the attention kernel */
-    double flops_per_s;    /* f32 rate of the blocked (many rows) kernel */
-    double pass_overhead_s; /* fixed cost of one extra pass (scheduling, merge set-up) */
-    double row_merge_s;    /* cost per row and head_dim element of one extra merge */
+    double bytes_per_s;      /* KV streaming rate from memory */
+    double pack_bytes_per_s; /* rate of turning KV (already in cache) into tiles */
+    double flops_per_s;      /* f32 rate of the blocked multi-row kernel */
+    double cache_bytes;      /* a shared run this small is re-read from cache */
+    double pass_overhead_s;  /* fixed cost of one extra pass */
+    double row_merge_s;      /* cost per row and head_dim element of one extra merge */
 } cas_attn_cost;
 
 cas_attn_cost cas_attn_cost_default(void);
@@ -234,6 +239,41 @@ double cas_measure_fma_flops(int threads);
 /* The SIMD level the CPU kernels use: "avx512", "avx2" or "generic". The
  * environment variable CASCADE_SIMD (same names) can lower it. */
 const char *cas_attn_simd_name(void);
+
+
+/* ---- synthetic batches (tests and benchmarks) ---------------------------- */
+
+/* A random paged batch with a sharing structure, and its owned arrays.
+ *
+ * Tree spec (the `--tree` option of attn-bench): a list of groups joined by
+ * '+', each group `N*T` = N requests sharing T tokens below their parent's,
+ * optionally followed by `(list)` of sub-groups among those N requests (their
+ * counts may add up to fewer than N: the rest share nothing more). Example:
+ * "40*1024(20*512)+10*768" = 40 requests share 1024 tokens, 20 of those share
+ * 512 more, 10 others share 768. Shared tokens fill whole pages; what does not
+ * fill a page (T % page_size) becomes private tokens of each request. Every
+ * request then has `suffix` private tokens more. With tree NULL or "", the
+ * spec is "batch*prefix".
+ *
+ * qlen > 0: every request has qlen queries (at most its KV length); qlen < 0:
+ * each has a random count in 1..-qlen. suffix < 0: each has a random private
+ * length in 0..-suffix. K, V (in shape->kv_dtype) and q are N(0, 1). */
+typedef struct {
+    int32_t batch, total_q, num_pages;
+    int32_t *qo_indptr, *kv_indptr, *kv_indices, *kv_last_page_len; /* owned */
+    void *k, *v;     /* owned pools, num_pages pages each */
+    float *q;        /* owned, [total_q][Hq][D] */
+    int64_t unique_kv_tokens; /* distinct KV tokens (shared counted once) */
+    int64_t flat_kv_tokens;   /* sum of every request's KV length */
+} cas_attn_synth;
+
+cas_status cas_attn_synth_create(cas_attn_synth *out, const cas_attn_shape *shape, const char *tree,
+                                 int32_t batch, int32_t prefix, int32_t suffix, int32_t qlen,
+                                 uint64_t seed);
+void cas_attn_synth_destroy(cas_attn_synth *s);
+/* Views of a synthetic batch as the contract's structs. */
+cas_attn_batch cas_attn_synth_batch(const cas_attn_synth *s);
+cas_kv_pool cas_attn_synth_pool(const cas_attn_synth *s);
 
 #ifdef __cplusplus
 }

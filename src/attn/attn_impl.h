@@ -25,6 +25,9 @@ float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params)
 
 /* Tokens of KV per tile in the CPU kernel; jobs split KV at multiples of it. */
 #define CAS_ATTN_TILE 64
+/* Keys per tile when one item spans every KV head (decode): a tile of all
+ * heads then stays in L2 while the next one is prefetched. */
+#define CAS_ATTN_SHORT_TILE 16
 /* Most rows (token x group head) one CPU work item holds. */
 #define CAS_ATTN_ROW_BLOCK 128
 
@@ -47,8 +50,9 @@ typedef struct {
 
 typedef struct {
     int32_t job;       /* index into plan->jobs */
-    int32_t kv_head;   /* KV head */
+    int32_t kv_head0, kv_head1; /* KV heads [kv_head0, kv_head1); rows below repeat for each */
     int32_t row0, row1; /* rows [row0, row1) of the job's pass, row = pass_token * group + g */
+    int32_t tile;      /* keys per tile (<= CAS_ATTN_TILE); small when the item spans heads */
     int32_t kv0, kv1;  /* visible key range within the segment (masking trims it), may be empty */
 } cas_attn_item;
 
@@ -110,7 +114,7 @@ struct cas_attn_plan {
     cas_attn_plan_info info;
 
     /* capacities of the arrays above (elements) */
-    int32_t cap_batch, cap_q, cap_nodes, cap_passes, cap_tok_rows, cap_jobs, cap_items,
+    int32_t cap_batch, cap_q, cap_nodes, cap_passes, cap_tok_rows, cap_tok_pos, cap_jobs, cap_items,
         cap_contrib;
     int64_t cap_pages, cap_scratch;
 };
@@ -128,6 +132,11 @@ void cas_attn_item_avx2(const struct cas_attn_plan *plan, const cas_attn_item *i
 void cas_attn_item_avx512(const struct cas_attn_plan *plan, const cas_attn_item *item,
                           const cas_kv_pool *pool, const float *q, float *o, float *lse,
                           float *work);
+/* Forces a SIMD level ("avx512", "avx2", "generic") for the following runs;
+ * NULL restores the detected one. A level the CPU lacks is refused (-1).
+ * For tests; not thread-safe against concurrent runs. */
+int cas_attn_simd_override(const char *name);
+
 /* floats of per-thread workspace the kernels need for a head_dim */
 int64_t cas_attn_work_floats(int32_t head_dim);
 

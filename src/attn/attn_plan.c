@@ -1,0 +1,780 @@
+/*
+ * attn_plan.c: cascade planning and the CPU run.
+ *
+ * Planning turns a batch into passes (attn_impl.h). With cascade on, the
+ * requests are sorted by their page lists; the longest common prefixes of
+ * neighbours in that order give the tree of shared page runs (every
+ * lcp-interval with two or more requests is a node). The cost model keeps a
+ * node when reading it once for every query below it is cheaper than every
+ * request reading it on its own. What a request does not get from chosen
+ * nodes is its own pass (usually one contiguous tail). Passes are then cut
+ * into jobs along KV (split-KV, so one long request still keeps every thread
+ * busy) and jobs into work items (KV head x block of rows); each item is a
+ * blocked multi-query attention over its KV: one tile of keys is loaded and
+ * used by all its rows before the next tile is read.
+ *
+ * Running the plan is two phases in one OpenMP region: all items in parallel
+ * (each writes attention states), then a per-token merge of the states by
+ * their log-sum-exp. A build grows its buffers when a batch needs more than
+ * any before it; a run allocates nothing.
+ */
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "attn_impl.h"
+
+/* ---- options and cost model ---------------------------------------------- */
+
+cas_attn_cost cas_attn_cost_default(void) {
+    /* measured on the 2-core development machine: bench/NOTES.md */
+    cas_attn_cost c;
+    c.bytes_per_s = 18e9;
+    c.pack_bytes_per_s = 20e9;
+    c.flops_per_s = 150e9;
+    c.cache_bytes = 8.0 * 1024 * 1024;
+    c.pass_overhead_s = 4e-6;
+    c.row_merge_s = 0.4e-9;
+    return c;
+}
+
+cas_attn_plan_opts cas_attn_plan_opts_default(void) {
+    cas_attn_plan_opts o;
+    o.cascade = CAS_CASCADE_AUTO;
+    o.threads = 0;
+    o.min_shared_tokens = 0;
+    o.cost = cas_attn_cost_default();
+    return o;
+}
+
+/* ---- capacity management ------------------------------------------------ */
+
+static int grow(void **p, int64_t *cap, int64_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    int64_t n = *cap > 0 ? *cap : 16;
+    while (n < need) n *= 2;
+    void *q = cas_alloc_array((size_t)n, elem);
+    if (!q) return -1;
+    cas_free(*p);
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int grow32(void **p, int32_t *cap, int64_t need, size_t elem) {
+    int64_t c = *cap;
+    if (need > INT32_MAX) return -1;
+    if (grow(p, &c, need, elem)) return -1;
+    *cap = (int32_t)c;
+    return 0;
+}
+
+/* Keeps the old contents when growing (used for arrays filled incrementally). */
+static int grow_keep(void **ptr, int32_t *cap, int64_t need, size_t elem, int64_t used) {
+    if (need <= *cap) return 0;
+    int32_t c = *cap;
+    void *old = *ptr;
+    void *fresh = NULL;
+    if (grow32(&fresh, &c, need, elem)) return -1;
+    if (old && used) memcpy(fresh, old, (size_t)used * elem);
+    cas_free(old);
+    *ptr = fresh;
+    *cap = c;
+    return 0;
+}
+
+static cas_status ensure_batch_caps(cas_attn_plan *p, int32_t B, int64_t npages, int32_t total_q);
+
+cas_status cas_attn_plan_create(cas_attn_plan **out, const cas_attn_shape *shape,
+                                const cas_attn_plan_opts *opts, int32_t max_batch,
+                                int32_t max_total_q, int64_t max_pages) {
+    *out = NULL;
+    /* validate the shape with an empty batch */
+    int32_t zero = 0;
+    cas_attn_batch empty = {0, &zero, &zero, NULL, NULL};
+    cas_attn_params dp = cas_attn_params_default();
+    cas_status st = cas_attn_validate(shape, &empty, 0, &dp);
+    if (st) return st;
+    cas_attn_plan *p = calloc(1, sizeof *p);
+    if (!p) return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory");
+    p->shape = *shape;
+    p->opts = opts ? *opts : cas_attn_plan_opts_default();
+    int32_t nt = p->opts.threads > 0 ? p->opts.threads : omp_get_max_threads();
+    if (nt < 1) nt = 1;
+    p->threads = nt;
+    p->work_floats = cas_attn_work_floats(shape->head_dim);
+    p->work = cas_alloc_array((size_t)nt * (size_t)p->work_floats, sizeof(float));
+    if (!p->work) {
+        free(p);
+        return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory for workspaces");
+    }
+    if (max_batch < 0 || max_total_q < 0 || max_pages < 0) {
+        cas_attn_plan_destroy(p);
+        return cas_error(CAS_ERR_INVALID, "attn plan: negative capacity");
+    }
+    st = ensure_batch_caps(p, max_batch, max_pages, max_total_q);
+    if (st) {
+        cas_attn_plan_destroy(p);
+        return st;
+    }
+    *out = p;
+    return CAS_OK;
+}
+
+void cas_attn_plan_destroy(cas_attn_plan *p) {
+    if (!p) return;
+    cas_free(p->qo_indptr);
+    cas_free(p->kv_indptr);
+    cas_free(p->pages);
+    cas_free(p->last_len);
+    cas_free(p->kv_len);
+    cas_free(p->sorted);
+    cas_free(p->lcp);
+    cas_free(p->nodes);
+    cas_free(p->passes);
+    cas_free(p->tok_ids);
+    cas_free(p->tok_pos);
+    cas_free(p->jobs);
+    cas_free(p->items);
+    cas_free(p->contrib_indptr);
+    cas_free(p->contrib_o);
+    cas_free(p->contrib_lse);
+    cas_free(p->direct_tok);
+    cas_free(p->scratch);
+    cas_free(p->work);
+    free(p);
+}
+
+/* ---- prefix tree ---------------------------------------------------------- */
+
+/* The token count of page i of request r (full but for the last). */
+static inline int32_t page_tokens(const cas_attn_plan *p, int32_t r, int32_t i) {
+    int32_t n = p->kv_indptr[r + 1] - p->kv_indptr[r];
+    return i == n - 1 ? p->last_len[r] : p->shape.page_size;
+}
+
+/* Shared pages at the start of requests a and b: same page id and the same
+ * number of tokens in it. */
+static int32_t common_pages(const cas_attn_plan *p, int32_t a, int32_t b) {
+    int32_t na = p->kv_indptr[a + 1] - p->kv_indptr[a];
+    int32_t nb = p->kv_indptr[b + 1] - p->kv_indptr[b];
+    const int32_t *pa = p->pages + p->kv_indptr[a], *pb = p->pages + p->kv_indptr[b];
+    int32_t n = na < nb ? na : nb, i = 0;
+    while (i < n && pa[i] == pb[i] && page_tokens(p, a, i) == page_tokens(p, b, i)) i++;
+    return i;
+}
+
+static const cas_attn_plan *sort_plan; /* qsort has no context argument in C11 */
+
+static int cmp_requests(const void *x, const void *y) {
+    const cas_attn_plan *p = sort_plan;
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    int32_t c = common_pages(p, a, b);
+    int32_t na = p->kv_indptr[a + 1] - p->kv_indptr[a];
+    int32_t nb = p->kv_indptr[b + 1] - p->kv_indptr[b];
+    if (c < na && c < nb) {
+        int64_t ka = (int64_t)p->pages[p->kv_indptr[a] + c] * 512 + page_tokens(p, a, c);
+        int64_t kb = (int64_t)p->pages[p->kv_indptr[b] + c] * 512 + page_tokens(p, b, c);
+        if (ka != kb) return ka < kb ? -1 : 1;
+    }
+    if (na != nb) return na < nb ? -1 : 1;
+    return a < b ? -1 : (a > b); /* stable: equal lists keep batch order */
+}
+
+static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Builds nodes from the lcp-intervals of the sorted requests (those with
+ * queries). Returns -1 on allocation failure. */
+static int build_tree(cas_attn_plan *p) {
+    int32_t n = 0;
+    for (int32_t r = 0; r < p->batch; r++)
+        if (p->qo_indptr[r + 1] > p->qo_indptr[r]) p->sorted[n++] = r;
+    pthread_mutex_lock(&sort_mu);
+    sort_plan = p;
+    qsort(p->sorted, (size_t)n, sizeof(int32_t), cmp_requests);
+    pthread_mutex_unlock(&sort_mu);
+    for (int32_t i = 0; i < n; i++) p->lcp[i] = i ? common_pages(p, p->sorted[i - 1], p->sorted[i]) : 0;
+
+    /* bottom-up enumeration of lcp-intervals with a stack of (lcp, lo) */
+    p->n_nodes = 0;
+    if (n < 2) return 0;
+    int32_t *st_lcp = p->kv_len + p->batch; /* scratch: see ensure_batch_caps */
+    int32_t *st_lo = st_lcp + p->batch + 1;
+    int32_t top = 0;
+    st_lcp[0] = 0;
+    st_lo[0] = 0;
+    for (int32_t i = 1; i <= n; i++) {
+        int32_t cur = i < n ? p->lcp[i] : 0;
+        int32_t lb = i - 1;
+        while (st_lcp[top] > cur) {
+            int32_t l = st_lcp[top], lo = st_lo[top];
+            top--;
+            lb = lo;
+            int32_t parent_lcp = st_lcp[top] > cur ? st_lcp[top] : cur;
+            if (grow_keep((void **)&p->nodes, &p->cap_nodes, p->n_nodes + 1, sizeof(cas_attn_node), p->n_nodes))
+                return -1;
+            cas_attn_node *nd = &p->nodes[p->n_nodes++];
+            nd->lo = lo;
+            nd->hi = i;
+            nd->depth0 = parent_lcp;
+            nd->depth1 = l;
+            nd->parent = -1;
+            nd->chosen = 0;
+            nd->rows = 0;
+            for (int32_t k = lo; k < i; k++)
+                nd->rows += p->qo_indptr[p->sorted[k] + 1] - p->qo_indptr[p->sorted[k]];
+        }
+        if (st_lcp[top] < cur) {
+            top++;
+            st_lcp[top] = cur;
+            st_lo[top] = lb;
+        }
+    }
+    /* parents: the smallest enclosing interval; nodes come out children first */
+    for (int32_t a = 0; a < p->n_nodes; a++)
+        for (int32_t b = a + 1; b < p->n_nodes; b++) {
+            cas_attn_node *x = &p->nodes[a], *y = &p->nodes[b];
+            if (y->lo <= x->lo && x->hi <= y->hi && y->depth1 <= x->depth0) {
+                x->parent = b;
+                break;
+            }
+        }
+    return 0;
+}
+
+/* Tokens of a node's KV run (its last page may be a partial last page). */
+static int64_t node_tokens(const cas_attn_plan *p, const cas_attn_node *nd) {
+    int32_t r = p->sorted[nd->lo];
+    int64_t t = 0;
+    for (int32_t i = nd->depth0; i < nd->depth1; i++) t += page_tokens(p, r, i);
+    return t;
+}
+
+static double kv_bytes_per_token(const cas_attn_plan *p) {
+    return 2.0 * p->shape.head_dim * (double)cas_dtype_size(p->shape.kv_dtype) * p->shape.num_kv_heads;
+}
+
+/* Cost-model time of `reads` passes, each over the same `tokens` keys, for
+ * `rows` query tokens in all: memory time (the keys once if they stay in
+ * cache, else every time) against compute time (every read packs the keys;
+ * the FLOPs are those of the rows). */
+static double reads_time(const cas_attn_plan *p, double tokens, double rows, double reads) {
+    const cas_attn_cost *c = &p->opts.cost;
+    double bytes = tokens * kv_bytes_per_token(p);
+    double mem = (bytes <= c->cache_bytes ? bytes : reads * bytes) / c->bytes_per_s;
+    double flops = 4.0 * rows * p->shape.num_qo_heads * tokens * p->shape.head_dim;
+    double comp = reads * bytes / c->pack_bytes_per_s + flops / c->flops_per_s;
+    return mem > comp ? mem : comp;
+}
+
+static double pass_time(const cas_attn_plan *p, double tokens, double rows) {
+    return reads_time(p, tokens, rows, 1.0);
+}
+
+/* The decision for one node: its run read once by a multi-query pass, or by
+ * each of the k requests below it. */
+static void choose_node(cas_attn_plan *p, cas_attn_node *nd, double *saved) {
+    const cas_attn_cost *c = &p->opts.cost;
+    double L = (double)node_tokens(p, nd);
+    double k = nd->hi - nd->lo;
+    double rows = (double)nd->rows;
+    *saved = 0;
+    if (L < p->opts.min_shared_tokens) return;
+    if (p->opts.cascade == CAS_CASCADE_ALL) {
+        nd->chosen = 1;
+        return;
+    }
+    double flat = reads_time(p, L, rows, k);
+    double shared = reads_time(p, L, rows, 1.0) + c->pass_overhead_s +
+                    rows * p->shape.num_qo_heads * p->shape.head_dim * c->row_merge_s;
+    if (shared < flat) {
+        nd->chosen = 1;
+        *saved = flat - shared;
+    }
+}
+
+/* ---- layout of passes, jobs, items, merge lists --------------------------- */
+
+static int add_pass(cas_attn_plan *p, int32_t page_off, int32_t pos0, int32_t len, int32_t node,
+                    const int32_t *reqs, int32_t n_reqs) {
+    if (grow_keep((void **)&p->passes, &p->cap_passes, p->n_passes + 1, sizeof(cas_attn_pass),
+                  p->n_passes))
+        return -1;
+    int64_t ntok = 0;
+    for (int32_t i = 0; i < n_reqs; i++) ntok += p->qo_indptr[reqs[i] + 1] - p->qo_indptr[reqs[i]];
+    if (grow_keep((void **)&p->tok_ids, &p->cap_tok_rows, p->n_tok_rows + ntok, 4, p->n_tok_rows) ||
+        grow_keep((void **)&p->tok_pos, &p->cap_tok_pos, p->n_tok_rows + ntok, 4, p->n_tok_rows))
+        return -1;
+    cas_attn_pass *ps = &p->passes[p->n_passes++];
+    ps->page_off = page_off;
+    ps->pos0 = pos0;
+    ps->len = len;
+    ps->tok_off = p->n_tok_rows;
+    ps->n_tok = (int32_t)ntok;
+    ps->node = node;
+    for (int32_t i = 0; i < n_reqs; i++) {
+        int32_t r = reqs[i];
+        int32_t q0 = p->qo_indptr[r], ql = p->qo_indptr[r + 1] - q0;
+        for (int32_t j = 0; j < ql; j++) {
+            p->tok_ids[p->n_tok_rows] = q0 + j;
+            p->tok_pos[p->n_tok_rows] = p->kv_len[r] - ql + j;
+            p->n_tok_rows++;
+        }
+    }
+    return 0;
+}
+
+static cas_status ensure_batch_caps(cas_attn_plan *p, int32_t B, int64_t npages, int32_t total_q) {
+    int32_t c;
+    int fail = 0;
+    if (B + 1 > p->cap_batch) {
+        /* all per-request arrays share cap_batch; kv_len doubles as tree stack
+         * scratch so it gets room for 3 * (B + 1) entries */
+        c = 0;
+        void *a = NULL, *b = NULL, *d = NULL, *e = NULL, *f = NULL, *g = NULL;
+        fail |= grow32(&a, &c, B + 1, 4);
+        int32_t c2 = 0, c3 = 0, c4 = 0, c5 = 0, c6 = 0;
+        fail |= grow32(&b, &c2, c, 4);
+        fail |= grow32(&d, &c3, c, 4);
+        fail |= grow32(&e, &c4, 3 * (int64_t)c + 3, 4);
+        fail |= grow32(&f, &c5, c, 4);
+        fail |= grow32(&g, &c6, c, 4);
+        if (fail) {
+            cas_free(a), cas_free(b), cas_free(d), cas_free(e), cas_free(f), cas_free(g);
+            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (batch %d)", B);
+        }
+        cas_free(p->qo_indptr), cas_free(p->kv_indptr), cas_free(p->last_len);
+        cas_free(p->kv_len), cas_free(p->sorted), cas_free(p->lcp);
+        p->qo_indptr = a, p->kv_indptr = b, p->last_len = d, p->kv_len = e, p->sorted = f, p->lcp = g;
+        p->cap_batch = c;
+    }
+    if (grow(( void **)&p->pages, &p->cap_pages, npages > 0 ? npages : 1, 4))
+        return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (pages)");
+    if (total_q + 1 > p->cap_q) {
+        c = 0;
+        void *a = NULL, *b = NULL;
+        fail |= grow32(&a, &c, total_q + 1, 4);
+        int32_t c2 = 0;
+        fail |= grow32(&b, &c2, c, 4);
+        if (fail) {
+            cas_free(a), cas_free(b);
+            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (queries)");
+        }
+        cas_free(p->contrib_indptr), cas_free(p->direct_tok);
+        p->contrib_indptr = a, p->direct_tok = b;
+        p->cap_q = c;
+    }
+    return CAS_OK;
+}
+
+static int add_job(cas_attn_plan *p, int32_t pass, int32_t kv0, int32_t kv1, int direct) {
+    if (grow_keep((void **)&p->jobs, &p->cap_jobs, p->n_jobs + 1, sizeof(cas_attn_job), p->n_jobs))
+        return -1;
+    cas_attn_job *j = &p->jobs[p->n_jobs++];
+    j->pass = pass;
+    j->kv0 = kv0;
+    j->kv1 = kv1;
+    j->direct = direct;
+    j->o_off = j->lse_off = -1;
+    return 0;
+}
+
+static int add_items_for_job(cas_attn_plan *p, int32_t jid) {
+    const cas_attn_job *j = &p->jobs[jid];
+    const cas_attn_pass *ps = &p->passes[j->pass];
+    const int32_t G = p->shape.num_qo_heads / p->shape.num_kv_heads;
+    const int32_t rows = ps->n_tok * G;
+    const int32_t Hkv = p->shape.num_kv_heads;
+    /* Few rows per head (decode): one item spans every KV head, so a token's
+     * K and V (all heads, contiguous) stream in once, in short tiles. */
+    const int32_t padded = rows <= 4 ? 4 : (rows + 5) / 6 * 6;
+    const int all_heads = Hkv > 1 && padded * Hkv <= CAS_ATTN_ROW_BLOCK;
+    const int32_t hstep = all_heads ? Hkv : 1;
+    const int32_t tile = all_heads ? CAS_ATTN_SHORT_TILE : CAS_ATTN_TILE;
+    int32_t rb = CAS_ATTN_ROW_BLOCK;
+    int32_t nblk = (rows + rb - 1) / rb;
+    /* balance the blocks: equal sizes, a multiple of 6 rows (the micro-kernel) */
+    if (nblk > 0) rb = ((rows + nblk - 1) / nblk + 5) / 6 * 6;
+    if (rb > CAS_ATTN_ROW_BLOCK) rb = CAS_ATTN_ROW_BLOCK;
+    for (int32_t h = 0; h < Hkv; h += hstep) {
+        for (int32_t r0 = 0; r0 < rows; r0 += rb) {
+            int32_t r1 = r0 + rb < rows ? r0 + rb : rows;
+            /* trim the key range to what the block's rows can see */
+            int32_t minp = INT32_MAX, maxp = INT32_MIN;
+            for (int32_t t = r0 / G; t <= (r1 - 1) / G; t++) {
+                int32_t pos = p->tok_pos[ps->tok_off + t];
+                if (pos < minp) minp = pos;
+                if (pos > maxp) maxp = pos;
+            }
+            int64_t lo = (int64_t)ps->pos0 + j->kv0, hi = (int64_t)ps->pos0 + j->kv1; /* absolute */
+            if (p->params.causal && hi > (int64_t)maxp + 1) hi = (int64_t)maxp + 1;
+            if (p->params.window_left >= 0 && lo < (int64_t)minp - p->params.window_left)
+                lo = (int64_t)minp - p->params.window_left;
+            if (hi < lo) hi = lo;
+            if (grow_keep((void **)&p->items, &p->cap_items, p->n_items + 1, sizeof(cas_attn_item),
+                          p->n_items))
+                return -1;
+            cas_attn_item *it = &p->items[p->n_items++];
+            it->job = jid;
+            it->kv_head0 = h;
+            it->kv_head1 = h + hstep;
+            it->row0 = r0;
+            it->row1 = r1;
+            it->kv0 = (int32_t)(lo - ps->pos0);
+            it->kv1 = (int32_t)(hi - ps->pos0);
+            it->tile = tile;
+        }
+    }
+    return 0;
+}
+
+static int cmp_items_cost(const void *x, const void *y) {
+    const cas_attn_item *a = x, *b = y;
+    int64_t ca = (int64_t)(a->kv1 - a->kv0) * ((a->row1 - a->row0) + 16) * (a->kv_head1 - a->kv_head0);
+    int64_t cb = (int64_t)(b->kv1 - b->kv0) * ((b->row1 - b->row0) + 16) * (b->kv_head1 - b->kv_head0);
+    if (ca != cb) return ca > cb ? -1 : 1;
+    if (a->job != b->job) return a->job < b->job ? -1 : 1;
+    if (a->kv_head0 != b->kv_head0) return a->kv_head0 < b->kv_head0 ? -1 : 1;
+    return a->row0 < b->row0 ? -1 : (a->row0 > b->row0);
+}
+
+cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_t num_pages,
+                               const cas_attn_params *params) {
+    if (!p) return cas_error(CAS_ERR_INVALID, "attn plan: NULL plan");
+    cas_status st = cas_attn_validate(&p->shape, b, num_pages, params);
+    if (st) return st;
+    const int32_t B = b->batch, P = p->shape.page_size, Hq = p->shape.num_qo_heads,
+                  D = p->shape.head_dim;
+    const int32_t G = Hq / p->shape.num_kv_heads;
+    int32_t total_q = B ? b->qo_indptr[B] : 0;
+    int64_t npages = B ? b->kv_indptr[B] : 0;
+    st = ensure_batch_caps(p, B, npages, total_q);
+    if (st) return st;
+
+    p->params = *params;
+    p->scale = cas_attn_scale(&p->shape, params);
+    p->num_pages = num_pages;
+    p->batch = B;
+    p->total_q = total_q;
+    memcpy(p->qo_indptr, b->qo_indptr, (size_t)(B + 1) * 4);
+    memcpy(p->kv_indptr, b->kv_indptr, (size_t)(B + 1) * 4);
+    if (npages) memcpy(p->pages, b->kv_indices, (size_t)npages * 4);
+    if (B) memcpy(p->last_len, b->kv_last_page_len, (size_t)B * 4);
+    for (int32_t r = 0; r < B; r++)
+        p->kv_len[r] = (p->kv_indptr[r + 1] - p->kv_indptr[r] - 1) * P + p->last_len[r];
+    p->n_nodes = p->n_passes = p->n_tok_rows = p->n_jobs = p->n_items = p->n_contrib = 0;
+    memset(&p->info, 0, sizeof p->info);
+
+    /* 1. tree and cost model */
+    double saved_total = 0;
+    if (p->opts.cascade != CAS_CASCADE_OFF && B > 1) {
+        if (build_tree(p)) return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (tree)");
+        for (int32_t i = 0; i < p->n_nodes; i++) {
+            double s;
+            choose_node(p, &p->nodes[i], &s);
+            saved_total += s;
+        }
+    }
+
+    /* 2. passes: chosen nodes, then each request's remaining runs. The tree
+     * stack scratch (kv_len + B ..) is reused here for request lists. */
+    int32_t *reqs = p->kv_len + B;
+    int32_t *rank = reqs + B + 1; /* rank[r]: position of r in sorted, or -1 */
+    for (int32_t r = 0; r < B; r++) rank[r] = -1;
+    int32_t n_sorted = 0;
+    if (p->n_nodes) {
+        for (int32_t r = 0; r < B; r++)
+            if (p->qo_indptr[r + 1] > p->qo_indptr[r]) n_sorted++;
+        for (int32_t i = 0; i < n_sorted; i++) rank[p->sorted[i]] = i;
+    }
+    for (int32_t i = 0; i < p->n_nodes; i++) {
+        cas_attn_node *nd = &p->nodes[i];
+        if (!nd->chosen) continue;
+        int32_t n = 0;
+        for (int32_t k = nd->lo; k < nd->hi; k++) reqs[n++] = p->sorted[k];
+        /* members in batch order, so a pass's rows follow q's order */
+        for (int32_t a = 1; a < n; a++)
+            for (int32_t c = a; c > 0 && reqs[c - 1] > reqs[c]; c--) {
+                int32_t t = reqs[c];
+                reqs[c] = reqs[c - 1];
+                reqs[c - 1] = t;
+            }
+        int32_t r0 = p->sorted[nd->lo];
+        if (add_pass(p, p->kv_indptr[r0] + nd->depth0, nd->depth0 * P, (int32_t)node_tokens(p, nd), i,
+                     reqs, n))
+            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (passes)");
+    }
+    int32_t n_shared_passes = p->n_passes;
+    for (int32_t r = 0; r < B; r++) {
+        if (p->qo_indptr[r + 1] == p->qo_indptr[r]) continue;
+        int32_t npg = p->kv_indptr[r + 1] - p->kv_indptr[r];
+        /* covered[d] for pages of r: mark chosen node ranges (nested, disjoint) */
+        int32_t cur = 0; /* next uncovered page */
+        while (cur < npg) {
+            int32_t next_cov = npg, cov_end = npg;
+            if (rank[r] >= 0)
+                for (int32_t i = 0; i < p->n_nodes; i++) {
+                    const cas_attn_node *nd = &p->nodes[i];
+                    if (!nd->chosen || rank[r] < nd->lo || rank[r] >= nd->hi) continue;
+                    if (nd->depth1 <= cur) continue;
+                    int32_t s0 = nd->depth0 > cur ? nd->depth0 : cur;
+                    if (s0 < next_cov) {
+                        next_cov = s0;
+                        cov_end = nd->depth1;
+                    }
+                }
+            if (next_cov > cur) {
+                int32_t len = 0;
+                for (int32_t d = cur; d < next_cov; d++) len += page_tokens(p, r, d);
+                if (add_pass(p, p->kv_indptr[r] + cur, cur * P, len, -1, &r, 1))
+                    return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (passes)");
+            }
+            cur = next_cov < npg ? cov_end : npg;
+        }
+    }
+
+    /* 3. jobs: split long KV so that the work fills every thread */
+    int64_t work = 0, base_items = 0;
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        int64_t rows = p->passes[i].n_tok * (int64_t)G;
+        int64_t blocks = (rows + CAS_ATTN_ROW_BLOCK - 1) / CAS_ATTN_ROW_BLOCK;
+        int64_t padded = rows <= 4 ? 4 : (rows + 5) / 6 * 6;
+        int64_t head_items = padded * p->shape.num_kv_heads <= CAS_ATTN_ROW_BLOCK ? 1 : p->shape.num_kv_heads;
+        work += blocks * p->passes[i].len * p->shape.num_kv_heads;
+        base_items += blocks * head_items;
+    }
+    int64_t chunk = INT32_MAX;
+    if (base_items < 4 * (int64_t)p->threads && p->threads > 1) {
+        chunk = work / (4 * (int64_t)p->threads);
+        if (chunk < 512) chunk = 512;
+        chunk = (chunk + CAS_ATTN_TILE - 1) / CAS_ATTN_TILE * CAS_ATTN_TILE;
+    }
+    /* how many passes serve each token: decides direct writes */
+    for (int32_t t = 0; t <= total_q; t++) p->contrib_indptr[t] = 0;
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        const cas_attn_pass *ps = &p->passes[i];
+        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
+        for (int32_t t = 0; t < ps->n_tok; t++) p->contrib_indptr[p->tok_ids[ps->tok_off + t] + 1] += nj;
+    }
+    int64_t scratch = 0;
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        const cas_attn_pass *ps = &p->passes[i];
+        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
+        int direct = nj == 1 && ps->node < 0 && ps->n_tok > 0 &&
+                     p->contrib_indptr[p->tok_ids[ps->tok_off] + 1] == 1;
+        for (int32_t c = 0; c < nj; c++) {
+            int32_t kv0 = (int32_t)(c * (ps->len / nj / CAS_ATTN_TILE * CAS_ATTN_TILE));
+            int32_t kv1 = c == nj - 1 ? ps->len : (int32_t)((c + 1) * (ps->len / nj / CAS_ATTN_TILE * CAS_ATTN_TILE));
+            if (nj > 1 && ps->len / nj < CAS_ATTN_TILE) { /* tiny: even split */
+                kv0 = (int32_t)((int64_t)ps->len * c / nj);
+                kv1 = (int32_t)((int64_t)ps->len * (c + 1) / nj);
+            }
+            if (add_job(p, i, kv0, kv1, direct))
+                return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (jobs)");
+            cas_attn_job *j = &p->jobs[p->n_jobs - 1];
+            if (!direct) {
+                j->o_off = scratch;
+                scratch += (int64_t)ps->n_tok * Hq * D;
+                j->lse_off = scratch;
+                scratch += (int64_t)ps->n_tok * Hq;
+            }
+        }
+    }
+    if (grow((void **)&p->scratch, &p->cap_scratch, scratch > 0 ? scratch : 1, sizeof(float)))
+        return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (scratch states, %lld floats)",
+                         (long long)scratch);
+    p->scratch_floats = scratch;
+
+    /* 4. merge lists (CSR over tokens) */
+    for (int32_t t = 0; t < total_q; t++) p->contrib_indptr[t + 1] += p->contrib_indptr[t];
+    int64_t nc = p->contrib_indptr[total_q];
+    int32_t cap_c = p->cap_contrib;
+    if (nc > cap_c) {
+        int32_t c1 = 0, c2 = 0;
+        void *a = NULL, *bb = NULL;
+        if (grow32(&a, &c1, nc, 8) || grow32(&bb, &c2, nc, 8)) {
+            cas_free(a), cas_free(bb);
+            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (merge lists)");
+        }
+        cas_free(p->contrib_o), cas_free(p->contrib_lse);
+        p->contrib_o = a, p->contrib_lse = bb, p->cap_contrib = c1;
+    }
+    p->n_contrib = (int32_t)nc;
+    /* fill: a cursor per token, reusing direct_tok as the cursor first */
+    for (int32_t t = 0; t < total_q; t++) p->direct_tok[t] = 0;
+    for (int32_t jid = 0; jid < p->n_jobs; jid++) {
+        const cas_attn_job *j = &p->jobs[jid];
+        const cas_attn_pass *ps = &p->passes[j->pass];
+        for (int32_t t = 0; t < ps->n_tok; t++) {
+            int32_t tok = p->tok_ids[ps->tok_off + t];
+            int32_t slot = p->contrib_indptr[tok] + p->direct_tok[tok]++;
+            p->contrib_o[slot] = j->direct ? -1 : j->o_off + (int64_t)t * Hq * D;
+            p->contrib_lse[slot] = j->direct ? -1 : j->lse_off + (int64_t)t * Hq;
+        }
+    }
+    for (int32_t t = 0; t < total_q; t++)
+        p->direct_tok[t] = (p->direct_tok[t] == 1 && p->contrib_o[p->contrib_indptr[t]] < 0);
+
+    /* 5. work items, largest first */
+    for (int32_t jid = 0; jid < p->n_jobs; jid++)
+        if (add_items_for_job(p, jid)) return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (items)");
+    qsort(p->items, (size_t)p->n_items, sizeof(cas_attn_item), cmp_items_cost);
+
+    /* 6. info */
+    cas_attn_plan_info *in = &p->info;
+    in->tree_nodes = p->n_nodes;
+    in->shared_passes = n_shared_passes;
+    in->passes = p->n_passes;
+    in->work_items = p->n_items;
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        in->kv_tokens_read += p->passes[i].len;
+        if (p->passes[i].node >= 0) in->shared_rows += (int64_t)p->passes[i].n_tok * Hq;
+        in->est_cost_s += pass_time(p, p->passes[i].len, p->passes[i].n_tok);
+    }
+    in->est_cost_s += n_shared_passes * p->opts.cost.pass_overhead_s +
+                      (double)in->shared_rows * D * p->opts.cost.row_merge_s;
+    for (int32_t r = 0; r < B; r++) {
+        in->kv_tokens_flat += p->kv_len[r];
+        in->est_flat_cost_s += pass_time(p, p->kv_len[r], p->qo_indptr[r + 1] - p->qo_indptr[r]);
+    }
+    in->est_flat_cost_s -= 0; /* flat estimate ignores cache re-reads: an upper bound */
+    (void)saved_total;
+    if (cas_log_enabled(CAS_LOG_DEBUG))
+        cas_log(CAS_LOG_DEBUG, "attn plan: B=%d tokens=%d nodes=%d shared_passes=%d passes=%d items=%d kv_read=%lld flat=%lld",
+                B, total_q, p->n_nodes, n_shared_passes, p->n_passes, p->n_items,
+                (long long)in->kv_tokens_read, (long long)in->kv_tokens_flat);
+    return CAS_OK;
+}
+
+void cas_attn_plan_get_info(const cas_attn_plan *p, cas_attn_plan_info *info) { *info = p->info; }
+
+void cas_attn_plan_print(const cas_attn_plan *p, FILE *f) {
+    fprintf(f, "plan: batch %d, %d query tokens, %d tree nodes, %d passes, %d jobs, %d items\n", p->batch,
+            p->total_q, p->n_nodes, p->n_passes, p->n_jobs, p->n_items);
+    for (int32_t i = 0; i < p->n_nodes; i++) {
+        const cas_attn_node *nd = &p->nodes[i];
+        fprintf(f, "  node %d: %d requests, pages [%d, %d), %lld query tokens, parent %d, %s\n", i,
+                nd->hi - nd->lo, nd->depth0, nd->depth1, (long long)nd->rows, nd->parent,
+                nd->chosen ? "shared pass" : "read per request");
+    }
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        const cas_attn_pass *ps = &p->passes[i];
+        fprintf(f, "  pass %d: %d query tokens x keys [%d, %d)%s\n", i, ps->n_tok, ps->pos0,
+                ps->pos0 + ps->len, ps->node >= 0 ? " (shared)" : "");
+    }
+}
+
+/* ---- run ------------------------------------------------------------------ */
+
+static const char *simd_forced;
+
+int cas_attn_simd_override(const char *name) {
+    if (!name) {
+        simd_forced = NULL;
+        return 0;
+    }
+    const char *have = cas_attn_simd_name();
+    int rank_have = !strcmp(have, "avx512") ? 2 : !strcmp(have, "avx2") ? 1 : 0;
+    int rank_want = !strcmp(name, "avx512") ? 2 : !strcmp(name, "avx2") ? 1 : !strcmp(name, "generic") ? 0 : 9;
+    if (rank_want > rank_have) return -1;
+    simd_forced = rank_want == 2 ? "avx512" : rank_want == 1 ? "avx2" : "generic";
+    return 0;
+}
+
+static cas_attn_item_fn pick_kernel(void) {
+    const char *s = simd_forced ? simd_forced : cas_attn_simd_name();
+    if (!strcmp(s, "avx512")) return cas_attn_item_avx512;
+    if (!strcmp(s, "avx2")) return cas_attn_item_avx2;
+    return cas_attn_item_generic;
+}
+
+const char *cas_attn_simd_name(void) {
+    static const char *name;
+    const char *n = __atomic_load_n(&name, __ATOMIC_ACQUIRE);
+    if (n) return n;
+    n = "generic";
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    const char *env = getenv("CASCADE_SIMD");
+    if (avx512) n = "avx512";
+    else if (avx2) n = "avx2";
+    if (env && !strcmp(env, "avx2") && avx2) n = "avx2";
+    if (env && !strcmp(env, "generic")) n = "generic";
+#endif
+    __atomic_store_n(&name, n, __ATOMIC_RELEASE);
+    return n;
+}
+
+static void merge_token(const cas_attn_plan *p, int32_t t, float *o, float *lse) {
+    const int32_t Hq = p->shape.num_qo_heads, D = p->shape.head_dim;
+    const int32_t c0 = p->contrib_indptr[t], c1 = p->contrib_indptr[t + 1];
+    const float *S = p->scratch;
+    for (int32_t h = 0; h < Hq; h++) {
+        float m = -INFINITY;
+        for (int32_t c = c0; c < c1; c++) {
+            float l = S[p->contrib_lse[c] + h];
+            if (l > m) m = l;
+        }
+        float *out = o + ((size_t)t * Hq + h) * D;
+        for (int32_t d = 0; d < D; d++) out[d] = 0.0f;
+        if (m == -INFINITY) {
+            if (lse) lse[(size_t)t * Hq + h] = -INFINITY;
+            continue;
+        }
+        float sum = 0.0f;
+        for (int32_t c = c0; c < c1; c++) {
+            float l = S[p->contrib_lse[c] + h];
+            if (l == -INFINITY) continue;
+            float w = expf(l - m);
+            sum += w;
+            const float *src = S + p->contrib_o[c] + (int64_t)h * D;
+            for (int32_t d = 0; d < D; d++) out[d] += w * src[d];
+        }
+        float inv = 1.0f / sum;
+        for (int32_t d = 0; d < D; d++) out[d] *= inv;
+        if (lse) lse[(size_t)t * Hq + h] = m + logf(sum);
+    }
+}
+
+cas_status cas_attn_plan_run(cas_attn_plan *p, const cas_kv_pool *pool, const float *q, float *o,
+                             float *lse) {
+    if (!p || !pool || (!q && p->total_q) || (!o && p->total_q))
+        return cas_error(CAS_ERR_INVALID, "attn run: NULL argument");
+    if (pool->num_pages != p->num_pages)
+        return cas_error(CAS_ERR_INVALID, "attn run: pool has %d pages, plan was built for %d",
+                         pool->num_pages, p->num_pages);
+    if (p->n_items && (!pool->k || !pool->v)) return cas_error(CAS_ERR_INVALID, "attn run: NULL K or V pool");
+    cas_attn_item_fn fn = pick_kernel();
+    const int32_t n_items = p->n_items, total_q = p->total_q;
+    const int need_merge = p->n_contrib > 0;
+#pragma omp parallel num_threads(p->threads)
+    {
+        float *work = p->work + (size_t)omp_get_thread_num() * (size_t)p->work_floats;
+#pragma omp for schedule(dynamic, 1)
+        for (int32_t i = 0; i < n_items; i++) fn(p, &p->items[i], pool, q, o, lse, work);
+        if (need_merge) {
+#pragma omp for schedule(static)
+            for (int32_t t = 0; t < total_q; t++)
+                if (!p->direct_tok[t]) merge_token(p, t, o, lse);
+        }
+    }
+    return CAS_OK;
+}
+
+cas_status cas_attn_forward(const cas_attn_shape *shape, const cas_kv_pool *pool,
+                            const cas_attn_batch *batch, const cas_attn_params *params,
+                            const cas_attn_plan_opts *opts, const float *q, float *o, float *lse) {
+    cas_attn_plan *p;
+    cas_status st = cas_attn_plan_create(&p, shape, opts, batch ? batch->batch : 0, 0, 0);
+    if (st) return st;
+    st = cas_attn_plan_build(p, batch, pool ? pool->num_pages : 0, params);
+    if (!st) st = cas_attn_plan_run(p, pool, q, o, lse);
+    cas_attn_plan_destroy(p);
+    return st;
+}

@@ -1,0 +1,454 @@
+/*
+ * cmd_attn_bench.c: `cascade attn-bench`. Builds a random paged batch with a
+ * sharing structure, runs flat (no cascade) and cascade attention through the
+ * same kernel, checks both against the float64 reference on a sample of
+ * requests, times them (warm-up, median of repeats) and reports achieved
+ * bandwidth and FLOP/s next to the machine's ceilings measured in the same
+ * run. `--dump DIR` writes NumPy files so the result can be checked without
+ * this code.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../attn/attn.h"
+#include "tools.h"
+
+typedef struct {
+    int32_t batch, prefix, suffix, qlen, hq, hkv, head_dim, page_size, threads, repeats, warmup,
+        check_requests, window, causal;
+    float soft_cap;
+    cas_dtype dtype;
+    const char *tree, *dump, *backend;
+    int json, print_plan;
+    uint64_t seed;
+} bench_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cascade attn-bench [options]\n"
+            "  --batch N          requests (default 32)\n"
+            "  --prefix N         tokens shared by all requests (default 8192)\n"
+            "  --suffix N         private tokens per request (default 256)\n"
+            "  --qlen N           queries per request, 1 = decode (default 1)\n"
+            "  --heads HQ:HKV     query and KV heads (default 32:8)\n"
+            "  --head-dim D       64, 96, 128 or 256 (default 128)\n"
+            "  --page-size N      tokens per page, 1..256 (default 16)\n"
+            "  --dtype T          KV storage: f32, f16 or bf16 (default f32)\n"
+            "  --tree SPEC        multi-level sharing instead of --batch/--prefix:\n"
+            "                     groups 'N*T' joined by '+', each optionally followed by\n"
+            "                     '(sub-groups)'; N requests share T more tokens. Example:\n"
+            "                     '40*1024(20*512)+10*768': 40 share 1024 tokens, 20 of them\n"
+            "                     512 more, 10 others share 768; each then has --suffix own\n"
+            "  --window N         sliding window (keys p-N..p); default off\n"
+            "  --soft-cap X       logits soft cap; default off\n"
+            "  --non-causal       every query sees all of its request's KV\n"
+            "  --threads N        CPU threads (default: all cores)\n"
+            "  --repeats N        timed runs per variant, median reported (default 10)\n"
+            "  --warmup N         untimed runs first (default 2)\n"
+            "  --check N          requests checked against the float64 reference (default 8, 0 = none)\n"
+            "  --seed N           random seed (default 1)\n"
+            "  --plan             print the cascade plan\n"
+            "  --json             print one JSON object\n"
+            "  --dump DIR         write q, pages, indptrs, outputs and lse as .npy files\n");
+}
+
+static int parse_int_arg(const char *s, int32_t *out, int32_t lo, int32_t hi, const char *name) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) {
+        fprintf(stderr, "attn-bench: %s must be an integer in %d..%d (got '%s')\n", name, lo, hi, s);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, bench_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->batch = 32, o->prefix = 8192, o->suffix = 256, o->qlen = 1, o->hq = 32, o->hkv = 8;
+    o->head_dim = 128, o->page_size = 16, o->threads = 0, o->repeats = 10, o->warmup = 2;
+    o->check_requests = 8, o->window = -1, o->causal = 1, o->dtype = CAS_F32, o->seed = 1;
+    o->backend = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV                                                                                      \
+    do {                                                                                           \
+        if (!v) {                                                                                  \
+            fprintf(stderr, "attn-bench: %s needs a value\n", a);                                  \
+            return -1;                                                                             \
+        }                                                                                          \
+        i++;                                                                                       \
+    } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--batch")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->batch, 1, 1 << 20, a)) return -1;
+        } else if (!strcmp(a, "--prefix")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->prefix, 0, 1 << 24, a)) return -1;
+        } else if (!strcmp(a, "--suffix")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->suffix, 0, 1 << 24, a)) return -1;
+        } else if (!strcmp(a, "--qlen")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->qlen, 1, 1 << 20, a)) return -1;
+        } else if (!strcmp(a, "--heads")) {
+            NEEDV;
+            if (sscanf(v, "%d:%d", &o->hq, &o->hkv) != 2 || o->hq < 1 || o->hkv < 1) {
+                fprintf(stderr, "attn-bench: --heads wants HQ:HKV, e.g. 32:8\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--head-dim")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->head_dim, 1, 1024, a)) return -1;
+        } else if (!strcmp(a, "--page-size")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->page_size, 1, CAS_ATTN_MAX_PAGE_SIZE, a)) return -1;
+        } else if (!strcmp(a, "--dtype")) {
+            NEEDV;
+            if (cas_dtype_parse(v, &o->dtype)) {
+                fprintf(stderr, "attn-bench: --dtype is f32, f16 or bf16\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--tree")) {
+            NEEDV;
+            o->tree = v;
+        } else if (!strcmp(a, "--window")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->window, 0, 1 << 24, a)) return -1;
+        } else if (!strcmp(a, "--soft-cap")) {
+            NEEDV;
+            o->soft_cap = strtof(v, NULL);
+            if (!(o->soft_cap > 0)) {
+                fprintf(stderr, "attn-bench: --soft-cap must be > 0\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--non-causal")) {
+            o->causal = 0;
+        } else if (!strcmp(a, "--threads")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->threads, 1, 1024, a)) return -1;
+        } else if (!strcmp(a, "--repeats")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->repeats, 1, 100000, a)) return -1;
+        } else if (!strcmp(a, "--warmup")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->warmup, 0, 100000, a)) return -1;
+        } else if (!strcmp(a, "--check")) {
+            NEEDV;
+            if (parse_int_arg(v, &o->check_requests, 0, 1 << 20, a)) return -1;
+        } else if (!strcmp(a, "--seed")) {
+            NEEDV;
+            o->seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(a, "--backend")) {
+            NEEDV;
+            o->backend = v;
+        } else if (!strcmp(a, "--plan")) {
+            o->print_plan = 1;
+        } else if (!strcmp(a, "--json")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--dump")) {
+            NEEDV;
+            o->dump = v;
+        } else {
+            fprintf(stderr, "attn-bench: unknown option '%s'\n", a);
+            usage(stderr);
+            return -1;
+        }
+#undef NEEDV
+    }
+    if (strcmp(o->backend, "cpu")) {
+        fprintf(stderr, "attn-bench: backend '%s' is not built in (cpu only)\n", o->backend);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median seconds of `repeats` runs after `warmup`. */
+static double time_runs(cas_attn_plan *plan, const cas_kv_pool *pool, const float *q, float *o,
+                        float *lse, int warmup, int repeats, cas_status *st) {
+    double *t = malloc(sizeof(double) * (size_t)repeats);
+    *st = CAS_OK;
+    for (int i = 0; i < warmup && !*st; i++) *st = cas_attn_plan_run(plan, pool, q, o, lse);
+    for (int i = 0; i < repeats && !*st; i++) {
+        double t0 = cas_now_s();
+        *st = cas_attn_plan_run(plan, pool, q, o, lse);
+        t[i] = cas_now_s() - t0;
+    }
+    qsort(t, (size_t)repeats, sizeof(double), cmp_double);
+    double med = repeats % 2 ? t[repeats / 2] : 0.5 * (t[repeats / 2 - 1] + t[repeats / 2]);
+    free(t);
+    return med;
+}
+
+/* Max |out - ref| over a sample of requests: the reference runs on a
+ * sub-batch made of those requests (same pages), so big batches stay cheap. */
+static double check_sample(const cas_attn_shape *shape, const cas_attn_synth *s,
+                           const cas_attn_params *prm, const float *out, int32_t n_check,
+                           uint64_t seed, cas_status *st) {
+    const int32_t Hq = shape->num_qo_heads, D = shape->head_dim;
+    int32_t n = n_check < s->batch ? n_check : s->batch;
+    *st = CAS_OK;
+    if (n <= 0) return NAN;
+    int32_t *req = malloc(sizeof(int32_t) * (size_t)n);
+    cas_rng rng;
+    cas_rng_seed(&rng, seed);
+    for (int32_t i = 0; i < n; i++) {
+        /* the first and last requests, then random ones */
+        req[i] = i == 0 ? 0 : i == 1 ? s->batch - 1 : (int32_t)cas_rng_range(&rng, 0, s->batch - 1);
+    }
+    int32_t *qo = calloc((size_t)n + 1, 4), *kv = calloc((size_t)n + 1, 4), *last = calloc((size_t)n, 4);
+    int64_t npg = 0, nq = 0;
+    for (int32_t i = 0; i < n; i++) {
+        npg += s->kv_indptr[req[i] + 1] - s->kv_indptr[req[i]];
+        nq += s->qo_indptr[req[i] + 1] - s->qo_indptr[req[i]];
+    }
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(npg + 1));
+    float *q = malloc(sizeof(float) * (size_t)(nq * Hq * D + 1));
+    double *oref = malloc(sizeof(double) * (size_t)(nq * Hq * D + 1));
+    double worst = 0;
+    if (!qo || !kv || !last || !idx || !q || !oref) {
+        *st = cas_error(CAS_ERR_NOMEM, "attn-bench: out of memory for the check");
+        goto done;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = req[i];
+        int32_t np = s->kv_indptr[r + 1] - s->kv_indptr[r], ql = s->qo_indptr[r + 1] - s->qo_indptr[r];
+        memcpy(idx + kv[i], s->kv_indices + s->kv_indptr[r], sizeof(int32_t) * (size_t)np);
+        kv[i + 1] = kv[i] + np;
+        memcpy(q + (size_t)qo[i] * Hq * D, s->q + (size_t)s->qo_indptr[r] * Hq * D,
+               sizeof(float) * (size_t)ql * Hq * D);
+        qo[i + 1] = qo[i] + ql;
+        last[i] = s->kv_last_page_len[r];
+    }
+    cas_attn_batch sub = {n, qo, kv, idx, last};
+    cas_kv_pool pool = cas_attn_synth_pool(s);
+    *st = cas_attn_reference(shape, &pool, &sub, prm, q, oref, NULL);
+    if (*st) goto done;
+    for (int32_t i = 0; i < n; i++) {
+        size_t base_out = (size_t)s->qo_indptr[req[i]] * Hq * D, base_ref = (size_t)qo[i] * Hq * D;
+        size_t cnt = (size_t)(qo[i + 1] - qo[i]) * Hq * D;
+        for (size_t e = 0; e < cnt; e++) {
+            double d = fabs((double)out[base_out + e] - oref[base_ref + e]);
+            if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+        }
+    }
+done:
+    free(req), free(qo), free(kv), free(last), free(idx), free(q), free(oref);
+    return worst;
+}
+
+static cas_status dump_all(const char *dir, const cas_attn_shape *shape, const cas_attn_synth *s,
+                           const cas_attn_params *prm, const float *o_flat, const float *o_casc,
+                           const float *lse) {
+    if (mkdir(dir, 0755) && errno != EEXIST) return cas_error(CAS_ERR_IO, "attn-bench: cannot create %s", dir);
+    char path[4096];
+    const int64_t Hq = shape->num_qo_heads, Hkv = shape->num_kv_heads, D = shape->head_dim,
+                  P = shape->page_size;
+    cas_status st = CAS_OK;
+#define NPY(name, dt, nd, data, ...)                                                              \
+    do {                                                                                          \
+        int64_t shp[] = {__VA_ARGS__};                                                            \
+        snprintf(path, sizeof path, "%s/%s", dir, name);                                          \
+        if (!st) st = cas_npy_write(path, dt, shp, nd, data);                                     \
+    } while (0)
+    NPY("q.npy", "<f4", 3, s->q, s->total_q, Hq, D);
+    size_t elems = (size_t)s->num_pages * (size_t)(P * Hkv * D);
+    float *up = malloc(sizeof(float) * (elems + 1));
+    if (!up) return cas_error(CAS_ERR_NOMEM, "attn-bench: out of memory for the dump");
+    const void *pools[2] = {s->k, s->v};
+    const char *names[2] = {"k_pages.npy", "v_pages.npy"};
+    for (int w = 0; w < 2; w++) {
+        for (size_t i = 0; i < elems; i++) {
+            if (shape->kv_dtype == CAS_F32) up[i] = ((const float *)pools[w])[i];
+            else if (shape->kv_dtype == CAS_F16) up[i] = cas_f16_to_f32(((const uint16_t *)pools[w])[i]);
+            else up[i] = cas_bf16_to_f32(((const uint16_t *)pools[w])[i]);
+        }
+        NPY(names[w], "<f4", 4, up, s->num_pages, P, Hkv, D);
+    }
+    free(up);
+    NPY("qo_indptr.npy", "<i4", 1, s->qo_indptr, s->batch + 1);
+    NPY("kv_indptr.npy", "<i4", 1, s->kv_indptr, s->batch + 1);
+    NPY("kv_indices.npy", "<i4", 1, s->kv_indices, s->kv_indptr[s->batch]);
+    NPY("kv_last_page_len.npy", "<i4", 1, s->kv_last_page_len, s->batch);
+    NPY("out_flat.npy", "<f4", 3, o_flat, s->total_q, Hq, D);
+    NPY("out_cascade.npy", "<f4", 3, o_casc, s->total_q, Hq, D);
+    NPY("lse.npy", "<f4", 2, lse, s->total_q, Hq);
+#undef NPY
+    if (st) return st;
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return cas_error(CAS_ERR_IO, "attn-bench: cannot write %s", path);
+    fprintf(f, "{\"sm_scale\": %.9g, \"causal\": %s, \"page_size\": %d, \"num_qo_heads\": %d, "
+               "\"num_kv_heads\": %d, \"head_dim\": %d, \"kv_dtype\": \"%s\"",
+            prm->sm_scale > 0 ? prm->sm_scale : 1.0 / sqrt((double)D), prm->causal ? "true" : "false",
+            shape->page_size, shape->num_qo_heads, shape->num_kv_heads, shape->head_dim,
+            cas_dtype_name(shape->kv_dtype));
+    if (prm->logits_soft_cap > 0) fprintf(f, ", \"logits_soft_cap\": %.9g", prm->logits_soft_cap);
+    if (prm->window_left >= 0) fprintf(f, ", \"window_left\": %d", prm->window_left);
+    fprintf(f, "}\n");
+    if (fclose(f)) return cas_error(CAS_ERR_IO, "attn-bench: cannot write %s", path);
+    return CAS_OK;
+}
+
+/* Useful FLOPs: 4 * D per (query row, visible key): QK^T and PV. */
+static double useful_flops(const cas_attn_shape *shape, const cas_attn_synth *s, const cas_attn_params *prm) {
+    double keys = 0;
+    for (int32_t r = 0; r < s->batch; r++) {
+        int64_t kv_len = (int64_t)(s->kv_indptr[r + 1] - s->kv_indptr[r] - 1) * shape->page_size +
+                         s->kv_last_page_len[r];
+        int32_t ql = s->qo_indptr[r + 1] - s->qo_indptr[r];
+        for (int32_t i = 0; i < ql; i++) {
+            int64_t pos = kv_len - ql + i;
+            int64_t hi = prm->causal ? pos : kv_len - 1;
+            int64_t lo = prm->window_left >= 0 ? pos - prm->window_left : 0;
+            if (lo < 0) lo = 0;
+            if (hi >= lo) keys += (double)(hi - lo + 1);
+        }
+    }
+    return 4.0 * shape->head_dim * shape->num_qo_heads * keys;
+}
+
+int cmd_attn_bench(int argc, char **argv) {
+    bench_opts o;
+    if (parse_opts(argc, argv, &o)) return 2;
+    cas_attn_shape shape = {o.hq, o.hkv, o.head_dim, o.page_size, o.dtype};
+    cas_attn_params prm = cas_attn_params_default();
+    prm.causal = o.causal;
+    prm.window_left = o.window;
+    prm.logits_soft_cap = o.soft_cap;
+    int rc = 1;
+    cas_attn_synth s;
+    memset(&s, 0, sizeof s);
+    cas_attn_plan *flat = NULL, *casc = NULL;
+    float *o_flat = NULL, *o_casc = NULL, *lse = NULL;
+    cas_status st = cas_attn_synth_create(&s, &shape, o.tree, o.batch, o.prefix, o.suffix, o.qlen, o.seed);
+    if (st) {
+        fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+        return 2;
+    }
+    cas_attn_batch b = cas_attn_synth_batch(&s);
+    cas_kv_pool pool = cas_attn_synth_pool(&s);
+    cas_attn_plan_opts po = cas_attn_plan_opts_default();
+    po.threads = o.threads;
+    po.cascade = CAS_CASCADE_OFF;
+    double t_plan_flat = cas_now_s();
+    st = cas_attn_plan_create(&flat, &shape, &po, 0, 0, 0);
+    if (!st) st = cas_attn_plan_build(flat, &b, s.num_pages, &prm);
+    t_plan_flat = cas_now_s() - t_plan_flat;
+    po.cascade = CAS_CASCADE_AUTO;
+    double t_plan = cas_now_s();
+    if (!st) st = cas_attn_plan_create(&casc, &shape, &po, 0, 0, 0);
+    if (!st) st = cas_attn_plan_build(casc, &b, s.num_pages, &prm);
+    t_plan = cas_now_s() - t_plan;
+    if (st) {
+        fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+        rc = 2;
+        goto out;
+    }
+    if (o.print_plan) cas_attn_plan_print(casc, stderr);
+    size_t no = (size_t)s.total_q * o.hq * o.head_dim, nl = (size_t)s.total_q * o.hq;
+    o_flat = cas_alloc_array(no + 1, 4);
+    o_casc = cas_alloc_array(no + 1, 4);
+    lse = cas_alloc_array(nl + 1, 4);
+    if (!o_flat || !o_casc || !lse) {
+        fprintf(stderr, "attn-bench: out of memory for outputs\n");
+        goto out;
+    }
+    for (size_t i = 0; i < no; i++) o_flat[i] = o_casc[i] = NAN;
+    int nt = o.threads > 0 ? o.threads : 0;
+    double peak_bw = cas_measure_read_bandwidth((size_t)512 << 20, nt);
+    double peak_flops = cas_measure_fma_flops(nt);
+    double t_flat = time_runs(flat, &pool, s.q, o_flat, lse, o.warmup, o.repeats, &st);
+    double t_casc = 0;
+    if (!st) t_casc = time_runs(casc, &pool, s.q, o_casc, lse, o.warmup, o.repeats, &st);
+    if (st) {
+        fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+        goto out;
+    }
+    double err_flat = check_sample(&shape, &s, &prm, o_flat, o.check_requests, o.seed + 7, &st);
+    double err_casc = st ? NAN : check_sample(&shape, &s, &prm, o_casc, o.check_requests, o.seed + 7, &st);
+    if (st) {
+        fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+        goto out;
+    }
+    cas_attn_plan_info fi, ci;
+    cas_attn_plan_get_info(flat, &fi);
+    cas_attn_plan_get_info(casc, &ci);
+    const double tok_bytes = 2.0 * o.hkv * o.head_dim * (double)cas_dtype_size(o.dtype);
+    const double qo_bytes = 2.0 * no * 4 + nl * 4;
+    double bytes_flat = (double)fi.kv_tokens_read * tok_bytes + qo_bytes;
+    double bytes_casc = (double)ci.kv_tokens_read * tok_bytes + qo_bytes;
+    double flops = useful_flops(&shape, &s, &prm);
+    int threads = o.threads > 0 ? o.threads : 0;
+    if (o.dump) {
+        st = dump_all(o.dump, &shape, &s, &prm, o_flat, o_casc, lse);
+        if (st) {
+            fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+            goto out;
+        }
+    }
+    double tol = 1e-3; /* f32 accumulation; the values are O(1) */
+    int ok = (o.check_requests == 0) || (err_flat <= tol && err_casc <= tol);
+    if (o.json) {
+        printf("{\"backend\": \"cpu\", \"simd\": \"%s\", \"threads\": %d, \"batch\": %d, \"prefix\": %d, "
+               "\"suffix\": %d, \"qlen\": %d, \"tree\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, "
+               "\"head_dim\": %d, \"page_size\": %d, \"dtype\": \"%s\", \"total_q\": %d, "
+               "\"flat_ms\": %.6f, \"cascade_ms\": %.6f, \"speedup\": %.4f, "
+               "\"max_abs_err_flat\": %.3e, \"max_abs_err_cascade\": %.3e, "
+               "\"flat_bytes\": %.0f, \"cascade_bytes\": %.0f, \"flat_GBps\": %.3f, \"cascade_GBps\": %.3f, "
+               "\"peak_GBps\": %.3f, \"flops\": %.0f, \"flat_GFLOPs\": %.3f, \"cascade_GFLOPs\": %.3f, "
+               "\"peak_GFLOPs\": %.3f, \"tree_nodes\": %d, \"shared_passes\": %d, \"passes\": %d, "
+               "\"work_items\": %d, \"est_cascade_ms\": %.6f, \"est_flat_ms\": %.6f, \"plan_ms\": %.4f, "
+               "\"plan_flat_ms\": %.4f, \"checked_requests\": %d}\n",
+               cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
+               o.tree ? o.tree : "", o.hq, o.hkv, o.head_dim, o.page_size, cas_dtype_name(o.dtype),
+               s.total_q, t_flat * 1e3, t_casc * 1e3, t_flat / t_casc, err_flat, err_casc, bytes_flat,
+               bytes_casc, bytes_flat / t_flat / 1e9, bytes_casc / t_casc / 1e9, peak_bw / 1e9, flops,
+               flops / t_flat / 1e9, flops / t_casc / 1e9, peak_flops / 1e9, ci.tree_nodes,
+               ci.shared_passes, ci.passes, ci.work_items, ci.est_cost_s * 1e3, ci.est_flat_cost_s * 1e3,
+               t_plan * 1e3, t_plan_flat * 1e3, o.check_requests < s.batch ? o.check_requests : s.batch);
+    } else {
+        printf("batch %d (%d query tokens), %s, heads %d:%d, head_dim %d, page %d, %s KV, simd %s\n",
+               s.batch, s.total_q, o.tree ? o.tree : "one shared prefix", o.hq, o.hkv, o.head_dim,
+               o.page_size, cas_dtype_name(o.dtype), cas_attn_simd_name());
+        printf("machine: read bandwidth %.1f GB/s, f32 FMA %.1f GFLOP/s (measured now)\n", peak_bw / 1e9,
+               peak_flops / 1e9);
+        printf("plan: %d tree nodes, %d shared passes, %d passes, %d work items (%.3f ms to plan)\n",
+               ci.tree_nodes, ci.shared_passes, ci.passes, ci.work_items, t_plan * 1e3);
+        printf("flat:    %9.3f ms  %7.1f GB/s (%4.0f%% of peak)  %7.1f GFLOP/s  max err %.2e\n", t_flat * 1e3,
+               bytes_flat / t_flat / 1e9, 100 * bytes_flat / t_flat / peak_bw, flops / t_flat / 1e9, err_flat);
+        printf("cascade: %9.3f ms  %7.1f GB/s (%4.0f%% of peak)  %7.1f GFLOP/s (%3.0f%% of peak)  max err %.2e\n",
+               t_casc * 1e3, bytes_casc / t_casc / 1e9, 100 * bytes_casc / t_casc / peak_bw,
+               flops / t_casc / 1e9, 100 * flops / t_casc / peak_flops, err_casc);
+        printf("speedup: %.2fx (cost model predicted flat %.3f ms, cascade %.3f ms)\n", t_flat / t_casc,
+               ci.est_flat_cost_s * 1e3, ci.est_cost_s * 1e3);
+    }
+    if (!ok) {
+        fprintf(stderr, "attn-bench: results differ from the float64 reference (flat %.3g, cascade %.3g)\n",
+                err_flat, err_casc);
+        goto out;
+    }
+    rc = 0;
+out:
+    cas_free(o_flat);
+    cas_free(o_casc);
+    cas_free(lse);
+    cas_attn_plan_destroy(flat);
+    cas_attn_plan_destroy(casc);
+    cas_attn_synth_destroy(&s);
+    return rc;
+}
