@@ -305,7 +305,14 @@ static cas_status regex_split(const pcre2_code *re, pcre2_match_data *md, const 
         size_t n = in->v[k].len, pos = 0, start = 0;
         while (start < n) {
             int rc = pcre2_match(re, (PCRE2_SPTR)p, n, start, 0, md, NULL);
-            if (rc < 0) break; /* no match (or a matching limit): the rest is one gap */
+            if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) /* JIT stack exhausted: the interpreter */
+                rc = pcre2_match(re, (PCRE2_SPTR)p, n, start, PCRE2_NO_JIT, md, NULL);
+            if (rc == PCRE2_ERROR_NOMATCH) break; /* the rest is one gap */
+            if (rc < 0) {
+                PCRE2_UCHAR msg[120];
+                pcre2_get_error_message(rc, msg, sizeof msg);
+                return cas_error(CAS_ERR_INTERNAL, "tok: pre-tokenizer regex failed: %s", (const char *)msg);
+            }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             size_t ms = ov[0], me = ov[1];
             if (me <= ms || ms < pos || me > n) {
