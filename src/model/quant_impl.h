@@ -113,7 +113,7 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
 /* ---- benchmarks ----------------------------------------------------------- */
 
 typedef struct {
-    double seconds;      /* mean wall time of one call */
+    double seconds;      /* wall time of one call: mean over the best of ~8 windows */
     double weight_gbs;   /* weight bytes per call / seconds, 1e9 bytes/s */
     double gflops;       /* 2 * rows * n * m / seconds, 1e9/s */
     int64_t weight_bytes; /* bytes of one weight matrix */
