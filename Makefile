@@ -155,24 +155,3 @@ fuzz: build-fuzz/fuzz_gguf
 	$(PYTHON) fuzz/make_seeds.py build-fuzz/seeds
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=65536 -timeout=10 \
 	  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/ build-fuzz/corpus build-fuzz/seeds
-
-# ---- fuzzing the GGUF reader ------------------------------------------------
-# `make fuzz` builds fuzz/fuzz_gguf.c with clang's libFuzzer, ASan and UBSan
-# in build-fuzz/, writes the seed corpus (fuzz/make_seeds.py) and fuzzes for
-# FUZZ_TIME seconds. New inputs collect in build-fuzz/corpus, crashes in
-# build-fuzz/crash-*. See fuzz/README.md.
-FUZZ_CC   ?= clang
-FUZZ_TIME ?= 120
-FUZZ_SRC  := fuzz/fuzz_gguf.c src/core/core.c src/model/gguf.c src/model/tokenizer.c src/model/chat.c
-
-build-fuzz/fuzz_gguf: $(FUZZ_SRC) src/model/model.h src/model/tensor.h src/core/core.h
-	@mkdir -p build-fuzz
-	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
-	  -fno-sanitize-recover=undefined $$(pkg-config --cflags libpcre2-8) -o $@ $(FUZZ_SRC) \
-	  $$(pkg-config --libs libpcre2-8) -lm -lpthread
-
-fuzz: build-fuzz/fuzz_gguf
-	@mkdir -p build-fuzz/corpus
-	$(PYTHON) fuzz/make_seeds.py build-fuzz/seeds
-	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=65536 -timeout=10 \
-	  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/ build-fuzz/corpus build-fuzz/seeds
