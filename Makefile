@@ -85,8 +85,12 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a
 	$(CC) $(ALL_FLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
 
 # Runs every test program; each prints "N passed, N failed"; the runner sums.
+# Python checks (tests/check_*.py) compare our outputs with independent
+# implementations (NumPy) and print the same summary line.
+TEST_SCRIPTS := $(wildcard tests/check_*.py)
+
 test: all $(TEST_BIN)
-	@BUILD=$(BUILD) bash tests/run_all.sh $(TEST_BIN)
+	@BUILD=$(BUILD) bash tests/run_all.sh $(TEST_BIN) $(TEST_SCRIPTS)
 
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 \
