@@ -16,10 +16,13 @@
  *
  * Batched (prefill, many sequences) is bound by compute once m is large: a
  * tile of four weight rows is decoded once into bytes and f32 scales (for Q4,
- * the unpacking then costs nothing per token), and every token pair runs a
- * 4 x 2 register tile over it, so each loaded weight vector serves two
- * tokens and each x vector four rows. Float weights use the same tiling with
- * FMAs on f32 (F16 and BF16 rows are converted to f32 once per tile).
+ * the unpacking then costs nothing per token) and stays in L1 while every
+ * token uses it. With m >= 4 the tokens go into the SIMD lanes, eight at a
+ * time (x transposed by quant.c), so that one maddubs does 32 useful
+ * multiply-adds and the per-block scaling is paid once per eight tokens;
+ * with m = 2 or 3 a 4 x 2 register tile (rows x tokens) is used instead.
+ * Float weights use the 4 x 2 tiling with FMAs on f32 (F16 and BF16 rows are
+ * converted to f32 once per tile).
  */
 #include "quant_impl.h"
 
