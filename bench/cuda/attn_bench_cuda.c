@@ -212,6 +212,7 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, r
 #if CAS_HAVE_CPU_PLANNER
             cas_attn_plan_opts po = cas_attn_plan_opts_default();
             po.cascade = CAS_CASCADE_AUTO;
+            po.cost = cas_cuda_attn_cost();
             st = cas_attn_plan_create(&cplan, &sh, &po, B, total_q, (int64_t)B * (pp + up));
             if (st == CAS_OK) st = cas_attn_plan_build(cplan, &b, (int32_t)pool_pages, &pr);
             if (st == CAS_OK) {

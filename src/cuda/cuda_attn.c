@@ -227,7 +227,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     int64_t work = 0; /* CTA x keys */
     for (int32_t i = 0; i < n_passes; i++) {
         int64_t rows = (int64_t)passes[i].n_tok * group;
-        int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS - 1) / CAS_CUDA_WIDE_ROWS
+        int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS(D) - 1) / CAS_CUDA_WIDE_ROWS(D)
                                                  : (rows > 0 ? 1 : 0);
         work += rb * Hkv * passes[i].len;
     }
@@ -250,7 +250,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             a->nsplit[i] = ns;
             a->chunk[i] = ch;
             int64_t rows = (int64_t)passes[i].n_tok * group;
-            int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS - 1) / CAS_CUDA_WIDE_ROWS
+            int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS(D) - 1) / CAS_CUDA_WIDE_ROWS(D)
                                                      : (rows > 0 ? 1 : 0);
             n_tasks += rb * Hkv * ns;
             n_states += (int64_t)ns * passes[i].n_tok;
@@ -325,7 +325,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         const int32_t rows = p->n_tok * group;
         if (rows == 0) continue;
         const int wide = rows > CAS_CUDA_NARROW_ROWS;
-        const int32_t rblk = wide ? CAS_CUDA_WIDE_ROWS : CAS_CUDA_NARROW_ROWS;
+        const int32_t rblk = wide ? CAS_CUDA_WIDE_ROWS(D) : CAS_CUDA_NARROW_ROWS;
         for (int32_t c = 0; c < a->nsplit[i]; c++) {
             int32_t c0 = c * a->chunk[i], c1 = c0 + a->chunk[i];
             if (c1 > p->len) c1 = p->len;
@@ -524,6 +524,17 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     return CAS_OK;
+}
+
+cas_attn_cost cas_cuda_attn_cost(void) {
+    cas_attn_cost c;
+    c.bytes_per_s = 4.0e12;        /* flat decode streams KV at ~3.7-4.8 TB/s (L2 helps) */
+    c.pack_bytes_per_s = 10e12;    /* re-reads of a run that stays in L2 */
+    c.flops_per_s = 200e12;        /* shared pass, mma.sync kernel */
+    c.cache_bytes = 8.0 * 1024 * 1024;
+    c.pass_overhead_s = 3e-6;      /* an extra pass and the merge launch */
+    c.row_merge_s = 5e-12;         /* per row x head x D element merged */
+    return c;
 }
 
 void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {

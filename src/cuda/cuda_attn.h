@@ -94,6 +94,13 @@ cas_status cas_cuda_attn_upload(cas_cuda_attn *a, cudaStream_t stream);
 cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, const void *q,
                              float *o, float *lse, cudaStream_t stream);
 
+/* Cost-model numbers of this backend for the CPU planner
+ * (cas_attn_plan_opts.cost), so that cas_attn_plan_build decides flat or
+ * cascade per node for the GPU: HBM and L2 rates, the shared pass's
+ * tensor-core rate and the fixed cost of a pass plus merge, as measured on an
+ * H200 (bench/NOTES.md). */
+cas_attn_cost cas_cuda_attn_cost(void);
+
 /* What the last plan does. */
 typedef struct {
     int32_t passes, tasks_wide, tasks_narrow, merge_tokens, contribs;

@@ -74,8 +74,8 @@ typedef struct {
     int32_t dtype; /* cas_dtype: 1 f16, 2 bf16 */
 } cas_cuda_geom;
 
-/* Rows one CTA of each kernel holds. */
-#define CAS_CUDA_WIDE_ROWS 64
+/* Rows one CTA of each kernel holds (wide: 8 warps' worth of m-tiles). */
+#define CAS_CUDA_WIDE_ROWS(D) ((D) <= 128 ? 128 : 64)
 #define CAS_CUDA_NARROW_ROWS 16
 
 /* Launchers (cuda_attn_kernels.cu). plan points to the device copy of the

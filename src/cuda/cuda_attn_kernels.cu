@@ -87,14 +87,17 @@ template <> struct mma_op<__half> {
 
 /* ---- configuration ------------------------------------------------------ */
 
-template <int D_, int WM_, int WN_, int BN_, int STAGES_> struct cfg {
-    static constexpr int D = D_, WM = WM_, WN = WN_, BN = BN_, STAGES = STAGES_;
+/* WM x WN warps; each warp holds MT m-tiles of 16 rows (MT = 2 halves the
+ * shared-memory reads of K and V per tensor-core instruction); BN keys per
+ * warp per stage. */
+template <int D_, int WM_, int WN_, int MT_, int BN_, int STAGES_> struct cfg {
+    static constexpr int D = D_, WM = WM_, WN = WN_, MT = MT_, BN = BN_, STAGES = STAGES_;
     static constexpr int NT = 32 * WM * WN;
-    static constexpr int ROWS = 16 * WM;
+    static constexpr int ROWS = 16 * MT * WM;
     static constexpr int KEYS = WN * BN; /* keys per pipeline stage */
     static constexpr int LD = D + 8;     /* smem row pitch (elements): 16 B pad, no ldmatrix conflicts */
     static constexpr int CPR = D / 8;    /* 16-byte chunks per row */
-    static constexpr bool Q_REGS = D <= 128;
+    static constexpr bool Q_REGS = D <= 128 && MT == 1;
     static constexpr size_t Q_BYTES = (size_t)ROWS * LD * 2;
     static constexpr size_t KV_STAGE = (size_t)KEYS * LD * 2;
     static constexpr size_t MERGE_BYTES = WN > 1 ? (size_t)WN * ROWS * (D + 2) * 4 : 0;
@@ -102,10 +105,12 @@ template <int D_, int WM_, int WN_, int BN_, int STAGES_> struct cfg {
     static constexpr size_t SMEM = Q_BYTES + (KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES);
     static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
     static_assert(BN % 16 == 0, "BN must be a multiple of 16");
+    static_assert(WN == 1 || MT == 1, "split keys only with one m-tile per warp");
 };
 
-template <int D> struct wide_cfg : cfg<D, 4, 1, (D <= 128 ? 64 : 32), 2> {};
-template <int D> struct narrow_cfg : cfg<D, 1, 4, 16, (D <= 128 ? 3 : 2)> {};
+template <int D>
+struct wide_cfg : cfg<D, 4, 1, CAS_CUDA_WIDE_ROWS(D) / 64, 32, (D <= 128 ? 3 : 2)> {};
+template <int D> struct narrow_cfg : cfg<D, 1, 4, 1, 16, (D <= 128 ? 3 : 2)> {};
 
 /* ---- the attention kernel ----------------------------------------------- */
 
@@ -115,7 +120,7 @@ __global__ void __launch_bounds__(C::NT)
                 const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                 float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
                 int wide) {
-    constexpr int D = C::D, WN = C::WN, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
+    constexpr int D = C::D, WN = C::WN, MT = C::MT, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
     constexpr int ROWS = C::ROWS, KEYS = C::KEYS, LD = C::LD, CPR = C::CPR;
     extern __shared__ __align__(16) unsigned char smem[];
     T *sQ = reinterpret_cast<T *>(smem);
@@ -142,20 +147,20 @@ __global__ void __launch_bounds__(C::NT)
     for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
         const cas_cuda_task t = tasks[ti];
         const cas_cuda_pass ps = passes[t.pass];
-        if (tid < ROWS) {
-            int r = tid < t.nrows ? tid : t.nrows - 1; /* padding rows repeat the last row */
+        for (int r0 = tid; r0 < ROWS; r0 += NT) {
+            int r = r0 < t.nrows ? r0 : t.nrows - 1; /* padding rows repeat the last row */
             int row = t.row0 + r;
             int tk = row / group, g = row - tk * group;
             int tokid = tok_ids[ps.tok_off + tk];
             int hq = t.kv_head * group + g;
-            s_qpos[tid] = tok_pos[ps.tok_off + tk];
-            s_qrow[tid] = ((long long)tokid * Hq + hq) * D;
+            s_qpos[r0] = tok_pos[ps.tok_off + tk];
+            s_qrow[r0] = ((long long)tokid * Hq + hq) * D;
             if (t.o_off < 0) {
-                s_oo[tid] = ((long long)tokid * Hq + hq) * D;
-                s_lo[tid] = (long long)tokid * Hq + hq;
+                s_oo[r0] = ((long long)tokid * Hq + hq) * D;
+                s_lo[r0] = (long long)tokid * Hq + hq;
             } else {
-                s_oo[tid] = t.o_off + ((long long)tk * Hq + hq) * D;
-                s_lo[tid] = t.lse_off + (long long)tk * Hq + hq;
+                s_oo[r0] = t.o_off + ((long long)tk * Hq + hq) * D;
+                s_lo[r0] = t.lse_off + (long long)tk * Hq + hq;
             }
         }
         __syncthreads();
@@ -195,54 +200,66 @@ __global__ void __launch_bounds__(C::NT)
             cp_async_commit();
         }
 
-        float oacc[D / 8][4];
+        float oacc[MT][D / 8][4];
+        float mrow[MT][2], lrow[MT][2];
+        int qp[MT][2];
 #pragma unroll
-        for (int i = 0; i < D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
-        float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.f, l1 = 0.f;
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int i = 0; i < D / 8; i++) oacc[mt][i][0] = oacc[mt][i][1] = oacc[mt][i][2] = oacc[mt][i][3] = 0.f;
+            mrow[mt][0] = mrow[mt][1] = -CUDART_INF_F;
+            lrow[mt][0] = lrow[mt][1] = 0.f;
+            qp[mt][0] = s_qpos[(wm * MT + mt) * 16 + (lane >> 2)];
+            qp[mt][1] = s_qpos[(wm * MT + mt) * 16 + (lane >> 2) + 8];
+        }
         uint32_t qf[C::Q_REGS ? D / 16 : 1][4];
-        const int rA = wm * 16 + (lane >> 2), rB = rA + 8;
-        const int qpA = s_qpos[rA], qpB = s_qpos[rB];
+        const T *Qw = sQ + (size_t)(wm * MT * 16) * LD;
+        const int lrow8 = ((lane >> 3) & 1) * 8 + (lane & 7), lcol8 = (lane >> 4) * 8;
 
         for (int i = 0; i < ntiles; i++) {
             cp_async_wait<STAGES - 2>();
             __syncthreads();
             if (i + STAGES - 1 < ntiles) load_tile(i + STAGES - 1);
             cp_async_commit();
-            const T *Qw = sQ + (size_t)(wm * 16) * LD;
             if (C::Q_REGS && i == 0) {
 #pragma unroll
-                for (int ks = 0; ks < (C::Q_REGS ? D / 16 : 1); ks++) {
-                    int mi = lane >> 3;
-                    ldsm_x4(qf[ks], Qw + ((mi & 1) * 8 + (lane & 7)) * LD + ks * 16 + (mi >> 1) * 8);
-                }
+                for (int ks = 0; ks < (C::Q_REGS ? D / 16 : 1); ks++)
+                    ldsm_x4(qf[ks], Qw + lrow8 * LD + ks * 16 + lcol8);
             }
             const int slot = i % STAGES;
             const T *Kt = sK + (size_t)slot * KEYS * LD + (size_t)wn * BN * LD;
             const T *Vt = sV + (size_t)slot * KEYS * LD + (size_t)wn * BN * LD;
 
-            float s[BN / 8][4];
+            float s[MT][BN / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
             for (int kp = 0; kp < D / 32; kp++) {
-                uint32_t qa[4], qb[4];
-                if constexpr (C::Q_REGS) {
+                uint32_t qa[MT][4], qb[MT][4];
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        qa[j] = qf[2 * kp][j];
-                        qb[j] = qf[C::Q_REGS ? 2 * kp + 1 : 0][j];
+                for (int mt = 0; mt < MT; mt++) {
+                    if constexpr (C::Q_REGS) {
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            qa[mt][j] = qf[C::Q_REGS ? 2 * kp : 0][j];
+                            qb[mt][j] = qf[C::Q_REGS ? 2 * kp + 1 : 0][j];
+                        }
+                    } else {
+                        ldsm_x4(qa[mt], Qw + (mt * 16 + lrow8) * LD + (2 * kp) * 16 + lcol8);
+                        ldsm_x4(qb[mt], Qw + (mt * 16 + lrow8) * LD + (2 * kp + 1) * 16 + lcol8);
                     }
-                } else {
-                    int mi = lane >> 3;
-                    ldsm_x4(qa, Qw + ((mi & 1) * 8 + (lane & 7)) * LD + (2 * kp) * 16 + (mi >> 1) * 8);
-                    ldsm_x4(qb, Qw + ((mi & 1) * 8 + (lane & 7)) * LD + (2 * kp + 1) * 16 + (mi >> 1) * 8);
                 }
 #pragma unroll
                 for (int nt = 0; nt < BN / 8; nt++) {
                     uint32_t b[4];
                     ldsm_x4(b, Kt + (nt * 8 + (lane & 7)) * LD + kp * 32 + (lane >> 3) * 8);
-                    mma_op<T>::run(s[nt], qa, b[0], b[1]);
-                    mma_op<T>::run(s[nt], qb, b[2], b[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_op<T>::run(s[mt][nt], qa[mt], b[0], b[1]);
+                        mma_op<T>::run(s[mt][nt], qb[mt], b[2], b[3]);
+                    }
                 }
             }
             /* scale, soft cap, masks */
@@ -250,120 +267,124 @@ __global__ void __launch_bounds__(C::NT)
             const bool full = kb + BN <= t.kv1 && (!causal || ps.pos0 + kb + BN - 1 <= t.qpos_min) &&
                               (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
+            for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = s[nt][e];
-                    x = cap > 0.f ? cap * tanhf(x * scale / cap) * LOG2E_F : x * scale_log2;
-                    if (!full) {
-                        int key = kb + nt * 8 + (lane & 3) * 2 + (e & 1);
-                        int kabs = ps.pos0 + key;
-                        int qp = e < 2 ? qpA : qpB;
-                        bool vis = key < t.kv1 && (!causal || kabs <= qp) &&
-                                   (window < 0 || kabs >= qp - window);
-                        if (!vis) x = -CUDART_INF_F;
+                for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = s[mt][nt][e];
+                        x = cap > 0.f ? cap * tanhf(x * scale / cap) * LOG2E_F : x * scale_log2;
+                        if (!full) {
+                            int key = kb + nt * 8 + (lane & 3) * 2 + (e & 1);
+                            int kabs = ps.pos0 + key;
+                            int qq = qp[mt][e >> 1];
+                            bool vis = key < t.kv1 && (!causal || kabs <= qq) &&
+                                       (window < 0 || kabs >= qq - window);
+                            if (!vis) x = -CUDART_INF_F;
+                        }
+                        s[mt][nt][e] = x;
                     }
-                    s[nt][e] = x;
                 }
-            }
-            /* online softmax */
-            float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+                /* online softmax */
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-            const float mu0 = mn0 == -CUDART_INF_F ? 0.f : mn0;
-            const float mu1 = mn1 == -CUDART_INF_F ? 0.f : mn1;
-            const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
-            m0 = mn0;
-            m1 = mn1;
-            float rs0 = 0.f, rs1 = 0.f;
+                for (int hf = 0; hf < 2; hf++) {
+                    float mx = -CUDART_INF_F;
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                s[nt][0] = exp2f(s[nt][0] - mu0);
-                s[nt][1] = exp2f(s[nt][1] - mu0);
-                s[nt][2] = exp2f(s[nt][2] - mu1);
-                s[nt][3] = exp2f(s[nt][3] - mu1);
-                rs0 += s[nt][0] + s[nt][1];
-                rs1 += s[nt][2] + s[nt][3];
-            }
-            l0 = l0 * al0 + rs0;
-            l1 = l1 * al1 + rs1;
+                    for (int nt = 0; nt < BN / 8; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float mn = fmaxf(mrow[mt][hf], mx);
+                    const float mu = mn == -CUDART_INF_F ? 0.f : mn;
+                    const float al = exp2f(mrow[mt][hf] - mu);
+                    mrow[mt][hf] = mn;
+                    float rs = 0.f;
 #pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) {
-                oacc[dt][0] *= al0;
-                oacc[dt][1] *= al0;
-                oacc[dt][2] *= al1;
-                oacc[dt][3] *= al1;
+                    for (int nt = 0; nt < BN / 8; nt++) {
+                        s[mt][nt][2 * hf] = exp2f(s[mt][nt][2 * hf] - mu);
+                        s[mt][nt][2 * hf + 1] = exp2f(s[mt][nt][2 * hf + 1] - mu);
+                        rs += s[mt][nt][2 * hf] + s[mt][nt][2 * hf + 1];
+                    }
+                    lrow[mt][hf] = lrow[mt][hf] * al + rs;
+#pragma unroll
+                    for (int dt = 0; dt < D / 8; dt++) {
+                        oacc[mt][dt][2 * hf] *= al;
+                        oacc[mt][dt][2 * hf + 1] *= al;
+                    }
+                }
             }
             /* O += P V */
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
-                uint32_t a[4];
-                a[0] = mma_op<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-                a[1] = mma_op<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-                a[2] = mma_op<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                a[3] = mma_op<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-                const int mi = lane >> 3;
+                uint32_t a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    a[mt][0] = mma_op<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    a[mt][1] = mma_op<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    a[mt][2] = mma_op<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    a[mt][3] = mma_op<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
 #pragma unroll
                 for (int dt = 0; dt < D / 16; dt++) {
                     uint32_t b[4];
-                    ldsm_x4_t(b, Vt + (kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + dt * 16 + (mi >> 1) * 8);
-                    mma_op<T>::run(oacc[2 * dt], a, b[0], b[1]);
-                    mma_op<T>::run(oacc[2 * dt + 1], a, b[2], b[3]);
+                    ldsm_x4_t(b, Vt + (kk * 16 + lrow8) * LD + dt * 16 + lcol8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_op<T>::run(oacc[mt][2 * dt], a[mt], b[0], b[1]);
+                        mma_op<T>::run(oacc[mt][2 * dt + 1], a[mt], b[2], b[3]);
+                    }
                 }
             }
         }
         cp_async_wait<0>();
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                lrow[mt][hf] += __shfl_xor_sync(0xffffffffu, lrow[mt][hf], 1);
+                lrow[mt][hf] += __shfl_xor_sync(0xffffffffu, lrow[mt][hf], 2);
+            }
         float *obase = t.o_off < 0 ? o : scratch;
         float *lbase = t.o_off < 0 ? lse : scratch;
 
         if constexpr (WN == 1) {
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int r = half ? rB : rA;
-                const float l = half ? l1 : l0, m = half ? m1 : m0;
-                if (r < t.nrows) {
-                    const float inv = l > 0.f ? 1.f / l : 0.f;
-                    float *dst = obase + s_oo[r];
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int dt = 0; dt < D / 8; dt++) {
-                        float2 v = make_float2(oacc[dt][2 * half] * inv, oacc[dt][2 * half + 1] * inv);
-                        *reinterpret_cast<float2 *>(dst + dt * 8 + (lane & 3) * 2) = v;
+                for (int hf = 0; hf < 2; hf++) {
+                    const int r = (wm * MT + mt) * 16 + (lane >> 2) + hf * 8;
+                    const float l = lrow[mt][hf], m = mrow[mt][hf];
+                    if (r < t.nrows) {
+                        const float inv = l > 0.f ? 1.f / l : 0.f;
+                        float *dst = obase + s_oo[r];
+#pragma unroll
+                        for (int dt = 0; dt < D / 8; dt++) {
+                            float2 v = make_float2(oacc[mt][dt][2 * hf] * inv, oacc[mt][dt][2 * hf + 1] * inv);
+                            *reinterpret_cast<float2 *>(dst + dt * 8 + (lane & 3) * 2) = v;
+                        }
+                        if ((lane & 3) == 0)
+                            lbase[s_lo[r]] = l > 0.f ? (m + log2f(l)) * LN2_F : -CUDART_INF_F;
                     }
-                    if ((lane & 3) == 0)
-                        lbase[s_lo[r]] = l > 0.f ? (m + log2f(l)) * LN2_F : -CUDART_INF_F;
                 }
-            }
         } else {
             /* merge the WN warps' states of the same rows through shared memory */
             __syncthreads();
             float *mo = reinterpret_cast<float *>(smem + C::Q_BYTES); /* [WN][ROWS][D] */
             float *mm = mo + (size_t)WN * ROWS * D;                    /* [WN][ROWS] */
             float *ml = mm + WN * ROWS;                                 /* [WN][ROWS] */
+            const int rA = wm * 16 + (lane >> 2), rB = rA + 8;
 #pragma unroll
             for (int dt = 0; dt < D / 8; dt++) {
                 int d = dt * 8 + (lane & 3) * 2;
                 *reinterpret_cast<float2 *>(mo + ((size_t)wn * ROWS + rA) * D + d) =
-                    make_float2(oacc[dt][0], oacc[dt][1]);
+                    make_float2(oacc[0][dt][0], oacc[0][dt][1]);
                 *reinterpret_cast<float2 *>(mo + ((size_t)wn * ROWS + rB) * D + d) =
-                    make_float2(oacc[dt][2], oacc[dt][3]);
+                    make_float2(oacc[0][dt][2], oacc[0][dt][3]);
             }
             if ((lane & 3) == 0) {
-                mm[wn * ROWS + rA] = m0;
-                mm[wn * ROWS + rB] = m1;
-                ml[wn * ROWS + rA] = l0;
-                ml[wn * ROWS + rB] = l1;
+                mm[wn * ROWS + rA] = mrow[0][0];
+                mm[wn * ROWS + rB] = mrow[0][1];
+                ml[wn * ROWS + rA] = lrow[0][0];
+                ml[wn * ROWS + rB] = lrow[0][1];
             }
             __syncthreads();
             for (int idx = tid; idx < ROWS * D; idx += NT) {
