@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""CPU attention benchmark grid: flat vs cascade through `cascade attn-bench`.
+
+Runs every case, writes bench/results/cpu-attention.json (each case's JSON as
+attn-bench printed it, with the bandwidth and FMA ceilings measured in the
+same run), draws bench/results/cpu-attention.png (cascade speedup over flat
+against the shared prefix length, one line per batch size) and rewrites the
+table between the cpu-attention markers in README.md.
+
+Usage: python3 bench/cpu_attention.py [--quick] [--threads N]
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASCADE = os.path.join(ROOT, "build", "cascade")
+RESULTS = os.path.join(ROOT, "bench", "results")
+
+
+def run(args, threads):
+    cmd = [CASCADE, "attn-bench", "--json", "--check", "4", "--threads", str(threads)] + [str(a) for a in args]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"attn-bench failed: {' '.join(cmd)}\n{out.stderr}")
+    r = json.loads(out.stdout)
+    r["args"] = " ".join(str(a) for a in args)
+    print(f"{r['args']:<90} flat {r['flat_ms']:9.3f} ms  cascade {r['cascade_ms']:9.3f} ms  "
+          f"x{r['speedup']:.2f}  flat {r['flat_GBps']:.1f}/{r['peak_GBps']:.1f} GB/s  "
+          f"cascade {r['cascade_GFLOPs']:.1f}/{r['peak_GFLOPs']:.1f} GFLOP/s", flush=True)
+    return r
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a smaller grid")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    a = ap.parse_args()
+    base = ["--heads", "32:8", "--head-dim", "128", "--page-size", "16", "--qlen", "1", "--repeats", "5"]
+    prefixes = [512, 2048, 8192] if not a.quick else [512, 2048]
+    batches = [1, 4, 16, 32] if not a.quick else [4, 16]
+    grid = []
+    for p in prefixes:
+        for b in batches:
+            grid.append(run(base + ["--batch", b, "--prefix", p, "--suffix", 256, "--dtype", "f32"], a.threads))
+    named = {
+        "issue_case_f32": base + ["--batch", 32, "--prefix", 8192, "--suffix", 256, "--dtype", "f32"],
+        "issue_case_bf16": base + ["--batch", 32, "--prefix", 8192, "--suffix", 256, "--dtype", "bf16"],
+        "issue_case_f16": base + ["--batch", 32, "--prefix", 8192, "--suffix", 256, "--dtype", "f16"],
+        "flat_decode_nothing_shared_f32": base + ["--batch", 32, "--prefix", 0, "--suffix", 4096, "--dtype", "f32"],
+        "flat_decode_one_long_f32": base + ["--batch", 1, "--prefix", 0, "--suffix", 65536, "--dtype", "f32"],
+        "tree_40_20_10": base + ["--tree", "40*1024(20*512)+10*768", "--suffix", 64, "--dtype", "f32"],
+        "prefill_chunk_2048": base[:-4] + ["--qlen", 2048, "--repeats", 3, "--batch", 1, "--prefix", 0,
+                                           "--suffix", 2048, "--dtype", "f32"],
+    }
+    if a.quick:
+        named = {k: v for k, v in named.items() if k in ("issue_case_f32", "flat_decode_nothing_shared_f32")}
+    cases = {k: run(v, a.threads) for k, v in named.items()}
+    doc = {
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": a.threads,
+                    "simd": grid[0]["simd"]},
+        "note": "each case carries peak_GBps (streaming read) and peak_GFLOPs (f32 FMA) measured in the same run",
+        "grid": grid,
+        "cases": cases,
+    }
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "cpu-attention.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    plot(grid, batches, prefixes)
+    table = make_table(doc)
+    update_readme(table)
+    print(table)
+
+
+def plot(grid, batches, prefixes):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for b in batches:
+        pts = [(r["prefix"], r["speedup"]) for r in grid if r["batch"] == b]
+        ax.plot([p for p, _ in pts], [s for _, s in pts], marker="o", label=f"batch {b}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("shared prefix tokens (suffix 256 per request)")
+    ax.set_ylabel("cascade speedup over flat")
+    ax.set_title("CPU decode attention, 32:8 heads x 128, f32 KV")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, "cpu-attention.png"), dpi=120)
+
+
+def make_table(doc):
+    m = doc["machine"]
+    lines = [f"Measured on {m['cpu']} ({m['cores']} cores, {m['threads']} threads, {m['simd']}); "
+             "ceilings measured in the same run.", "",
+             "| case | flat ms | cascade ms | speedup | flat GB/s (peak) | cascade GFLOP/s (peak) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    rows = [(r["args"], r) for r in doc["grid"]] + [(k, r) for k, r in doc["cases"].items()]
+    for name, r in rows:
+        if name == r.get("args"):
+            name = f"B={r['batch']} P={r['prefix']} S={r['suffix']} {r['dtype']}"
+        lines.append(f"| {name} | {r['flat_ms']:.3f} | {r['cascade_ms']:.3f} | {r['speedup']:.2f}x | "
+                     f"{r['flat_GBps']:.1f} ({r['peak_GBps']:.1f}) | {r['cascade_GFLOPs']:.1f} ({r['peak_GFLOPs']:.1f}) |")
+    return "\n".join(lines)
+
+
+def update_readme(table):
+    path = os.path.join(ROOT, "README.md")
+    if not os.path.exists(path):
+        return
+    s = open(path).read()
+    a, b = "<!-- cpu-attention-table -->", "<!-- /cpu-attention-table -->"
+    if a in s and b in s:
+        s = s[:s.index(a) + len(a)] + "\n" + table + "\n" + s[s.index(b):]
+        open(path, "w").write(s)
+
+
+if __name__ == "__main__":
+    main()
