@@ -85,7 +85,7 @@ typedef struct {
 typedef struct {
     const char *name; /* NUL-terminated */
     cas_ttype type;
-    uint32_t n_dims;  /* 1..4 */
+    uint32_t n_dims;  /* 0..4 (0: a scalar) */
     int64_t ne[4];    /* elements per dimension */
     int64_t n_elem;   /* product of ne */
     uint64_t offset;  /* bytes from the start of the data section */
