@@ -45,3 +45,6 @@ if has grid; then
   echo "== grid"
   timeout 300 $B/bench/cuda/attn_bench_cuda --grid --json "$OUT/h200-attention.json" > "$OUT/grid.txt" 2> "$OUT/grid.err"; echo "grid rc=$?"; tail -3 "$OUT/grid.err"; cat "$OUT/grid.txt"
 fi
+if has grid && [ -f "$OUT/h200-attention.json" ]; then
+  python3 bench/cuda/plot_h200.py "$OUT/h200-attention.json" bench/cuda/anchor-flashinfer-grid.json "$OUT/h200-attention.png" "$OUT/table.md" 2>&1 | tail -2
+fi

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Plot and tabulate the CUDA attention grid (bench/results/h200-attention.json)
+next to the FlashInfer anchors (bench/cuda/anchor-flashinfer-grid.json, a copy
+of ../shared/anchors/h200-flashinfer-0.2.14-grid-2026-12-02.json).
+
+usage: plot_h200.py RESULT.json ANCHOR.json OUT.png OUT_TABLE.md
+"""
+import json
+import sys
+
+res = json.load(open(sys.argv[1]))
+anc = {(g["B"], g["P"], g["U"]): g for g in json.load(open(sys.argv[2]))["grid"]}
+rows = []
+for c in res["cases"]:
+    a = anc.get((c["B"], c["P"], c["U"]))
+    best_fi = min(a["flat_ms"], a["cascade_fa2_ms"], a["cascade_fa3_ms"]) if a else None
+    ours = min(c["flat_ms"], c["cascade_ms"])
+    rows.append((c, a, best_fi, ours))
+
+with open(sys.argv[4], "w") as f:
+    f.write("| P | B | U | flat | cascade | planned | roofline | FI flat | FI cascade fa2 | best/FI best | cascade/roof |\n")
+    f.write("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    for c, a, bf, ours in rows:
+        pl = c.get("planned_ms")
+        f.write("| %d | %d | %d | %.3f | %.3f | %s | %.3f | %s | %s | %s | %.1fx |\n" % (
+            c["P"], c["B"], c["U"], c["flat_ms"], c["cascade_ms"], "%.3f" % pl if pl else "-",
+            c["roofline_ms"], "%.3f" % a["flat_ms"] if a else "-", "%.3f" % a["cascade_fa2_ms"] if a else "-",
+            "%.2fx faster" % (bf / ours) if bf else "-", c["cascade_ms"] / c["roofline_ms"]))
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("matplotlib missing: table only")
+    sys.exit(0)
+Ps = sorted({c["P"] for c, *_ in rows})
+Us = sorted({c["U"] for c, *_ in rows})
+fig, axes = plt.subplots(len(Us), len(Ps), figsize=(4 * len(Ps), 3.2 * len(Us)), squeeze=False)
+for i, U in enumerate(Us):
+    for j, P in enumerate(Ps):
+        ax = axes[i][j]
+        sel = sorted([r for r in rows if r[0]["P"] == P and r[0]["U"] == U], key=lambda r: r[0]["B"])
+        B = [r[0]["B"] for r in sel]
+        ax.plot(B, [r[0]["cascade_ms"] for r in sel], "o-", label="cascade (ours)")
+        ax.plot(B, [r[0]["flat_ms"] for r in sel], "s-", label="flat (ours)")
+        if sel and sel[0][1]:
+            ax.plot(B, [r[1]["cascade_fa2_ms"] for r in sel], "^--", label="FlashInfer cascade fa2")
+            ax.plot(B, [r[1]["flat_ms"] for r in sel], "v--", label="FlashInfer flat")
+        ax.plot(B, [r[0]["roofline_ms"] for r in sel], "k:", label="roofline")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title("P=%d U=%d" % (P, U), fontsize=9)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("ms")
+        if i == 0 and j == 0:
+            ax.legend(fontsize=7)
+fig.suptitle("%s, 32:8 heads, D128, bf16, page 16: decode attention" % res["device"])
+fig.tight_layout()
+fig.savefig(sys.argv[3], dpi=80)
+print("wrote", sys.argv[3])
