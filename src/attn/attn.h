@@ -171,6 +171,12 @@ typedef struct {
 
 cas_attn_cost cas_attn_cost_default(void);
 
+/* Measures the cost model's numbers for a shape on this machine with
+ * `threads` threads (0: all) by timing a few synthetic runs (about a second).
+ * The engine can call it at start-up; `cascade attn-bench --calibrate` prints
+ * the result. */
+cas_status cas_attn_calibrate(const cas_attn_shape *shape, int32_t threads, cas_attn_cost *out);
+
 typedef struct {
     cas_cascade_mode cascade;
     int32_t threads;      /* 0: all cores (omp_get_max_threads) */

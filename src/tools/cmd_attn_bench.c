@@ -23,7 +23,7 @@ typedef struct {
     float soft_cap;
     cas_dtype dtype;
     const char *tree, *dump, *backend;
-    int json, print_plan;
+    int json, print_plan, calibrate;
     uint64_t seed;
 } bench_opts;
 
@@ -52,6 +52,7 @@ static void usage(FILE *f) {
             "  --check N          requests checked against the float64 reference (default 8, 0 = none)\n"
             "  --seed N           random seed (default 1)\n"
             "  --plan             print the cascade plan\n"
+            "  --calibrate        measure the cost model's numbers for this shape and print them\n"
             "  --json             print one JSON object\n"
             "  --dump DIR         write q, pages, indptrs, outputs and lse as .npy files\n");
 }
@@ -151,6 +152,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--backend")) {
             NEEDV;
             o->backend = v;
+        } else if (!strcmp(a, "--calibrate")) {
+            o->calibrate = 1;
         } else if (!strcmp(a, "--plan")) {
             o->print_plan = 1;
         } else if (!strcmp(a, "--json")) {
@@ -331,6 +334,20 @@ int cmd_attn_bench(int argc, char **argv) {
     prm.window_left = o.window;
     prm.logits_soft_cap = o.soft_cap;
     int rc = 1;
+    if (o.calibrate) {
+        cas_attn_cost c, d = cas_attn_cost_default();
+        cas_status cst = cas_attn_calibrate(&shape, o.threads, &c);
+        if (cst) {
+            fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+            return 1;
+        }
+        printf("{\"bytes_per_s\": %.4g, \"pack_bytes_per_s\": %.4g, \"flops_per_s\": %.4g, "
+               "\"pass_overhead_s\": %.4g, \"default\": {\"bytes_per_s\": %.4g, \"pack_bytes_per_s\": %.4g, "
+               "\"flops_per_s\": %.4g, \"pass_overhead_s\": %.4g}}\n",
+               c.bytes_per_s, c.pack_bytes_per_s, c.flops_per_s, c.pass_overhead_s, d.bytes_per_s,
+               d.pack_bytes_per_s, d.flops_per_s, d.pass_overhead_s);
+        return 0;
+    }
     cas_attn_synth s;
     memset(&s, 0, sizeof s);
     cas_attn_plan *flat = NULL, *casc = NULL;
