@@ -1,0 +1,151 @@
+/*
+ * engine.h: the serving engine's public API. An engine owns a model, a KV
+ * block pool with automatic prefix caching, a scheduler doing continuous
+ * batching with chunked prefill, and the attention planner that turns every
+ * step's block tables into a cascade plan. Requests go in from any thread;
+ * outputs come back through a callback (called on the engine's thread) as
+ * tokens are produced.
+ *
+ * Threads. cas_engine_submit, cas_engine_abort and cas_engine_get_stats are
+ * safe from any thread. cas_engine_step and cas_engine_run_until_idle must be
+ * called from one thread at a time (the engine thread); cas_engine_start runs
+ * such a thread in the background until cas_engine_stop. Callbacks run on the
+ * engine thread and must not block; they may call submit and abort.
+ */
+#ifndef CASCADE_ENGINE_H
+#define CASCADE_ENGINE_H
+
+#include <stdint.h>
+
+#include "../core/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cas_engine cas_engine;
+
+typedef struct {
+    const char *model_path;   /* GGUF file */
+    int32_t threads;          /* CPU threads, 0 = all cores */
+    int64_t kv_cache_bytes;   /* memory budget of the KV block pool; 0 = 256 MiB */
+    int32_t page_size;        /* tokens per KV block, 1..256; 0 = 16 */
+    int32_t max_batch_tokens; /* tokens per step (decode tokens + prefill chunks); 0 = 512 */
+    int32_t max_seqs;         /* sequences per step; 0 = 256 */
+    int32_t max_context;      /* tokens per sequence; 0 = the model's context length */
+    int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat */
+    int32_t prefix_cache;     /* 1: automatic prefix caching; 0: off */
+} cas_engine_opts;
+
+cas_engine_opts cas_engine_opts_default(void);
+
+typedef enum {
+    CAS_FINISH_NONE = 0,   /* still running */
+    CAS_FINISH_STOP = 1,   /* end-of-generation token or a stop string */
+    CAS_FINISH_LENGTH = 2, /* max_tokens or the context length */
+    CAS_FINISH_ABORT = 3,  /* aborted by the caller */
+    CAS_FINISH_ERROR = 4   /* failed inside the engine */
+} cas_finish_reason;
+
+typedef struct {
+    float temperature;   /* 0 = greedy */
+    int32_t top_k;       /* 0 = off */
+    float top_p;         /* 1 = off */
+    float min_p;         /* 0 = off */
+    uint64_t seed;       /* per request; same seed, same tokens */
+    int32_t max_tokens;  /* >= 1 */
+    int32_t n_stop;      /* stop strings (copied at submit) */
+    const char *const *stop;
+    int32_t logprobs;    /* number of top log-probabilities to report per token (0..20) */
+    int32_t ignore_eos;  /* 1: keep going past end-of-generation tokens */
+} cas_engine_sampling;
+
+cas_engine_sampling cas_engine_sampling_default(void);
+
+/* One event for a request: new text (and tokens) and, at the end, why it finished. */
+typedef struct {
+    uint64_t id;
+    const char *text;          /* new text since the last event (UTF-8, may be empty) */
+    size_t text_len;
+    const int32_t *tokens;     /* new tokens since the last event */
+    int32_t n_tokens;
+    const float *logprobs;     /* [n_tokens] log-probability of each new token, or NULL */
+    const int32_t *top_ids;    /* [n_tokens][logprobs] top alternatives, or NULL */
+    const float *top_logprobs; /* [n_tokens][logprobs] */
+    cas_finish_reason finish;  /* CAS_FINISH_NONE until the last event */
+    int32_t prompt_tokens;     /* usage, in every event */
+    int32_t completion_tokens;
+    int32_t cached_tokens;     /* prompt tokens served from the prefix cache */
+} cas_engine_event;
+
+typedef void (*cas_engine_cb)(void *user, const cas_engine_event *ev);
+
+typedef struct {
+    const char *prompt;        /* text (tokenized with special tokens parsed), or */
+    const int32_t *tokens;     /* token ids (used when prompt is NULL) */
+    int32_t n_tokens;
+    cas_engine_sampling sampling;
+    int32_t priority;          /* higher runs first; FCFS within a priority */
+    cas_engine_cb cb;          /* required */
+    void *user;
+} cas_engine_request;
+
+cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts);
+void cas_engine_destroy(cas_engine *e);
+
+/* Validates and queues a request (copies everything it needs). An empty
+ * prompt, a prompt longer than the context, max_tokens < 1 or invalid
+ * sampling values are rejected here with CAS_ERR_INVALID and a message; the
+ * engine is unaffected. *id is the request's id. */
+cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *req, uint64_t *id);
+
+/* Aborts a request: its blocks are freed at the next step boundary (at once
+ * when called on the engine thread), and its callback gets a final event with
+ * CAS_FINISH_ABORT. Unknown or finished ids are ignored. */
+cas_status cas_engine_abort(cas_engine *e, uint64_t id);
+
+/* Runs one step (schedule, forward, sample, update); *busy is 0 when there
+ * was nothing to do. */
+cas_status cas_engine_step(cas_engine *e, int *busy);
+
+/* Steps until no request is left. */
+cas_status cas_engine_run_until_idle(cas_engine *e);
+
+/* A background thread that steps while there is work and sleeps otherwise. */
+cas_status cas_engine_start(cas_engine *e);
+void cas_engine_stop(cas_engine *e);
+
+typedef struct {
+    int32_t running, waiting;
+    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+    int64_t prefix_queries_tokens, prefix_hit_tokens; /* hit rate = hit / queries */
+    int64_t prompt_tokens_computed;   /* prompt tokens the model actually ran */
+    int64_t prompt_tokens_total;      /* prompt tokens submitted */
+    int64_t generation_tokens;
+    int64_t steps, cascade_steps;     /* steps, and steps whose plan had a shared pass */
+    int64_t requests_finished, requests_aborted, preemptions;
+    double busy_seconds;              /* time spent in steps */
+} cas_engine_stats;
+
+void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st);
+
+/* Model facts the server needs. The strings stay valid until destroy. */
+const char *cas_engine_model_name(const cas_engine *e);
+int32_t cas_engine_context_length(const cas_engine *e);
+
+/* Chat: renders messages through the model's chat template with the
+ * generation prompt appended. *out is malloc'd; the caller frees it. */
+typedef struct {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content;
+} cas_engine_msg;
+cas_status cas_engine_apply_chat(const cas_engine *e, const cas_engine_msg *msgs, int32_t n, char **out);
+
+/* Token count of a text as a prompt (for errors and usage before submit). */
+cas_status cas_engine_count_tokens(const cas_engine *e, const char *text, int32_t *n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
