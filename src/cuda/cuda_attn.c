@@ -26,6 +26,7 @@ struct cas_cuda_attn {
     cas_cuda_attn_caps caps;
     cas_cuda_geom geom;
     int device, num_sms, occ_wide, occ_narrow;
+    int wide_kind, wide_rows; /* kernel kind of the many-rows tasks and its rows per CTA */
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
     /* pinned staging and its device copy */
@@ -111,6 +112,9 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->geom.page_size = shape->page_size;
     a->geom.dtype = (int32_t)shape->kv_dtype;
     a->device = caps->device;
+    /* CASCADE_CUDA_WIDE=2 selects the 2-m-tile wide kernel (benchmarks) */
+    a->wide_kind = getenv("CASCADE_CUDA_WIDE") && atoi(getenv("CASCADE_CUDA_WIDE")) == 2 ? 2 : 1;
+    a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
     cas_status st = CAS_OK;
 #define TRY(call)                                                                          \
     do {                                                                                   \
@@ -124,7 +128,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     TRY(cudaSetDevice(a->device));
     TRY(cudaDeviceGetAttribute(&a->num_sms, cudaDevAttrMultiProcessorCount, a->device));
     {
-        int e1 = cas_cuda_attn_occupancy(&a->geom, 1, &a->occ_wide);
+        int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
         int e2 = cas_cuda_attn_occupancy(&a->geom, 0, &a->occ_narrow);
         if (e1 || e2 || a->occ_wide < 1 || a->occ_narrow < 1) {
             st = cas_error(CAS_ERR_INTERNAL, "cuda attn: kernel occupancy query failed: %s",
@@ -227,7 +231,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     int64_t work = 0; /* CTA x keys */
     for (int32_t i = 0; i < n_passes; i++) {
         int64_t rows = (int64_t)passes[i].n_tok * group;
-        int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS(D) - 1) / CAS_CUDA_WIDE_ROWS(D)
+        int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + a->wide_rows - 1) / a->wide_rows
                                                  : (rows > 0 ? 1 : 0);
         work += rb * Hkv * passes[i].len;
     }
@@ -250,7 +254,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             a->nsplit[i] = ns;
             a->chunk[i] = ch;
             int64_t rows = (int64_t)passes[i].n_tok * group;
-            int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + CAS_CUDA_WIDE_ROWS(D) - 1) / CAS_CUDA_WIDE_ROWS(D)
+            int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + a->wide_rows - 1) / a->wide_rows
                                                      : (rows > 0 ? 1 : 0);
             n_tasks += rb * Hkv * ns;
             n_states += (int64_t)ns * passes[i].n_tok;
@@ -325,7 +329,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         const int32_t rows = p->n_tok * group;
         if (rows == 0) continue;
         const int wide = rows > CAS_CUDA_NARROW_ROWS;
-        const int32_t rblk = wide ? CAS_CUDA_WIDE_ROWS(D) : CAS_CUDA_NARROW_ROWS;
+        const int32_t rblk = wide ? a->wide_rows : CAS_CUDA_NARROW_ROWS;
         for (int32_t c = 0; c < a->nsplit[i]; c++) {
             int32_t c0 = c * a->chunk[i], c1 = c0 + a->chunk[i];
             if (c1 > p->len) c1 = p->len;
@@ -515,7 +519,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_join, a->side));
-    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 1,
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
                              a->num_sms * a->occ_wide, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));

@@ -74,13 +74,16 @@ typedef struct {
     int32_t dtype; /* cas_dtype: 1 f16, 2 bf16 */
 } cas_cuda_geom;
 
-/* Rows one CTA of each kernel holds (wide: 8 warps' worth of m-tiles). */
-#define CAS_CUDA_WIDE_ROWS(D) ((D) <= 128 ? 128 : 64)
+/* Rows one CTA of the narrow kernel holds; cas_cuda_wide_rows(D, kind) gives
+ * those of a kernel kind (0 narrow, 1 wide: 64 rows, 2 wide2: 2 m-tiles per
+ * warp, 128 rows for D <= 128). */
+int cas_cuda_wide_rows(int D, int kind);
 #define CAS_CUDA_NARROW_ROWS 16
 
 /* Launchers (cuda_attn_kernels.cu). plan points to the device copy of the
  * block. Grids are persistent (fixed size derived from the device), so the
- * launches are identical for every plan: graph capture safe. Return a
+ * launches are identical for every plan: graph capture safe. `wide` is the
+ * kernel kind (0 narrow, 1 wide, 2 wide2) and selects the task list. Return a
  * cudaError_t as int. */
 int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                          const void *q, float *o, float *lse, float *scratch, int wide,

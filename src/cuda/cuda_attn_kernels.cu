@@ -108,8 +108,10 @@ template <int D_, int WM_, int WN_, int MT_, int BN_, int STAGES_> struct cfg {
     static_assert(WN == 1 || MT == 1, "split keys only with one m-tile per warp");
 };
 
-template <int D>
-struct wide_cfg : cfg<D, 4, 1, CAS_CUDA_WIDE_ROWS(D) / 64, 32, (D <= 128 ? 3 : 2)> {};
+/* wide: 4 warps x 1 m-tile (64 rows), 64 keys per stage; wide2: 4 warps x 2
+ * m-tiles (128 rows; D <= 128), 32 keys per stage */
+template <int D> struct wide_cfg : cfg<D, 4, 1, 1, (D <= 128 ? 64 : 32), 2> {};
+template <int D> struct wide2_cfg : cfg<D, 4, 1, (D <= 128 ? 2 : 1), 32, (D <= 128 ? 3 : 2)> {};
 template <int D> struct narrow_cfg : cfg<D, 1, 4, 1, 16, (D <= 128 ? 3 : 2)> {};
 
 /* ---- the attention kernel ----------------------------------------------- */
@@ -266,25 +268,41 @@ __global__ void __launch_bounds__(C::NT)
             const int kb = t.kv0 + i * KEYS + wn * BN; /* segment index of this warp's first key */
             const bool full = kb + BN <= t.kv1 && (!causal || ps.pos0 + kb + BN - 1 <= t.qpos_min) &&
                               (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
+            /* uniform branches hoisted out of the element loops, so that the
+             * compiler cannot if-convert tanhf or the mask into every tile */
+            if (cap > 0.f) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < BN / 8; nt++) {
+                    for (int nt = 0; nt < BN / 8; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = s[mt][nt][e];
-                        x = cap > 0.f ? cap * tanhf(x * scale / cap) * LOG2E_F : x * scale_log2;
-                        if (!full) {
+                        for (int e = 0; e < 4; e++)
+                            s[mt][nt][e] = cap * tanhf(s[mt][nt][e] * scale / cap) * LOG2E_F;
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[mt][nt][e] *= scale_log2;
+            }
+            if (!full) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
                             int key = kb + nt * 8 + (lane & 3) * 2 + (e & 1);
                             int kabs = ps.pos0 + key;
                             int qq = qp[mt][e >> 1];
                             bool vis = key < t.kv1 && (!causal || kabs <= qq) &&
                                        (window < 0 || kabs >= qq - window);
-                            if (!vis) x = -CUDART_INF_F;
+                            if (!vis) s[mt][nt][e] = -CUDART_INF_F;
                         }
-                        s[mt][nt][e] = x;
-                    }
-                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
                 /* online softmax */
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
@@ -515,7 +533,7 @@ static int launch_one(const cas_cuda_geom *g, const void *plan, const void *k, c
                       cudaStream_t st) {
     attn_kernel<T, C><<<grid, C::NT, C::SMEM, st>>>(
         (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq,
-        g->Hkv, g->page_size, wide);
+        g->Hkv, g->page_size, wide != 0);
     return (int)cudaGetLastError();
 }
 
@@ -540,12 +558,22 @@ template <typename T, typename C> static int occ_one(int *ctas) {
     } while (0)
 #define CAS_DISPATCH_D(g, wide, CALL)                                                     \
     switch ((g)->D) {                                                                     \
-    case 64: if (wide) { typedef wide_cfg<64> C_; CALL; } else { typedef narrow_cfg<64> C_; CALL; } break; \
-    case 96: if (wide) { typedef wide_cfg<96> C_; CALL; } else { typedef narrow_cfg<96> C_; CALL; } break; \
-    case 128: if (wide) { typedef wide_cfg<128> C_; CALL; } else { typedef narrow_cfg<128> C_; CALL; } break; \
-    case 256: if (wide) { typedef wide_cfg<256> C_; CALL; } else { typedef narrow_cfg<256> C_; CALL; } break; \
+    case 64: CAS_DISPATCH_K(64, wide, CALL); break;                                       \
+    case 96: CAS_DISPATCH_K(96, wide, CALL); break;                                       \
+    case 128: CAS_DISPATCH_K(128, wide, CALL); break;                                     \
+    case 256: CAS_DISPATCH_K(256, wide, CALL); break;                                     \
     default: break;                                                                       \
     }
+
+#define CAS_DISPATCH_K(DD, wide, CALL)                                                    \
+    if ((wide) == 2) { typedef wide2_cfg<DD> C_; CALL; }                                  \
+    else if (wide) { typedef wide_cfg<DD> C_; CALL; }                                     \
+    else { typedef narrow_cfg<DD> C_; CALL; }
+
+extern "C" int cas_cuda_wide_rows(int D, int kind) {
+    if (kind == 2) return D <= 128 ? 128 : 64;
+    return kind ? 64 : CAS_CUDA_NARROW_ROWS;
+}
 
 extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
                                     const void *v, const void *q, float *o, float *lse,
