@@ -23,6 +23,11 @@ if has bench; then
   timeout 100 $B/bench/cuda/attn_bench_cuda --batch 64 --prefix 32768 --suffix 512 --json "$OUT/one.json" 2>&1 | tail -4
   timeout 60 $B/bench/cuda/attn_bench_cuda --unshared --prefill 16384 --json "$OUT/unshared_prefill.json" 2>&1 | grep -v "^ *P " | tail -4
 fi
+if has bench2; then
+  echo "== bench, wide2 kernel (2 m-tiles per warp)"
+  CASCADE_CUDA_WIDE=2 timeout 100 $B/bench/cuda/attn_bench_cuda --batch 64 --prefix 32768 --suffix 512 --json "$OUT/one_wide2.json" 2>&1 | tail -1
+  CASCADE_CUDA_WIDE=2 timeout 60 $B/bench/cuda/attn_bench_cuda --prefill 16384 --json "$OUT/prefill_wide2.json" 2>&1 | grep prefill
+fi
 if has sanitize; then
   echo "== memcheck"
   CASCADE_TEST_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/cuda/test_cuda_attn > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed|Invalid" "$OUT/memcheck.log" | head -5
