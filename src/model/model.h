@@ -291,6 +291,159 @@ const char *cas_chat_kind_name(cas_chat_kind kind);
 cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs, size_t n,
                           int add_generation_prompt, char **out);
 
+/* ======================================================================
+ * Llama-family forward pass on the CPU (llama.c)
+ *
+ * A cas_model holds the weights of one GGUF file (arch "llama": RMSNorm,
+ * RoPE on adjacent pairs, GQA, SwiGLU MLP, tied or separate output), kept in
+ * their file types inside the mapping, plus the scratch of one forward pass
+ * sized at creation from the largest batch: nothing is allocated per step.
+ *
+ * A cas_kv_cache is the paged K/V store of the attention contract (attn.h):
+ * per layer a K pool and a V pool of num_pages pages of
+ * [page_size][n_head_kv][head_dim]. Page ids belong to the caller (the
+ * engine's block manager, or `cascade generate`): the cache only stores.
+ *
+ * One forward call runs the new tokens of n sequences together (prefill
+ * chunks and decode tokens side by side), described in compressed rows like
+ * an attention batch whose page tables already include the new tokens:
+ * token i of sequence r is at position kv_len(r) - q_len(r) + i and its K/V
+ * are written to that slot of its pages before attention. The attention plan
+ * is built once per call and serves every layer; shared pages (a common
+ * prompt prefix) are found by the cascade planner.
+ *
+ * Threads: a model's weights are read-only, but its scratch and plan serve
+ * one forward at a time: calls on one model must not overlap. The matrix
+ * and attention kernels use `threads` OpenMP threads inside each call.
+ * ====================================================================== */
+
+#include "../attn/attn.h"
+
+/* Hyper-parameters, all read from the file. */
+typedef struct {
+    int32_t n_layers;    /* llama.block_count */
+    int32_t n_embd;      /* llama.embedding_length */
+    int32_t n_ff;        /* llama.feed_forward_length */
+    int32_t n_head;      /* llama.attention.head_count */
+    int32_t n_head_kv;   /* llama.attention.head_count_kv (n_head if absent) */
+    int32_t head_dim;    /* n_embd / n_head (or attention.key_length) */
+    int32_t n_rot;       /* llama.rope.dimension_count (head_dim if absent) */
+    int32_t n_vocab;     /* rows of token_embd.weight */
+    int32_t n_ctx_train; /* llama.context_length */
+    float rope_base;     /* llama.rope.freq_base (10000 if absent) */
+    float rms_eps;       /* llama.attention.layer_norm_rms_epsilon */
+    int tied_embeddings; /* 1: output.weight absent, logits use token_embd.weight */
+    int64_t weight_bytes_per_token; /* matrix bytes one decode token reads (all layers + output) */
+} cas_model_config;
+
+typedef struct {
+    int32_t max_batch_tokens; /* most new tokens in one forward (scratch size); default 512 */
+    int32_t max_seqs;         /* most sequences in one forward; default 64 */
+    int32_t max_logits;       /* most rows of logits one forward returns; default max_seqs */
+    int32_t threads;          /* OpenMP threads of the kernels; 0: all cores */
+    cas_cascade_mode cascade; /* attention planner mode; default CAS_CASCADE_AUTO */
+} cas_model_opts;
+
+cas_model_opts cas_model_opts_default(void);
+
+typedef struct cas_model cas_model;
+
+/* Builds a model over an open GGUF file, which is borrowed: it must stay open
+ * until cas_model_destroy. CAS_ERR_UNSUPPORTED for an architecture other than
+ * llama or a tensor type the kernels lack, CAS_ERR_FORMAT for a missing
+ * tensor or key or a shape that disagrees with the hyper-parameters; the
+ * message names the tensor or key. */
+cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts, cas_model **out);
+/* Opens the file and builds the model, which then owns the file. */
+cas_status cas_model_load(const char *path, const cas_model_opts *opts, cas_model **out);
+void cas_model_destroy(cas_model *m);
+
+const cas_model_config *cas_model_config_of(const cas_model *m);
+const cas_gguf *cas_model_gguf(const cas_model *m);
+const cas_model_opts *cas_model_opts_of(const cas_model *m);
+/* Changes the planner mode for later forwards. */
+void cas_model_set_cascade(cas_model *m, cas_cascade_mode mode);
+
+typedef struct cas_kv_cache cas_kv_cache;
+
+/* Allocates the pools for num_pages pages of page_size tokens (1..256) in
+ * dtype (f16 halves the bytes of f32 and is the default choice of
+ * `cascade generate`; bf16 also works). Zero-filled. */
+cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t page_size,
+                               cas_dtype dtype, cas_kv_cache **out);
+/* The number of pages that fit in budget_bytes (all layers, K and V). */
+int32_t cas_kv_cache_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
+                                      size_t budget_bytes);
+void cas_kv_cache_destroy(cas_kv_cache *kv);
+int32_t cas_kv_cache_num_pages(const cas_kv_cache *kv);
+int32_t cas_kv_cache_page_size(const cas_kv_cache *kv);
+size_t cas_kv_cache_bytes(const cas_kv_cache *kv);
+
+/* The new tokens of one forward. All arrays borrowed, read only. */
+typedef struct {
+    int32_t n_seqs;                  /* B */
+    const int32_t *tokens;           /* [qo_indptr[B]] token ids, sequence after sequence */
+    const int32_t *qo_indptr;        /* [B+1] new tokens of sequence r: qo_indptr[r] .. [r+1]-1 */
+    const int32_t *kv_indptr;        /* [B+1] page table rows (after appending the new tokens) */
+    const int32_t *kv_indices;       /* [kv_indptr[B]] page ids */
+    const int32_t *kv_last_page_len; /* [B] tokens in each sequence's last page */
+    int32_t n_logits;                /* rows of logits wanted */
+    const int32_t *logit_rows;       /* [n_logits] token rows (0 .. qo_indptr[B]-1), or NULL:
+                                        the last token of each sequence (n_logits = B) */
+} cas_model_batch;
+
+/* Runs the batch: writes the new tokens' K/V into their pages and
+ * logits[n_logits][n_vocab] (f32, before any softmax). The pages a sequence
+ * shares with another must hold K/V already or be written by this same call
+ * (by the sequence that owns them). Allocates nothing (CAS_ERR_NOMEM when the
+ * batch exceeds the capacities of the model's options). */
+cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_batch *b,
+                             float *logits);
+
+/* ======================================================================
+ * Sampler and stop conditions (sampler.c)
+ *
+ * Turns one row of logits into a token: greedy when temperature is 0, else
+ * temperature, then top-k, top-p (nucleus) and min-p filtering, then a draw
+ * from the sampler's own random generator, so that a request with a seed is
+ * reproducible whatever else runs in its batch. One sampler per request;
+ * not shared between threads. The stop checker watches the generated text
+ * for stop strings and holds back the bytes that could still begin one.
+ * ====================================================================== */
+
+typedef struct {
+    float temperature; /* >= 0; 0: greedy (argmax) */
+    int32_t top_k;     /* >= 0; 0: off */
+    float top_p;       /* (0, 1]; 1: off */
+    float min_p;       /* [0, 1]; 0: off (keep tokens with p >= min_p * p_max) */
+    uint64_t seed;
+} cas_sampler_params;
+
+/* temperature 0.7, top_k 40, top_p 0.95, min_p 0.05, seed 42 */
+cas_sampler_params cas_sampler_params_default(void);
+/* CAS_ERR_INVALID with a message naming the value when a field is out of range
+ * (or NaN). */
+cas_status cas_sampler_params_check(const cas_sampler_params *p);
+
+typedef struct cas_sampler cas_sampler;
+cas_status cas_sampler_create(const cas_sampler_params *p, int32_t n_vocab, cas_sampler **out);
+void cas_sampler_destroy(cas_sampler *s);
+/* Picks a token from logits[n_vocab] (not modified). Allocates nothing. */
+int32_t cas_sampler_sample(cas_sampler *s, const float *logits);
+
+typedef struct cas_stopper cas_stopper;
+/* stops: n NUL-terminated strings (copied); n may be 0. */
+cas_status cas_stopper_create(const char *const *stops, int32_t n, cas_stopper **out);
+void cas_stopper_destroy(cas_stopper *st);
+/* Appends len bytes of generated text. Returns 1 when a stop string has now
+ * appeared (generation ends; the text before it is released, the stop
+ * string itself is not). *emit / *emit_len: bytes now safe to show (they can
+ * no longer be the start of a stop string); valid until the next call. */
+int cas_stopper_push(cas_stopper *st, const char *text, size_t len, const char **emit,
+                     size_t *emit_len);
+/* The held-back bytes at the end of generation (no stop string came). */
+void cas_stopper_flush(cas_stopper *st, const char **emit, size_t *emit_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,632 @@
+/*
+ * llama.c: the Llama-family forward pass on the CPU.
+ *
+ * The file reads top to bottom like the model: hyper-parameters and weights
+ * from the GGUF file, the paged KV cache, then one forward pass over a
+ * ragged batch (embeddings; per layer RMSNorm, Q/K/V projections, RoPE, K/V
+ * written into their pages, attention through the cascade plan, output
+ * projection, SwiGLU MLP; final norm and logits for the wanted rows).
+ *
+ * Why it is built this way:
+ * - Weights stay in their file types inside the mapping: decode is bound by
+ *   the bytes of weights read per token, and the quantized kernels
+ *   (quant_impl.h) read Q4_1/Q8_0 blocks in place. Only the small 1-D norm
+ *   vectors are converted to f32 at load.
+ * - All tokens of a step, whatever sequence they belong to, go through each
+ *   weight matrix in one cas_q_matmul call, so one read of the weights
+ *   serves the whole batch; per-sequence structure only matters in attention,
+ *   which takes the batch in the contract's compressed rows.
+ * - The attention plan is built once per forward and run by every layer:
+ *   the page tables are the same for all layers, only the pools differ.
+ * - Scratch (activations, kernel workspace, RoPE tables) is sized at creation
+ *   from max_batch_tokens and max_logits; the forward allocates nothing.
+ *
+ * RoPE: arch llama in GGUF uses the "normal" rotation of adjacent pairs
+ * (x[2i], x[2i+1]) by pos * base^(-2i/n_rot); the converter from Hugging Face
+ * permutes the Q and K weights so that this equals HF's rotate-half form.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "model.h"
+#include "quant_impl.h"
+
+/* ---- weights -------------------------------------------------------------- */
+
+/* A weight matrix of `rows` outputs by `cols` inputs, in the mapping. */
+typedef struct {
+    const void *data;
+    int type; /* cas_ttype */
+    int64_t rows, cols;
+    size_t bytes;
+} cas_mat;
+
+typedef struct {
+    float *attn_norm; /* [n_embd], owned f32 */
+    float *ffn_norm;  /* [n_embd], owned f32 */
+    cas_mat wq;       /* [n_head * head_dim][n_embd] */
+    cas_mat wk;       /* [n_head_kv * head_dim][n_embd] */
+    cas_mat wv;       /* [n_head_kv * head_dim][n_embd] */
+    cas_mat wo;       /* [n_embd][n_head * head_dim] */
+    cas_mat w_gate;   /* [n_ff][n_embd] */
+    cas_mat w_up;     /* [n_ff][n_embd] */
+    cas_mat w_down;   /* [n_embd][n_ff] */
+} cas_layer;
+
+struct cas_model {
+    cas_model_config cfg;
+    cas_model_opts opts;
+    const cas_gguf *g;
+    cas_gguf *owned_g; /* set when cas_model_load opened the file */
+
+    cas_mat tok_embd;  /* [n_vocab][n_embd] */
+    cas_mat output;    /* [n_vocab][n_embd]; the embedding when tied */
+    float *out_norm;   /* [n_embd] */
+    cas_layer *layers; /* [n_layers] */
+    float *inv_freq;   /* [n_rot / 2] base^(-2i / n_rot) */
+
+    /* scratch of one forward; T = max_batch_tokens, L = max_logits */
+    float *x;     /* [T][n_embd] residual stream */
+    float *xb;    /* [T][n_embd] normed input of a projection */
+    float *q;     /* [T][n_head * head_dim] */
+    float *k;     /* [T][n_head_kv * head_dim] */
+    float *v;     /* [T][n_head_kv * head_dim] */
+    float *att;   /* [T][n_head * head_dim] attention output */
+    float *proj;  /* [T][n_embd] output of wo / w_down */
+    float *gate;  /* [T][n_ff] */
+    float *up;    /* [T][n_ff] */
+    float *rope;  /* [T][n_rot / 2][2] cos, sin of each token's position */
+    float *xl;    /* [L][n_embd] normed rows that get logits */
+    int32_t *pos; /* [T] */
+    int32_t *seq_of; /* [T] */
+    int32_t *logit_rows; /* [max_seqs] default rows */
+    void *work;   /* matmul workspace */
+    size_t work_bytes;
+    cas_attn_plan *plan;
+};
+
+struct cas_kv_cache {
+    int32_t num_pages, page_size, n_layers;
+    cas_dtype dtype;
+    size_t layer_bytes; /* bytes of one pool of one layer */
+    void *k;            /* [n_layers][num_pages][page_size][n_head_kv][head_dim] */
+    void *v;
+    cas_attn_shape shape;
+};
+
+cas_model_opts cas_model_opts_default(void) {
+    cas_model_opts o;
+    o.max_batch_tokens = 512;
+    o.max_seqs = 64;
+    o.max_logits = 0;
+    o.threads = 0;
+    o.cascade = CAS_CASCADE_AUTO;
+    return o;
+}
+
+static cas_status get_u32_opt(const cas_gguf *g, const char *key, int32_t def, int32_t *out) {
+    if (cas_gguf_find_kv(g, key) < 0) {
+        if (def < 0) return cas_error(CAS_ERR_FORMAT, "model: missing key %s", key);
+        *out = def;
+        return CAS_OK;
+    }
+    uint32_t v;
+    cas_status st = cas_gguf_get_u32(g, key, &v);
+    if (st) return st;
+    if (v == 0 || v > (1u << 30)) return cas_error(CAS_ERR_FORMAT, "model: %s = %u is out of range", key, v);
+    *out = (int32_t)v;
+    return CAS_OK;
+}
+
+/* Finds a 2-D weight of the expected shape and a type the kernels handle. */
+static cas_status find_mat(const cas_gguf *g, const char *name, int64_t rows, int64_t cols,
+                           cas_mat *out) {
+    const cas_gguf_tensor *t = cas_gguf_find_tensor(g, name);
+    if (!t) return cas_error(CAS_ERR_FORMAT, "model: tensor %s is missing", name);
+    if (!cas_tensor_type_supported(t->type))
+        return cas_error(CAS_ERR_UNSUPPORTED,
+                         "model: tensor %s has type %s, which cascade cannot compute with "
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1)",
+                         name, cas_ttype_name(t->type) ? cas_ttype_name(t->type) : "?");
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return cas_error(CAS_ERR_FORMAT, "model: tensor %s is %lld x %lld, expected %lld x %lld",
+                         name, (long long)t->ne[1], (long long)t->ne[0], (long long)rows,
+                         (long long)cols);
+    out->data = t->data;
+    out->type = t->type;
+    out->rows = rows;
+    out->cols = cols;
+    out->bytes = t->nbytes;
+    return CAS_OK;
+}
+
+/* A 1-D norm weight, converted to an owned f32 vector. */
+static cas_status load_vec(const cas_gguf *g, const char *name, int64_t n, float **out) {
+    const cas_gguf_tensor *t = cas_gguf_find_tensor(g, name);
+    if (!t) return cas_error(CAS_ERR_FORMAT, "model: tensor %s is missing", name);
+    if (t->n_elem != n || t->ne[0] != n)
+        return cas_error(CAS_ERR_FORMAT, "model: tensor %s has %lld elements, expected %lld", name,
+                         (long long)t->n_elem, (long long)n);
+    if (!cas_tensor_type_supported(t->type))
+        return cas_error(CAS_ERR_UNSUPPORTED, "model: tensor %s has unsupported type %s", name,
+                         cas_ttype_name(t->type) ? cas_ttype_name(t->type) : "?");
+    float *v = cas_alloc_array((size_t)n, sizeof(float));
+    if (!v) return cas_error(CAS_ERR_NOMEM, "model: %s", name);
+    cas_status st = cas_q_dequantize_row(t->type, t->data, v, n);
+    if (st) {
+        cas_free(v);
+        return st;
+    }
+    *out = v;
+    return CAS_OK;
+}
+
+static cas_status read_config(const cas_gguf *g, cas_model_config *c) {
+    const char *arch = NULL;
+    cas_status st = cas_gguf_get_str(g, "general.architecture", &arch, NULL);
+    if (st) return st;
+    if (strcmp(arch, "llama") != 0)
+        return cas_error(CAS_ERR_UNSUPPORTED,
+                         "model: architecture '%s' is not supported (cascade runs 'llama')", arch);
+    memset(c, 0, sizeof *c);
+    if ((st = get_u32_opt(g, "llama.block_count", -1, &c->n_layers))) return st;
+    if ((st = get_u32_opt(g, "llama.embedding_length", -1, &c->n_embd))) return st;
+    if ((st = get_u32_opt(g, "llama.feed_forward_length", -1, &c->n_ff))) return st;
+    if ((st = get_u32_opt(g, "llama.attention.head_count", -1, &c->n_head))) return st;
+    if ((st = get_u32_opt(g, "llama.attention.head_count_kv", c->n_head, &c->n_head_kv))) return st;
+    if ((st = get_u32_opt(g, "llama.context_length", 2048, &c->n_ctx_train))) return st;
+    if (c->n_embd % c->n_head)
+        return cas_error(CAS_ERR_FORMAT, "model: embedding length %d is not a multiple of %d heads",
+                         c->n_embd, c->n_head);
+    if ((st = get_u32_opt(g, "llama.attention.key_length", c->n_embd / c->n_head, &c->head_dim)))
+        return st;
+    if ((st = get_u32_opt(g, "llama.rope.dimension_count", c->head_dim, &c->n_rot))) return st;
+    if (c->n_head % c->n_head_kv)
+        return cas_error(CAS_ERR_FORMAT, "model: %d query heads are not a multiple of %d KV heads",
+                         c->n_head, c->n_head_kv);
+    if (c->n_rot > c->head_dim || c->n_rot % 2)
+        return cas_error(CAS_ERR_FORMAT, "model: rope dimension %d does not fit head_dim %d",
+                         c->n_rot, c->head_dim);
+    if (!cas_attn_head_dim_supported(c->head_dim))
+        return cas_error(CAS_ERR_UNSUPPORTED, "model: head_dim %d is not supported by the attention core",
+                         c->head_dim);
+    c->rope_base = 10000.0f;
+    if (cas_gguf_find_kv(g, "llama.rope.freq_base") >= 0 &&
+        (st = cas_gguf_get_f32(g, "llama.rope.freq_base", &c->rope_base)))
+        return st;
+    if ((st = cas_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps))) return st;
+    if (!(c->rope_base > 0) || !(c->rms_eps >= 0))
+        return cas_error(CAS_ERR_FORMAT, "model: rope base %g or rms eps %g out of range",
+                         (double)c->rope_base, (double)c->rms_eps);
+    if (cas_gguf_find_kv(g, "llama.rope.scaling.type") >= 0) {
+        const char *sc = NULL;
+        if (cas_gguf_get_str(g, "llama.rope.scaling.type", &sc, NULL) == CAS_OK && strcmp(sc, "none"))
+            return cas_error(CAS_ERR_UNSUPPORTED, "model: rope scaling '%s' is not supported", sc);
+    }
+    return CAS_OK;
+}
+
+void cas_model_destroy(cas_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+            cas_free(m->layers[l].attn_norm);
+            cas_free(m->layers[l].ffn_norm);
+        }
+        free(m->layers);
+    }
+    cas_free(m->out_norm);
+    cas_free(m->inv_freq);
+    float *bufs[] = {m->x, m->xb, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->rope, m->xl};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cas_free(bufs[i]);
+    cas_free(m->pos);
+    cas_free(m->seq_of);
+    cas_free(m->logit_rows);
+    cas_free(m->work);
+    cas_attn_plan_destroy(m->plan);
+    cas_gguf_close(m->owned_g);
+    free(m);
+}
+
+/* Largest matmul workspace over the model's matrices for m tokens. */
+static size_t work_for(const cas_mat *w, int64_t m, int nt, size_t cur) {
+    size_t b = cas_q_work_bytes(w->type, w->rows, w->cols, m, nt);
+    return b > cur ? b : cur;
+}
+
+cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, cas_model **out) {
+    *out = NULL;
+    cas_model_opts o = opts_in ? *opts_in : cas_model_opts_default();
+    if (o.max_batch_tokens <= 0 || o.max_seqs <= 0 || o.max_logits < 0 || o.threads < 0)
+        return cas_error(CAS_ERR_INVALID, "model: invalid options (max_batch_tokens %d, max_seqs %d, "
+                         "max_logits %d, threads %d)", o.max_batch_tokens, o.max_seqs, o.max_logits,
+                         o.threads);
+    if (o.max_logits == 0) o.max_logits = o.max_seqs;
+    if (o.max_seqs > o.max_batch_tokens) o.max_seqs = o.max_batch_tokens;
+    if (o.max_logits > o.max_batch_tokens) o.max_logits = o.max_batch_tokens;
+
+    cas_model *m = calloc(1, sizeof *m);
+    if (!m) return cas_error(CAS_ERR_NOMEM, "model");
+    m->g = g;
+    m->opts = o;
+    cas_status st = read_config(g, &m->cfg);
+    if (st) goto fail;
+    cas_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, F = c->n_ff, QD = (int64_t)c->n_head * c->head_dim,
+                  KD = (int64_t)c->n_head_kv * c->head_dim;
+
+    const cas_gguf_tensor *te = cas_gguf_find_tensor(g, "token_embd.weight");
+    if (!te) {
+        st = cas_error(CAS_ERR_FORMAT, "model: tensor token_embd.weight is missing");
+        goto fail;
+    }
+    if (te->ne[1] <= 0 || te->ne[1] > INT32_MAX) {
+        st = cas_error(CAS_ERR_FORMAT, "model: token_embd.weight has %lld rows", (long long)te->ne[1]);
+        goto fail;
+    }
+    c->n_vocab = (int32_t)te->ne[1];
+    if ((st = find_mat(g, "token_embd.weight", c->n_vocab, E, &m->tok_embd))) goto fail;
+    if (cas_gguf_find_tensor(g, "output.weight")) {
+        if ((st = find_mat(g, "output.weight", c->n_vocab, E, &m->output))) goto fail;
+    } else {
+        c->tied_embeddings = 1;
+        m->output = m->tok_embd;
+    }
+    if ((st = load_vec(g, "output_norm.weight", E, &m->out_norm))) goto fail;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        st = cas_error(CAS_ERR_NOMEM, "model: layers");
+        goto fail;
+    }
+    int64_t wbytes = (int64_t)m->output.bytes;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        cas_layer *L = &m->layers[l];
+        char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, (int)l), name)
+        if ((st = load_vec(g, NAME("attn_norm.weight"), E, &L->attn_norm))) goto fail;
+        if ((st = load_vec(g, NAME("ffn_norm.weight"), E, &L->ffn_norm))) goto fail;
+        if ((st = find_mat(g, NAME("attn_q.weight"), QD, E, &L->wq))) goto fail;
+        if ((st = find_mat(g, NAME("attn_k.weight"), KD, E, &L->wk))) goto fail;
+        if ((st = find_mat(g, NAME("attn_v.weight"), KD, E, &L->wv))) goto fail;
+        if ((st = find_mat(g, NAME("attn_output.weight"), E, QD, &L->wo))) goto fail;
+        if ((st = find_mat(g, NAME("ffn_gate.weight"), F, E, &L->w_gate))) goto fail;
+        if ((st = find_mat(g, NAME("ffn_up.weight"), F, E, &L->w_up))) goto fail;
+        if ((st = find_mat(g, NAME("ffn_down.weight"), E, F, &L->w_down))) goto fail;
+#undef NAME
+        wbytes += (int64_t)(L->wq.bytes + L->wk.bytes + L->wv.bytes + L->wo.bytes + L->w_gate.bytes +
+                            L->w_up.bytes + L->w_down.bytes);
+    }
+    c->weight_bytes_per_token = wbytes;
+
+    m->inv_freq = cas_alloc_array((size_t)c->n_rot / 2 + 1, sizeof(float));
+    if (!m->inv_freq) {
+        st = cas_error(CAS_ERR_NOMEM, "model: rope table");
+        goto fail;
+    }
+    for (int32_t i = 0; i < c->n_rot / 2; i++)
+        m->inv_freq[i] = (float)pow((double)c->rope_base, -2.0 * i / c->n_rot);
+
+    /* scratch */
+    const size_t T = (size_t)o.max_batch_tokens, Lr = (size_t)o.max_logits;
+#define ALLOC(p, n)                                                                  \
+    do {                                                                             \
+        if (!((p) = cas_alloc_array((n), sizeof *(p)))) {                            \
+            st = cas_error(CAS_ERR_NOMEM, "model: scratch for %zu tokens", T);       \
+            goto fail;                                                               \
+        }                                                                            \
+    } while (0)
+    ALLOC(m->x, T * E);
+    ALLOC(m->xb, T * E);
+    ALLOC(m->q, T * QD);
+    ALLOC(m->k, T * KD);
+    ALLOC(m->v, T * KD);
+    ALLOC(m->att, T * QD);
+    ALLOC(m->proj, T * E);
+    ALLOC(m->gate, T * F);
+    ALLOC(m->up, T * F);
+    ALLOC(m->rope, T * (size_t)(c->n_rot / 2 + 1) * 2);
+    ALLOC(m->xl, Lr * E);
+    ALLOC(m->pos, T);
+    ALLOC(m->seq_of, T);
+    ALLOC(m->logit_rows, (size_t)o.max_seqs);
+#undef ALLOC
+    int nt = o.threads > 0 ? o.threads : omp_get_max_threads();
+    size_t wb = 0;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const cas_layer *L = &m->layers[l];
+        const cas_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < 7; i++) {
+            wb = work_for(ms[i], (int64_t)T, nt, wb);
+            wb = work_for(ms[i], 1, nt, wb);
+        }
+    }
+    for (int64_t r = 1; r <= (int64_t)Lr; r *= 2) wb = work_for(&m->output, r, nt, wb);
+    wb = work_for(&m->output, (int64_t)Lr, nt, wb);
+    m->work_bytes = wb + 64;
+    m->work = cas_alloc(m->work_bytes);
+    if (!m->work) {
+        st = cas_error(CAS_ERR_NOMEM, "model: matmul workspace of %zu bytes", m->work_bytes);
+        goto fail;
+    }
+    *out = m;
+    return CAS_OK;
+fail:
+    cas_model_destroy(m);
+    return st;
+}
+
+cas_status cas_model_load(const char *path, const cas_model_opts *opts, cas_model **out) {
+    *out = NULL;
+    cas_gguf *g = NULL;
+    cas_status st = cas_gguf_open(path, &g);
+    if (st) return st;
+    st = cas_model_create(g, opts, out);
+    if (st) {
+        cas_gguf_close(g);
+        return st;
+    }
+    (*out)->owned_g = g;
+    return CAS_OK;
+}
+
+const cas_model_config *cas_model_config_of(const cas_model *m) { return &m->cfg; }
+const cas_gguf *cas_model_gguf(const cas_model *m) { return m->g; }
+const cas_model_opts *cas_model_opts_of(const cas_model *m) { return &m->opts; }
+
+void cas_model_set_cascade(cas_model *m, cas_cascade_mode mode) {
+    if (m->opts.cascade != mode) {
+        m->opts.cascade = mode;
+        cas_attn_plan_destroy(m->plan); /* rebuilt with the new mode at the next forward */
+        m->plan = NULL;
+    }
+}
+
+/* ---- KV cache -------------------------------------------------------------- */
+
+static size_t page_bytes(const cas_model *m, int32_t page_size, cas_dtype dtype) {
+    return (size_t)page_size * (size_t)m->cfg.n_head_kv * (size_t)m->cfg.head_dim *
+           cas_dtype_size(dtype);
+}
+
+int32_t cas_kv_cache_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
+                                      size_t budget_bytes) {
+    if (page_size <= 0) return 0;
+    size_t per = page_bytes(m, page_size, dtype) * 2 * (size_t)m->cfg.n_layers;
+    size_t n = budget_bytes / per;
+    return n > INT32_MAX ? INT32_MAX : (int32_t)n;
+}
+
+cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t page_size,
+                               cas_dtype dtype, cas_kv_cache **out) {
+    *out = NULL;
+    if (page_size < 1 || page_size > CAS_ATTN_MAX_PAGE_SIZE)
+        return cas_error(CAS_ERR_INVALID, "kv cache: page size %d is outside 1..%d", page_size,
+                         CAS_ATTN_MAX_PAGE_SIZE);
+    if (num_pages < 1) return cas_error(CAS_ERR_INVALID, "kv cache: %d pages", num_pages);
+    if (dtype != CAS_F32 && dtype != CAS_F16 && dtype != CAS_BF16)
+        return cas_error(CAS_ERR_INVALID, "kv cache: unknown storage type %d", (int)dtype);
+    cas_kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv) return cas_error(CAS_ERR_NOMEM, "kv cache");
+    kv->num_pages = num_pages;
+    kv->page_size = page_size;
+    kv->n_layers = m->cfg.n_layers;
+    kv->dtype = dtype;
+    kv->layer_bytes = page_bytes(m, page_size, dtype) * (size_t)num_pages;
+    size_t total = kv->layer_bytes * (size_t)kv->n_layers;
+    if (total / kv->n_layers != kv->layer_bytes) {
+        free(kv);
+        return cas_error(CAS_ERR_NOMEM, "kv cache: size overflows");
+    }
+    kv->k = cas_alloc(total);
+    kv->v = cas_alloc(total);
+    if (!kv->k || !kv->v) {
+        cas_kv_cache_destroy(kv);
+        return cas_error(CAS_ERR_NOMEM, "kv cache: 2 x %zu bytes for %d pages", total, num_pages);
+    }
+    memset(kv->k, 0, total);
+    memset(kv->v, 0, total);
+    kv->shape.num_qo_heads = m->cfg.n_head;
+    kv->shape.num_kv_heads = m->cfg.n_head_kv;
+    kv->shape.head_dim = m->cfg.head_dim;
+    kv->shape.page_size = page_size;
+    kv->shape.kv_dtype = dtype;
+    *out = kv;
+    return CAS_OK;
+}
+
+void cas_kv_cache_destroy(cas_kv_cache *kv) {
+    if (!kv) return;
+    cas_free(kv->k);
+    cas_free(kv->v);
+    free(kv);
+}
+
+int32_t cas_kv_cache_num_pages(const cas_kv_cache *kv) { return kv->num_pages; }
+int32_t cas_kv_cache_page_size(const cas_kv_cache *kv) { return kv->page_size; }
+size_t cas_kv_cache_bytes(const cas_kv_cache *kv) { return 2 * kv->layer_bytes * (size_t)kv->n_layers; }
+
+/* ---- forward ----------------------------------------------------------------- */
+
+static void rmsnorm_rows(float *out, const float *x, const float *w, int64_t rows, int64_t n,
+                         float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float s = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; i++) o[i] = xr[i] * s * w[i];
+    }
+}
+
+/* Rotates adjacent pairs of the first n_rot elements of each head. */
+static void rope_rows(float *x, int64_t rows, int32_t heads, int32_t head_dim, int32_t n_rot,
+                      const float *cs) {
+    const int32_t half = n_rot / 2;
+    for (int64_t t = 0; t < rows; t++) {
+        const float *c = cs + t * (int64_t)half * 2;
+        for (int32_t h = 0; h < heads; h++) {
+            float *v = x + (t * heads + h) * head_dim;
+            for (int32_t i = 0; i < half; i++) {
+                float co = c[2 * i], si = c[2 * i + 1];
+                float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * co - b * si;
+                v[2 * i + 1] = a * si + b * co;
+            }
+        }
+    }
+}
+
+static cas_status matmul(const cas_model *m, const cas_mat *w, const float *x, int64_t rows,
+                         float *y) {
+    cas_q_opts o;
+    memset(&o, 0, sizeof o);
+    o.nthreads = m->opts.threads;
+    o.work = m->work;
+    o.work_bytes = m->work_bytes;
+    if (rows == 1) return cas_q_matvec(w->type, w->data, w->rows, w->cols, x, y, &o);
+    return cas_q_matmul(w->type, w->data, w->rows, w->cols, x, rows, y, &o);
+}
+
+/* Stores one token's K (or V) row of n f32 values in the pool's storage type. */
+static void store_row(cas_dtype dt, void *dst, const float *src, int64_t n) {
+    if (dt == CAS_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dt == CAS_F16) {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = cas_f32_to_f16(src[i]);
+    } else {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = cas_f32_to_bf16(src[i]);
+    }
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_batch *b,
+                             float *logits) {
+    const cas_model_config *c = &m->cfg;
+    if (!b || b->n_seqs <= 0 || !b->tokens || !b->qo_indptr || !b->kv_indptr || !b->kv_indices ||
+        !b->kv_last_page_len || !logits)
+        return cas_error(CAS_ERR_INVALID, "forward: empty batch or NULL array");
+    if (kv->n_layers != c->n_layers || kv->shape.num_kv_heads != c->n_head_kv ||
+        kv->shape.head_dim != c->head_dim)
+        return cas_error(CAS_ERR_INVALID, "forward: the KV cache was made for another model");
+    const int32_t B = b->n_seqs;
+    if (B > m->opts.max_seqs)
+        return cas_error(CAS_ERR_NOMEM, "forward: %d sequences, capacity %d", B, m->opts.max_seqs);
+    if (b->qo_indptr[0] != 0) return cas_error(CAS_ERR_INVALID, "forward: qo_indptr[0] != 0");
+    for (int32_t r = 0; r < B; r++)
+        if (b->qo_indptr[r + 1] <= b->qo_indptr[r])
+            return cas_error(CAS_ERR_INVALID, "forward: sequence %d has no new tokens", r);
+    const int64_t T = b->qo_indptr[B];
+    if (T > m->opts.max_batch_tokens)
+        return cas_error(CAS_ERR_NOMEM, "forward: %lld tokens, capacity %d", (long long)T,
+                         m->opts.max_batch_tokens);
+    const int32_t *lrows = b->logit_rows;
+    int32_t NL = b->n_logits;
+    if (!lrows) {
+        for (int32_t r = 0; r < B; r++) m->logit_rows[r] = b->qo_indptr[r + 1] - 1;
+        lrows = m->logit_rows;
+        NL = B;
+    }
+    if (NL < 0 || NL > m->opts.max_logits)
+        return cas_error(CAS_ERR_NOMEM, "forward: %d rows of logits, capacity %d", NL, m->opts.max_logits);
+    for (int32_t i = 0; i < NL; i++)
+        if (lrows[i] < 0 || lrows[i] >= T)
+            return cas_error(CAS_ERR_INVALID, "forward: logit row %d is outside 0..%lld", lrows[i],
+                             (long long)T - 1);
+    for (int64_t t = 0; t < T; t++)
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->n_vocab)
+            return cas_error(CAS_ERR_INVALID, "forward: token id %d at row %lld is outside the vocabulary",
+                             b->tokens[t], (long long)t);
+
+    /* The attention batch; the plan validates page ids, lengths and q_len <= kv_len. */
+    cas_attn_batch ab = {B, b->qo_indptr, b->kv_indptr, b->kv_indices, b->kv_last_page_len};
+    cas_attn_params ap = cas_attn_params_default();
+    cas_status st;
+    if (!m->plan) {
+        cas_attn_plan_opts po = cas_attn_plan_opts_default();
+        po.cascade = m->opts.cascade;
+        po.threads = m->opts.threads;
+        if ((st = cas_attn_plan_create(&m->plan, &kv->shape, &po, m->opts.max_seqs,
+                                       m->opts.max_batch_tokens, 0)))
+            return st;
+    }
+    if ((st = cas_attn_plan_build(m->plan, &ab, kv->num_pages, &ap))) return st;
+
+    /* positions of the new tokens, and the cos/sin of their RoPE angles (once per forward,
+     * shared by every layer) */
+    const int32_t ps = kv->page_size, half = c->n_rot / 2;
+    for (int32_t r = 0; r < B; r++) {
+        int32_t np = b->kv_indptr[r + 1] - b->kv_indptr[r];
+        int64_t kv_len = (int64_t)(np - 1) * ps + b->kv_last_page_len[r];
+        int64_t ql = b->qo_indptr[r + 1] - b->qo_indptr[r];
+        for (int64_t i = 0; i < ql; i++) {
+            int64_t t = b->qo_indptr[r] + i;
+            m->pos[t] = (int32_t)(kv_len - ql + i);
+            m->seq_of[t] = r;
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *cs = m->rope + t * (int64_t)half * 2;
+        for (int32_t i = 0; i < half; i++) {
+            double a = (double)m->pos[t] * (double)m->inv_freq[i];
+            cs[2 * i] = (float)cos(a);
+            cs[2 * i + 1] = (float)sin(a);
+        }
+    }
+    const int64_t E = c->n_embd, KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
+
+    /* embeddings */
+    for (int64_t t = 0; t < T; t++) {
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data +
+                             (size_t)b->tokens[t] * (m->tok_embd.bytes / (size_t)c->n_vocab);
+        if ((st = cas_q_dequantize_row(m->tok_embd.type, row, m->x + t * E, E))) return st;
+    }
+
+    const size_t es = cas_dtype_size(kv->dtype);
+    const size_t pbytes = (size_t)ps * (size_t)KD * es;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const cas_layer *L = &m->layers[l];
+        rmsnorm_rows(m->xb, m->x, L->attn_norm, T, E, c->rms_eps);
+        if ((st = matmul(m, &L->wq, m->xb, T, m->q))) return st;
+        if ((st = matmul(m, &L->wk, m->xb, T, m->k))) return st;
+        if ((st = matmul(m, &L->wv, m->xb, T, m->v))) return st;
+        rope_rows(m->q, T, c->n_head, c->head_dim, c->n_rot, m->rope);
+        rope_rows(m->k, T, c->n_head_kv, c->head_dim, c->n_rot, m->rope);
+
+        /* K and V of the new tokens into their pages: position p of sequence r is slot
+         * p % page_size of its page p / page_size */
+        uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
+        uint8_t *vpool = (uint8_t *)kv->v + (size_t)l * kv->layer_bytes;
+        for (int64_t t = 0; t < T; t++) {
+            int32_t r = m->seq_of[t], p = m->pos[t];
+            int32_t page = b->kv_indices[b->kv_indptr[r] + p / ps], off = p % ps;
+            size_t at = (size_t)page * pbytes + (size_t)off * (size_t)KD * es;
+            store_row(kv->dtype, kpool + at, m->k + t * KD, KD);
+            store_row(kv->dtype, vpool + at, m->v + t * KD, KD);
+        }
+        cas_kv_pool pool = {kpool, vpool, kv->num_pages};
+        if ((st = cas_attn_plan_run(m->plan, &pool, m->q, m->att, NULL))) return st;
+
+        if ((st = matmul(m, &L->wo, m->att, T, m->proj))) return st;
+        for (int64_t i = 0; i < T * E; i++) m->x[i] += m->proj[i];
+
+        rmsnorm_rows(m->xb, m->x, L->ffn_norm, T, E, c->rms_eps);
+        if ((st = matmul(m, &L->w_gate, m->xb, T, m->gate))) return st;
+        if ((st = matmul(m, &L->w_up, m->xb, T, m->up))) return st;
+        for (int64_t i = 0; i < T * F; i++) m->gate[i] = silu(m->gate[i]) * m->up[i];
+        if ((st = matmul(m, &L->w_down, m->gate, T, m->proj))) return st;
+        for (int64_t i = 0; i < T * E; i++) m->x[i] += m->proj[i];
+    }
+
+    /* final norm and logits of the wanted rows only */
+    for (int32_t i = 0; i < NL; i++)
+        rmsnorm_rows(m->xl + (int64_t)i * E, m->x + (int64_t)lrows[i] * E, m->out_norm, 1, E, c->rms_eps);
+    if (NL > 0 && (st = matmul(m, &m->output, m->xl, NL, logits))) return st;
+    return CAS_OK;
+}

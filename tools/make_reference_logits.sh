@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Produces tests/fixtures/smollm2-reference-logits.json: reference logits of
+# the default model from llama.cpp, an implementation that is not ours.
+#
+# How: pip downloads the source distribution of llama-cpp-python from PyPI
+# (which vendors llama.cpp), cmake builds its llama library CPU-only, and
+# tools/make_reference_logits.c (our small driver of llama.h) prints the
+# top-20 logits at every position of a few prompts and the greedy 32-token
+# continuation. Nothing of llama.cpp is committed; this takes ~15 minutes on
+# 2 cores. Work directory: $REF_DIR (default /tmp/cascade-ref).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REF_DIR=${REF_DIR:-/tmp/cascade-ref}
+VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+OUT=${OUT:-tests/fixtures/smollm2-reference-logits.json}
+mkdir -p "$REF_DIR"
+if [ ! -d "$REF_DIR/llama_cpp_python-$VER" ]; then
+  (cd "$REF_DIR" && pip download --no-binary :all: --no-deps "llama-cpp-python==$VER" &&
+   tar xzf "llama_cpp_python-$VER.tar.gz")
+fi
+L="$REF_DIR/llama_cpp_python-$VER/vendor/llama.cpp"
+if [ ! -f "$L/build/src/libllama.a" ]; then
+  cmake -S "$L" -B "$L/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_BLAS=OFF \
+    -DGGML_OPENMP=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF
+  cmake --build "$L/build" -j"$(nproc)" --target llama
+fi
+g++ -O2 -x c tools/make_reference_logits.c -x none -DLCPP_VERSION="\"$VER\"" -I"$L/include" -I"$L/ggml/include" \
+  -o "$REF_DIR/make_reference_logits" "$L/build/src/libllama.a" "$L/build/ggml/src/libggml.a" \
+  "$L/build/ggml/src/libggml-cpu.a" "$L/build/ggml/src/libggml-base.a" -lpthread -lm -ldl 2>/dev/null ||
+gcc -O2 -DLCPP_VERSION="\"$VER\"" -I"$L/include" -I"$L/ggml/include" -o "$REF_DIR/make_reference_logits" \
+  tools/make_reference_logits.c "$L/build/src/libllama.a" "$L/build/ggml/src/libggml.a" \
+  "$L/build/ggml/src/libggml-cpu.a" "$L/build/ggml/src/libggml-base.a" -lstdc++ -lpthread -lm -ldl
+# The prompts: plain text, a ChatML conversation (special tokens parsed), and
+# a longer passage (several pages of KV at page size 16).
+"$REF_DIR/make_reference_logits" "$MODEL" 2 \
+  "The capital of France is" \
+  $'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the boiling point of water at sea level?<|im_end|>\n<|im_start|>assistant\n' \
+  "In the beginning of the twentieth century, the small harbour town was known for its fishing fleet, its lighthouse and a bakery whose bread was carried by train to the capital every morning. When the railway closed," \
+  > "$OUT.tmp"
+mv "$OUT.tmp" "$OUT"
+echo "wrote $OUT"
