@@ -1,0 +1,135 @@
+/*
+ * server_impl.h: the server's internals, shared by its files, its unit test
+ * and its fuzz harness.
+ *
+ * The server reaches the engine only through cas_srv_engine_ops, a table of
+ * the few engine functions it calls. server_engine.c fills it with the real
+ * engine (cas_server_create); the unit test fills it with a test double, so
+ * the HTTP layer is tested without a model and without linking the engine.
+ *
+ * Request handling is split in two: cas_srv_parse (routing, API key, JSON
+ * parsing and validation of everything that needs no engine; a pure
+ * function, fuzzed) and the HTTP file (model name, chat template, prompt
+ * length, submit, streaming).
+ */
+#ifndef CASCADE_SERVER_IMPL_H
+#define CASCADE_SERVER_IMPL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server.h"
+
+/* ---- the engine as the server sees it ---------------------------------- */
+
+typedef struct {
+    void *ctx; /* passed as the first argument of every function */
+    cas_status (*submit)(void *ctx, const cas_engine_request *req, uint64_t *id);
+    cas_status (*abort)(void *ctx, uint64_t id);
+    void (*get_stats)(void *ctx, cas_engine_stats *st);
+    const char *(*model_name)(void *ctx);
+    int32_t (*context_length)(void *ctx);
+    cas_status (*apply_chat)(void *ctx, const cas_engine_msg *msgs, int32_t n, char **out);
+    cas_status (*count_tokens)(void *ctx, const char *text, int32_t *n);
+    /* optional (NULL): the text of one token, for logprobs' alternatives */
+    const char *(*token_text)(void *ctx, int32_t id, size_t *len);
+} cas_srv_engine_ops;
+
+/* Creates a server over an engine given as an ops table (copied). */
+cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *ops,
+                                   const cas_server_opts *opts);
+
+/* ---- parsing ------------------------------------------------------------ */
+
+typedef enum {
+    CAS_SRV_ROUTE_NONE = 0, /* an error: see cas_srv_error */
+    CAS_SRV_ROUTE_COMPLETIONS,
+    CAS_SRV_ROUTE_CHAT,
+    CAS_SRV_ROUTE_MODELS,
+    CAS_SRV_ROUTE_HEALTH,
+    CAS_SRV_ROUTE_METRICS
+} cas_srv_route;
+
+/* An error as OpenAI reports it: {"error": {"message", "type", "param", "code"}}. */
+typedef struct {
+    int status;       /* HTTP status */
+    const char *type; /* "invalid_request_error", "authentication_error", ... (static) */
+    const char *code; /* "model_not_found", ... or NULL (static) */
+    const char *allow; /* the Allow header of a 405, or NULL (static) */
+    char param[64];   /* the offending field, "" when none */
+    char message[512];
+} cas_srv_error;
+
+void cas_srv_error_set(cas_srv_error *err, int status, const char *type, const char *code,
+                       const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* JSON text of an error (malloc'd, caller frees; NULL on allocation failure). */
+char *cas_srv_error_json(const cas_srv_error *err);
+
+typedef struct {
+    char *text;      /* prompt text (NUL-terminated), or NULL */
+    int32_t *tokens; /* [n_tokens] token ids when text is NULL */
+    int32_t n_tokens;
+} cas_srv_prompt;
+
+typedef struct {
+    cas_srv_route route;
+    char *model;              /* the "model" field, or NULL when absent */
+    int32_t n_prompts;        /* completions: prompts[n_prompts] */
+    cas_srv_prompt *prompts;
+    int32_t n_msgs;           /* chat: msgs[n_msgs], role and content owned */
+    cas_engine_msg *msgs;
+    cas_engine_sampling sampling; /* sampling.stop points into stops */
+    int max_tokens_set;       /* 0: the route's default applies */
+    int seed_set;             /* 0: the server picks a random seed */
+    char **stops;             /* [n_stops] */
+    int32_t n_stops;
+    int32_t n;                /* choices per prompt, >= 1 */
+    int stream, include_usage;
+    int logprobs;             /* 1: report log-probabilities */
+    int32_t top_logprobs;     /* alternatives per token when logprobs */
+} cas_srv_parsed;
+
+typedef struct {
+    const char *api_key; /* NULL: no authentication */
+    size_t max_body_bytes;
+    int32_t max_n;
+} cas_srv_limits;
+
+/* Routes and validates one request. authorization is the Authorization
+ * header or NULL; body need not be NUL-terminated. On success returns the
+ * route and fills *out (free with cas_srv_parsed_free); on failure returns
+ * CAS_SRV_ROUTE_NONE with *err filled and *out empty. Pure: touches nothing
+ * else. */
+cas_srv_route cas_srv_parse(const cas_srv_limits *lim, const char *method, const char *path,
+                            const char *authorization, const char *body, size_t body_len,
+                            cas_srv_parsed *out, cas_srv_error *err);
+void cas_srv_parsed_free(cas_srv_parsed *p);
+
+/* ---- metrics ------------------------------------------------------------ */
+
+#define CAS_SRV_HIST_BUCKETS 20
+
+typedef struct {
+    const double *bounds; /* [CAS_SRV_HIST_BUCKETS] upper bounds, seconds */
+    uint64_t counts[CAS_SRV_HIST_BUCKETS + 1]; /* last: +Inf */
+    uint64_t n;
+    double sum;
+} cas_srv_hist;
+
+typedef struct {
+    pthread_mutex_t mu;
+    cas_srv_hist ttft, tpot, e2e;
+    uint64_t http_by_status[6]; /* 1xx..5xx at [1..5] */
+    uint64_t requests_cancelled; /* clients that went away before their output was complete */
+} cas_srv_metrics;
+
+void cas_srv_metrics_init(cas_srv_metrics *m);
+void cas_srv_metrics_destroy(cas_srv_metrics *m);
+void cas_srv_metrics_observe(cas_srv_metrics *m, double ttft, double tpot, double e2e);
+void cas_srv_metrics_http(cas_srv_metrics *m, int status);
+/* Prometheus text exposition of engine stats and server metrics (malloc'd). */
+char *cas_srv_metrics_text(cas_srv_metrics *m, const cas_engine_stats *st);
+
+#endif

@@ -1,0 +1,612 @@
+/*
+ * server_parse.c: routing, API-key check and validation of the OpenAI
+ * request bodies, as one pure function (cas_srv_parse) from (method, path,
+ * Authorization, body) to either a parsed request or an OpenAI-shaped error.
+ * It needs no engine and no socket, so the unit test drives it directly and
+ * libFuzzer hammers it (fuzz/fuzz_server.c).
+ *
+ * Validation follows OpenAI's API: a mistyped or out-of-range field is a 400
+ * naming the field in "param"; fields we do not implement are refused (400)
+ * only when they would change the output (echo, suffix, penalties, logit
+ * bias, tools), and ignored when they would not (user, metadata). JSON is
+ * parsed by jansson, never by hand.
+ */
+#include <ctype.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_impl.h"
+
+#define MAX_PROMPTS 256  /* prompts times n per request: a bound on one request's work */
+#define MAX_STOPS 16
+#define MAX_TOP_LOGPROBS 20
+
+void cas_srv_error_set(cas_srv_error *err, int status, const char *type, const char *code,
+                       const char *param, const char *fmt, ...) {
+    err->status = status;
+    err->type = type;
+    err->code = code;
+    err->allow = NULL;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+}
+
+char *cas_srv_error_json(const cas_srv_error *err) {
+    json_t *e = json_object();
+    json_t *root = json_object();
+    if (!e || !root) {
+        json_decref(e);
+        json_decref(root);
+        return NULL;
+    }
+    json_object_set_new(e, "message", json_string(err->message));
+    json_object_set_new(e, "type", json_string(err->type ? err->type : "invalid_request_error"));
+    json_object_set_new(e, "param", err->param[0] ? json_string(err->param) : json_null());
+    json_object_set_new(e, "code", err->code ? json_string(err->code) : json_null());
+    json_object_set_new(root, "error", e);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+static void bad(cas_srv_error *err, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void bad(cas_srv_error *err, const char *param, const char *fmt, ...) {
+    cas_srv_error_set(err, 400, "invalid_request_error", NULL, param, "%s", "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+}
+
+void cas_srv_parsed_free(cas_srv_parsed *p) {
+    if (!p) return;
+    free(p->model);
+    for (int32_t i = 0; i < p->n_prompts; i++) {
+        free(p->prompts[i].text);
+        free(p->prompts[i].tokens);
+    }
+    free(p->prompts);
+    for (int32_t i = 0; i < p->n_msgs; i++) {
+        free((char *)p->msgs[i].role);
+        free((char *)p->msgs[i].content);
+    }
+    free(p->msgs);
+    for (int32_t i = 0; i < p->n_stops; i++) free(p->stops[i]);
+    free(p->stops);
+    memset(p, 0, sizeof *p);
+}
+
+/* ---- routing and authentication ------------------------------------------ */
+
+static const struct {
+    const char *path, *method;
+    cas_srv_route route;
+} routes[] = {
+    {"/v1/completions", "POST", CAS_SRV_ROUTE_COMPLETIONS},
+    {"/v1/chat/completions", "POST", CAS_SRV_ROUTE_CHAT},
+    {"/v1/models", "GET", CAS_SRV_ROUTE_MODELS},
+    {"/health", "GET", CAS_SRV_ROUTE_HEALTH},
+    {"/metrics", "GET", CAS_SRV_ROUTE_METRICS},
+};
+
+/* Compares in time independent of where the strings differ. */
+static int secret_equal(const char *a, size_t alen, const char *b) {
+    size_t blen = strlen(b);
+    unsigned char d = (unsigned char)(alen != blen);
+    for (size_t i = 0; i < blen; i++) d |= (unsigned char)((i < alen ? a[i] : 0) ^ b[i]);
+    return d == 0;
+}
+
+static int authorized(const char *key, const char *authorization) {
+    if (!key || !key[0]) return 1;
+    if (!authorization) return 0;
+    const char *p = authorization;
+    while (*p == ' ') p++;
+    if (strncasecmp(p, "Bearer ", 7) != 0) return 0;
+    p += 7;
+    while (*p == ' ') p++;
+    size_t n = strlen(p);
+    while (n && p[n - 1] == ' ') n--;
+    return secret_equal(p, n, key);
+}
+
+/* ---- typed field access ---------------------------------------------------- */
+
+/* Each getter: 1 = present and valid (value written), 0 = absent or null,
+ * -1 = invalid (err filled). */
+
+static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *v, cas_srv_error *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_integer(x)) {
+        bad(err, k, "'%s' must be an integer", k);
+        return -1;
+    }
+    long long i = (long long)json_integer_value(x);
+    if (i < lo || i > hi) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "'%s' must be between %lld and %lld, got %lld", k, lo, hi, i);
+        bad(err, k, "%s", msg);
+        return -1;
+    }
+    *v = i;
+    return 1;
+}
+
+static int get_num(json_t *o, const char *k, double lo, double hi, int lo_open, double *v,
+                   cas_srv_error *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_number(x)) {
+        bad(err, k, "'%s' must be a number", k);
+        return -1;
+    }
+    double d = json_number_value(x);
+    if (!(d >= lo && d <= hi) || (lo_open && d <= lo)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "'%s' must be %s %g and <= %g, got %g", k, lo_open ? ">" : ">=", lo, hi, d);
+        bad(err, k, "%s", msg);
+        return -1;
+    }
+    *v = d;
+    return 1;
+}
+
+static int get_bool(json_t *o, const char *k, int *v, cas_srv_error *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_boolean(x)) {
+        bad(err, k, "'%s' must be a boolean", k);
+        return -1;
+    }
+    *v = json_is_true(x);
+    return 1;
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+static void oom(cas_srv_error *err) {
+    cas_srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* ---- fields shared by both routes ----------------------------------------- */
+
+static int parse_stop(json_t *o, cas_srv_parsed *p, cas_srv_error *err) {
+    json_t *x = json_object_get(o, "stop");
+    if (!x || json_is_null(x)) return 0;
+    size_t n = json_is_string(x) ? 1 : json_is_array(x) ? json_array_size(x) : (size_t)-1;
+    if (n == (size_t)-1) {
+        bad(err, "stop", "'%s' must be a string or a list of strings", "stop");
+        return -1;
+    }
+    if (n > MAX_STOPS) {
+        bad(err, "stop", "'stop' has more than %s strings", "16");
+        return -1;
+    }
+    p->stops = calloc(n ? n : 1, sizeof *p->stops);
+    if (!p->stops) {
+        oom(err);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_is_string(x) ? x : json_array_get(x, i);
+        if (!json_is_string(s)) {
+            bad(err, "stop", "'%s' must be a string or a list of strings", "stop");
+            return -1;
+        }
+        if (json_string_length(s) == 0) continue; /* an empty stop string would end every output at once */
+        char *d = dup_n(json_string_value(s), json_string_length(s));
+        if (!d) {
+            oom(err);
+            return -1;
+        }
+        p->stops[p->n_stops++] = d;
+    }
+    return 0;
+}
+
+static int refuse_nonzero(json_t *o, const char *k, cas_srv_error *err) {
+    double v = 0;
+    int r = get_num(o, k, -2.0, 2.0, 0, &v, err);
+    if (r < 0) return -1;
+    if (r > 0 && v != 0.0) {
+        bad(err, k, "'%s' is not supported by this server", k);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_common(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, cas_srv_error *err) {
+    json_t *m = json_object_get(o, "model");
+    if (m && !json_is_null(m)) {
+        if (!json_is_string(m)) {
+            bad(err, "model", "'%s' must be a string", "model");
+            return -1;
+        }
+        if (!(p->model = dup_n(json_string_value(m), json_string_length(m)))) {
+            oom(err);
+            return -1;
+        }
+    }
+    cas_engine_sampling *s = &p->sampling;
+    double d;
+    long long i;
+    int r, b;
+    if ((r = get_num(o, "temperature", 0.0, 2.0, 0, &d, err)) < 0) return -1;
+    if (r) s->temperature = (float)d;
+    if ((r = get_num(o, "top_p", 0.0, 1.0, 1, &d, err)) < 0) return -1;
+    if (r) s->top_p = (float)d;
+    if ((r = get_int(o, "top_k", -1, 1 << 30, &i, err)) < 0) return -1;
+    if (r) s->top_k = i < 0 ? 0 : (int32_t)i;
+    if ((r = get_num(o, "min_p", 0.0, 1.0, 0, &d, err)) < 0) return -1;
+    if (r) s->min_p = (float)d;
+    json_t *seed = json_object_get(o, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) {
+            bad(err, "seed", "'%s' must be an integer", "seed");
+            return -1;
+        }
+        s->seed = (uint64_t)json_integer_value(seed);
+        p->seed_set = 1;
+    }
+    long long n = 1;
+    if (get_int(o, "n", 1, lim->max_n > 0 ? lim->max_n : 16, &n, err) < 0) return -1;
+    p->n = (int32_t)n;
+    if (get_bool(o, "stream", &p->stream, err) < 0) return -1;
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            bad(err, "stream_options", "'%s' must be an object", "stream_options");
+            return -1;
+        }
+        if (get_bool(so, "include_usage", &p->include_usage, err) < 0) return -1;
+    }
+    if ((r = get_bool(o, "ignore_eos", &b, err)) < 0) return -1;
+    if (r) s->ignore_eos = b;
+    if (parse_stop(o, p, err) < 0) return -1;
+    s->stop = (const char *const *)p->stops;
+    s->n_stop = p->n_stops;
+    if (refuse_nonzero(o, "presence_penalty", err) < 0) return -1;
+    if (refuse_nonzero(o, "frequency_penalty", err) < 0) return -1;
+    json_t *lb = json_object_get(o, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) {
+            bad(err, "logit_bias", "'%s' must be an object", "logit_bias");
+            return -1;
+        }
+        if (json_object_size(lb)) {
+            bad(err, "logit_bias", "'%s' is not supported by this server", "logit_bias");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- /v1/completions ------------------------------------------------------- */
+
+static int token_array(json_t *a, cas_srv_prompt *pr, cas_srv_error *err) {
+    size_t n = json_array_size(a);
+    if (n == 0) {
+        bad(err, "prompt", "'%s' must not be empty", "prompt");
+        return -1;
+    }
+    if (n > (1u << 24)) {
+        bad(err, "prompt", "'%s' is too long", "prompt");
+        return -1;
+    }
+    pr->tokens = malloc(n * sizeof *pr->tokens);
+    if (!pr->tokens) {
+        oom(err);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(a, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX) {
+            bad(err, "prompt", "'%s' token ids must be integers >= 0", "prompt");
+            return -1;
+        }
+        pr->tokens[i] = (int32_t)json_integer_value(t);
+    }
+    pr->n_tokens = (int32_t)n;
+    return 0;
+}
+
+static int parse_prompt(json_t *o, cas_srv_parsed *p, cas_srv_error *err) {
+    json_t *x = json_object_get(o, "prompt");
+    if (!x || json_is_null(x)) {
+        bad(err, "prompt", "'%s' is a required property", "prompt");
+        return -1;
+    }
+    const char *shape = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids";
+    if (json_is_string(x)) {
+        if (!(p->prompts = calloc(1, sizeof *p->prompts))) goto nomem;
+        p->n_prompts = 1;
+        if (!(p->prompts[0].text = dup_n(json_string_value(x), json_string_length(x)))) goto nomem;
+        return 0;
+    }
+    if (!json_is_array(x)) {
+        bad(err, "prompt", "%s", shape);
+        return -1;
+    }
+    size_t n = json_array_size(x);
+    if (n == 0) {
+        bad(err, "prompt", "'%s' must not be empty", "prompt");
+        return -1;
+    }
+    json_t *first = json_array_get(x, 0);
+    if (json_is_integer(first)) { /* one prompt of token ids */
+        if (!(p->prompts = calloc(1, sizeof *p->prompts))) goto nomem;
+        p->n_prompts = 1;
+        return token_array(x, &p->prompts[0], err);
+    }
+    if (n > MAX_PROMPTS) {
+        bad(err, "prompt", "'prompt' has more than %s entries", "256");
+        return -1;
+    }
+    if (!(p->prompts = calloc(n, sizeof *p->prompts))) goto nomem;
+    int strings = json_is_string(first);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(x, i);
+        p->n_prompts = (int32_t)i + 1;
+        if (strings && json_is_string(e)) {
+            if (!(p->prompts[i].text = dup_n(json_string_value(e), json_string_length(e)))) goto nomem;
+        } else if (!strings && json_is_array(e)) {
+            if (token_array(e, &p->prompts[i], err) < 0) return -1;
+        } else {
+            bad(err, "prompt", "%s", shape);
+            return -1;
+        }
+    }
+    return 0;
+nomem:
+    oom(err);
+    return -1;
+}
+
+static int parse_completions(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, cas_srv_error *err) {
+    if (parse_prompt(o, p, err) < 0) return -1;
+    if (parse_common(o, p, lim, err) < 0) return -1;
+    if ((long long)p->n_prompts * p->n > MAX_PROMPTS) {
+        bad(err, "n", "'prompt' entries times 'n' exceed %s", "256");
+        return -1;
+    }
+    long long v;
+    int r = get_int(o, "max_tokens", 1, INT32_MAX, &v, err);
+    if (r < 0) return -1;
+    p->sampling.max_tokens = r ? (int32_t)v : 16; /* OpenAI's default for completions */
+    p->max_tokens_set = 1;
+    if ((r = get_int(o, "logprobs", 0, MAX_TOP_LOGPROBS, &v, err)) < 0) return -1;
+    if (r) {
+        p->logprobs = 1;
+        p->top_logprobs = (int32_t)v;
+    }
+    int echo = 0;
+    if (get_bool(o, "echo", &echo, err) < 0) return -1;
+    if (echo) {
+        bad(err, "echo", "'%s' is not supported by this server", "echo");
+        return -1;
+    }
+    json_t *suffix = json_object_get(o, "suffix");
+    if (suffix && !json_is_null(suffix)) {
+        if (!json_is_string(suffix)) {
+            bad(err, "suffix", "'%s' must be a string", "suffix");
+            return -1;
+        }
+        if (json_string_length(suffix)) {
+            bad(err, "suffix", "'%s' is not supported by this server", "suffix");
+            return -1;
+        }
+    }
+    if ((r = get_int(o, "best_of", 1, 1 << 20, &v, err)) < 0) return -1;
+    if (r && v != p->n) {
+        bad(err, "best_of", "'%s' other than n is not supported by this server", "best_of");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- /v1/chat/completions -------------------------------------------------- */
+
+/* Content: a string, a list of text parts, or null (assistant only). */
+static char *message_content(json_t *c, int allow_null, cas_srv_error *err) {
+    const char *param = "messages";
+    if (!c || json_is_null(c)) {
+        if (allow_null) return dup_n("", 0);
+        bad(err, param, "'%s' entries need a 'content'", "messages");
+        return NULL;
+    }
+    if (json_is_string(c)) return dup_n(json_string_value(c), json_string_length(c));
+    if (!json_is_array(c)) {
+        bad(err, param, "'%s' content must be a string or a list of text parts", "messages");
+        return NULL;
+    }
+    size_t total = 0, n = json_array_size(c);
+    for (size_t i = 0; i < n; i++) {
+        json_t *part = json_array_get(c, i);
+        json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+            !json_is_string(text)) {
+            bad(err, param, "'%s' content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
+            return NULL;
+        }
+        total += json_string_length(text);
+    }
+    char *s = malloc(total + 1), *w = s;
+    if (!s) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        json_t *text = json_object_get(json_array_get(c, i), "text");
+        memcpy(w, json_string_value(text), json_string_length(text));
+        w += json_string_length(text);
+    }
+    *w = 0;
+    return s;
+}
+
+static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, cas_srv_error *err) {
+    json_t *ms = json_object_get(o, "messages");
+    if (!ms || json_is_null(ms)) {
+        bad(err, "messages", "'%s' is a required property", "messages");
+        return -1;
+    }
+    if (!json_is_array(ms) || json_array_size(ms) == 0) {
+        bad(err, "messages", "'%s' must be a non-empty list", "messages");
+        return -1;
+    }
+    size_t n = json_array_size(ms);
+    if (n > 100000) {
+        bad(err, "messages", "'%s' has too many entries", "messages");
+        return -1;
+    }
+    if (!(p->msgs = calloc(n, sizeof *p->msgs))) goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(ms, i);
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_object(m) || !json_is_string(role)) {
+            bad(err, "messages", "'%s' entries must be objects with a string 'role'", "messages");
+            return -1;
+        }
+        const char *r = json_string_value(role);
+        const char *canon = !strcmp(r, "system") || !strcmp(r, "developer") ? "system"
+                            : !strcmp(r, "user")                            ? "user"
+                            : !strcmp(r, "assistant")                       ? "assistant"
+                                                                            : NULL;
+        if (!canon) {
+            bad(err, "messages", "'%s' role must be system, developer, user or assistant", "messages");
+            return -1;
+        }
+        char *content = message_content(json_object_get(m, "content"), !strcmp(canon, "assistant"), err);
+        if (!content) {
+            if (!err->message[0]) goto nomem;
+            return -1;
+        }
+        p->msgs[i].content = content;
+        p->n_msgs = (int32_t)i + 1;
+        if (!(p->msgs[i].role = dup_n(canon, strlen(canon)))) goto nomem;
+    }
+    if (parse_common(o, p, lim, err) < 0) return -1;
+    long long v;
+    int r = get_int(o, "max_completion_tokens", 1, INT32_MAX, &v, err);
+    if (r < 0) return -1;
+    if (!r && (r = get_int(o, "max_tokens", 1, INT32_MAX, &v, err)) < 0) return -1;
+    if (r) {
+        p->sampling.max_tokens = (int32_t)v;
+        p->max_tokens_set = 1;
+    }
+    if (get_bool(o, "logprobs", &p->logprobs, err) < 0) return -1;
+    if ((r = get_int(o, "top_logprobs", 0, MAX_TOP_LOGPROBS, &v, err)) < 0) return -1;
+    if (r) {
+        if (!p->logprobs) {
+            bad(err, "top_logprobs", "'%s' needs 'logprobs' set to true", "top_logprobs");
+            return -1;
+        }
+        p->top_logprobs = (int32_t)v;
+    }
+    json_t *tools = json_object_get(o, "tools");
+    if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0)) {
+        bad(err, "tools", "'%s' are not supported by this server", "tools");
+        return -1;
+    }
+    json_t *rf = json_object_get(o, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text")) {
+            bad(err, "response_format", "'%s' other than {\"type\": \"text\"} is not supported", "response_format");
+            return -1;
+        }
+    }
+    return 0;
+nomem:
+    oom(err);
+    return -1;
+}
+
+/* ---- entry ------------------------------------------------------------------ */
+
+cas_srv_route cas_srv_parse(const cas_srv_limits *lim, const char *method, const char *path,
+                            const char *authorization, const char *body, size_t body_len,
+                            cas_srv_parsed *out, cas_srv_error *err) {
+    memset(out, 0, sizeof *out);
+    memset(err, 0, sizeof *err);
+    /* OpenAI's defaults (not the engine's: this file links without it) */
+    out->sampling.temperature = 1.0f;
+    out->sampling.top_p = 1.0f;
+    out->sampling.max_tokens = 16;
+    out->n = 1;
+    if (!method || !path) {
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, NULL, "malformed request");
+        return CAS_SRV_ROUTE_NONE;
+    }
+    size_t plen = strcspn(path, "?");
+    if (!strncmp(path, "/v1/", 4) && !authorized(lim->api_key, authorization)) {
+        cas_srv_error_set(err, 401, "authentication_error", "invalid_api_key", NULL,
+                          authorization ? "Incorrect API key provided."
+                                        : "You didn't provide an API key. Provide it as 'Authorization: Bearer KEY'.");
+        return CAS_SRV_ROUTE_NONE;
+    }
+    cas_srv_route route = CAS_SRV_ROUTE_NONE;
+    const char *allow = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (strlen(routes[i].path) != plen || strncmp(routes[i].path, path, plen)) continue;
+        allow = routes[i].method;
+        if (!strcmp(routes[i].method, method)) route = routes[i].route;
+    }
+    if (route == CAS_SRV_ROUTE_NONE) {
+        if (allow) {
+            cas_srv_error_set(err, 405, "invalid_request_error", "method_not_allowed", NULL,
+                              "Method %.16s not allowed on %.200s (use %s)", method, path, allow);
+            err->allow = allow;
+        } else {
+            cas_srv_error_set(err, 404, "invalid_request_error", "not_found", NULL,
+                              "Unknown route %.16s %.200s", method, path);
+        }
+        return CAS_SRV_ROUTE_NONE;
+    }
+    out->route = route;
+    if (route != CAS_SRV_ROUTE_COMPLETIONS && route != CAS_SRV_ROUTE_CHAT) return route;
+
+    if (lim->max_body_bytes && body_len > lim->max_body_bytes) {
+        cas_srv_error_set(err, 413, "invalid_request_error", "request_too_large", NULL,
+                          "Request body of %zu bytes exceeds the limit of %zu bytes", body_len,
+                          lim->max_body_bytes);
+        goto fail;
+    }
+    json_error_t jerr;
+    json_t *o = body_len ? json_loadb(body, body_len, 0, &jerr) : NULL;
+    if (!o) {
+        if (body_len)
+            cas_srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL,
+                              "Invalid JSON body: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);
+        else
+            cas_srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL,
+                              "The request needs a JSON body");
+        goto fail;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        cas_srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL,
+                          "The request body must be a JSON object");
+        goto fail;
+    }
+    int rc = route == CAS_SRV_ROUTE_CHAT ? parse_chat(o, out, lim, err) : parse_completions(o, out, lim, err);
+    json_decref(o);
+    if (rc < 0) goto fail;
+    return route;
+fail:
+    cas_srv_parsed_free(out);
+    out->route = CAS_SRV_ROUTE_NONE;
+    if (!err->status) cas_srv_error_set(err, 400, "invalid_request_error", NULL, NULL, "invalid request");
+    return CAS_SRV_ROUTE_NONE;
+}
