@@ -224,7 +224,9 @@ cas_status cas_sched_add(cas_sched *s, int64_t id, const int32_t *prompt, int32_
         s->st.rejected++;
         return err;
     }
-    if (s->n_waiting == s->cap_waiting) {
+    /* waiting must hold every live request: preemption moves running ones
+     * back without allocating */
+    if (s->n_waiting + s->n_running >= s->cap_waiting) {
         int32_t cap = s->cap_waiting * 2;
         sched_req **w = realloc(s->waiting, (size_t)cap * sizeof *w);
         if (!w) return cas_error(CAS_ERR_NOMEM, "sched_add: out of memory");

@@ -1,0 +1,574 @@
+/*
+ * test_sched.c: the scheduler, driven by a fake engine. The fake engine keeps
+ * one 64-bit value per KV slot: running token p writes mix(value at p-1, token)
+ * into p's slot, read through the plan's block table, and "samples" a token
+ * from the last value. So a request's outputs are a function of its own
+ * tokens only, and any wrong page (a stale block, another prefix, a block read
+ * before it was computed, a bad slot) changes them; the test keeps the
+ * expected chain of every request and compares every slot read and written.
+ * Covered: bad input, chunked prefill, decodes first, token budget and
+ * sequence limit every step, FCFS and priority, aborts (waiting, running, in
+ * flight), stop, the step protocol, cold-cache sharing arithmetic (64 x 2000
+ * prefix), and long random workloads on tiny pools (preemption, resume,
+ * shared prefixes) that must end with every request finished and every block
+ * free. The kv and scheduler invariant checkers run every step.
+ */
+#include "../src/sched/sched.h"
+#include "check.h"
+
+#include <string.h>
+
+#define VOCAB 1000
+#define SEED0 0x5eed5eedull
+
+static uint64_t mix(uint64_t h, int32_t t) {
+    uint64_t z = h ^ ((uint64_t)(uint32_t)t * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int32_t sample_of(uint64_t v) { return (int32_t)((v >> 11) % VOCAB); }
+
+typedef struct {
+    int used, done, code;
+    int32_t *tok;
+    uint64_t *chain; /* value after each token */
+    int32_t n, nprompt, max_new, ngen;
+} treq;
+
+typedef struct {
+    cas_kv *kv;
+    cas_sched *s;
+    int32_t ps, nb, budget, max_seqs;
+    uint64_t *mem;
+    int64_t *stamp;
+    int64_t step;
+    treq *r;
+    int nreq;
+    double stop_p;
+    cas_rng rng;
+    int bad;       /* first failure message printed once */
+    int verify;    /* check every slot read */
+    int64_t live;  /* requests added, not done */
+    int32_t *sampled;
+    uint8_t *stop, *fin;
+} sim;
+
+static int sim_init(sim *m, int32_t nb, int32_t ps, int32_t max_seqs, int32_t budget,
+                    int32_t max_context, int32_t chunk, int prio, int prefix_cache, int nreq) {
+    memset(m, 0, sizeof *m);
+    cas_kv_opts ko = cas_kv_opts_default();
+    ko.num_blocks = nb;
+    ko.page_size = ps;
+    ko.max_seqs = max_seqs;
+    ko.max_blocks_per_seq = (max_context + ps - 1) / ps;
+    ko.enable_prefix_cache = prefix_cache;
+    if (cas_kv_create(&ko, &m->kv) != CAS_OK) return 0;
+    cas_sched_opts so = cas_sched_opts_default();
+    so.max_tokens_per_step = budget;
+    so.max_seqs = max_seqs;
+    so.max_context = max_context;
+    so.max_prefill_chunk = chunk;
+    so.use_priority = prio;
+    so.debug_checks = 1;
+    if (cas_sched_create(m->kv, &so, &m->s) != CAS_OK) return 0;
+    m->ps = ps;
+    m->nb = nb;
+    m->budget = budget;
+    m->max_seqs = max_seqs;
+    m->mem = calloc((size_t)nb * ps, sizeof *m->mem);
+    m->stamp = calloc((size_t)nb * ps, sizeof *m->stamp);
+    for (size_t i = 0; i < (size_t)nb * ps; i++) m->stamp[i] = -1;
+    m->r = calloc((size_t)nreq, sizeof *m->r);
+    m->nreq = nreq;
+    m->sampled = calloc((size_t)max_seqs, sizeof *m->sampled);
+    m->stop = calloc((size_t)max_seqs, 1);
+    m->fin = calloc((size_t)max_seqs, 1);
+    m->verify = 1;
+    cas_rng_seed(&m->rng, 99);
+    return 1;
+}
+
+static void sim_free(sim *m) {
+    cas_sched_destroy(m->s);
+    cas_kv_destroy(m->kv);
+    for (int i = 0; i < m->nreq; i++) {
+        free(m->r[i].tok);
+        free(m->r[i].chain);
+    }
+    free(m->r);
+    free(m->mem);
+    free(m->stamp);
+    free(m->sampled);
+    free(m->stop);
+    free(m->fin);
+}
+
+static void treq_push(treq *t, int32_t tok) {
+    uint64_t prev = t->n ? t->chain[t->n - 1] : SEED0;
+    t->tok[t->n] = tok;
+    t->chain[t->n] = mix(prev, tok);
+    t->n++;
+}
+
+static cas_status sim_add(sim *m, int id, const int32_t *prompt, int32_t n, int32_t max_new,
+                          int32_t prio) {
+    cas_status st = cas_sched_add(m->s, id, prompt, n, max_new, prio);
+    if (st != CAS_OK) return st;
+    treq *t = &m->r[id];
+    t->used = 1;
+    t->tok = malloc(((size_t)n + (size_t)max_new) * sizeof *t->tok);
+    t->chain = malloc(((size_t)n + (size_t)max_new) * sizeof *t->chain);
+    t->nprompt = n;
+    t->max_new = max_new;
+    for (int32_t i = 0; i < n; i++) treq_push(t, prompt[i]);
+    m->live++;
+    return CAS_OK;
+}
+
+#define SIM_FAIL(...)                                                                  \
+    do {                                                                               \
+        if (!m->bad) {                                                                 \
+            printf("step %lld: ", (long long)m->step);                                 \
+            printf(__VA_ARGS__);                                                       \
+            printf("\n");                                                              \
+        }                                                                              \
+        m->bad = 1;                                                                    \
+        CHECK(0);                                                                      \
+        return -1;                                                                     \
+    } while (0)
+
+/* One engine step. Returns the number of items run, -1 on a failure. abort_id
+ * >= 0 aborts that request between plan and done. */
+static int sim_step(sim *m, cas_sched_plan *out, int abort_id) {
+    cas_sched_plan p;
+    cas_status st = cas_sched_step_plan(m->s, &p);
+    if (st != CAS_OK) SIM_FAIL("step_plan: %s", cas_last_error());
+    if (out) *out = p;
+    int32_t ps = m->ps;
+    if (p.n_tokens > m->budget) SIM_FAIL("%d tokens > budget %d", p.n_tokens, m->budget);
+    if (p.n_items > m->max_seqs) SIM_FAIL("%d items > %d seqs", p.n_items, m->max_seqs);
+    if (p.qo_indptr[0] != 0 || p.kv_indptr[0] != 0) SIM_FAIL("indptr[0] != 0");
+    if (p.qo_indptr[p.n_items] != p.n_tokens) SIM_FAIL("qo_indptr end %d != %d", p.qo_indptr[p.n_items], p.n_tokens);
+    for (int i = 0; i < p.n_items; i++) {
+        const cas_sched_item *it = &p.items[i];
+        if (it->id < 0 || it->id >= m->nreq || !m->r[it->id].used || m->r[it->id].done)
+            SIM_FAIL("item %d: bad id %lld", i, (long long)it->id);
+        for (int j = 0; j < i; j++)
+            if (p.items[j].id == it->id) SIM_FAIL("request %lld twice", (long long)it->id);
+        treq *t = &m->r[it->id];
+        int32_t kv_len = it->q_start + it->q_len;
+        if (it->q_len < 1 || kv_len > t->n) SIM_FAIL("item %d: q %d+%d of %d", i, it->q_start, it->q_len, t->n);
+        if (it->sample != (kv_len == t->n)) SIM_FAIL("item %d: sample flag %d", i, it->sample);
+        if (p.qo_indptr[i + 1] - p.qo_indptr[i] != it->q_len) SIM_FAIL("qo_indptr");
+        int32_t nbk = (kv_len + ps - 1) / ps;
+        if (p.kv_indptr[i + 1] - p.kv_indptr[i] != nbk) SIM_FAIL("kv_indptr: %d pages for %d", p.kv_indptr[i + 1] - p.kv_indptr[i], kv_len);
+        if (p.kv_last_page_len[i] != kv_len - (nbk - 1) * ps) SIM_FAIL("last_page_len");
+        const int32_t *pages = p.kv_indices + p.kv_indptr[i];
+        for (int32_t k = 0; k < nbk; k++)
+            if (pages[k] < 0 || pages[k] >= m->nb) SIM_FAIL("page id %d", pages[k]);
+        if (m->verify)
+            for (int32_t q = 0; q < it->q_start; q++) {
+                size_t sl = (size_t)pages[q / ps] * ps + q % ps;
+                if (m->stamp[sl] < 0 || m->stamp[sl] >= m->step || m->mem[sl] != t->chain[q])
+                    SIM_FAIL("request %lld reads a wrong value at position %d (stamp %lld)",
+                             (long long)it->id, q, (long long)m->stamp[sl]);
+            }
+        for (int32_t q = 0; q < it->q_len; q++) {
+            int32_t pos = it->q_start + q, row = p.qo_indptr[i] + q;
+            size_t sl = (size_t)pages[pos / ps] * ps + pos % ps;
+            if (p.positions[row] != pos || p.token_ids[row] != t->tok[pos] ||
+                p.slots[row] != (int32_t)sl)
+                SIM_FAIL("request %lld row %d: position/token/slot", (long long)it->id, row);
+            if (m->stamp[sl] == m->step) SIM_FAIL("slot %zu written twice in a step", sl);
+            uint64_t prev = pos == 0 ? SEED0 : m->mem[(size_t)pages[(pos - 1) / ps] * ps + (pos - 1) % ps];
+            m->mem[sl] = mix(prev, t->tok[pos]);
+            m->stamp[sl] = m->step;
+            if (m->mem[sl] != t->chain[pos])
+                SIM_FAIL("request %lld position %d computed a wrong value", (long long)it->id, pos);
+        }
+        if (it->sample)
+            m->sampled[i] = sample_of(m->mem[(size_t)pages[(kv_len - 1) / ps] * ps + (kv_len - 1) % ps]);
+        m->stop[i] = it->sample && m->stop_p > 0 && cas_rng_uniform(&m->rng) < m->stop_p;
+    }
+    if (abort_id >= 0) {
+        if (cas_sched_abort(m->s, abort_id) == CAS_OK) {
+            m->r[abort_id].done = 1;
+            m->r[abort_id].code = CAS_SCHED_ABORTED;
+            m->live--;
+        }
+    }
+    st = cas_sched_step_done(m->s, m->sampled, m->stop, m->fin);
+    if (st != CAS_OK) SIM_FAIL("step_done: %s", cas_last_error());
+    for (int i = 0; i < p.n_items; i++) {
+        const cas_sched_item *it = &p.items[i];
+        treq *t = &m->r[it->id];
+        if (m->fin[i] == CAS_SCHED_ABORTED) {
+            if (it->id != abort_id) SIM_FAIL("request %lld aborted unasked", (long long)it->id);
+            continue;
+        }
+        if (t->done) SIM_FAIL("request %lld ran after it finished", (long long)it->id);
+        if (it->sample) {
+            treq_push(t, m->sampled[i]);
+            t->ngen++;
+        }
+        int want = !it->sample ? CAS_SCHED_RUNNING
+                   : m->stop[i] ? CAS_SCHED_FINISHED_STOP
+                   : t->ngen >= t->max_new ? CAS_SCHED_FINISHED_LENGTH : CAS_SCHED_RUNNING;
+        if (m->fin[i] != want) SIM_FAIL("request %lld: finish code %d, expected %d", (long long)it->id, m->fin[i], want);
+        if (want != CAS_SCHED_RUNNING) {
+            t->done = 1;
+            t->code = want;
+            m->live--;
+        }
+    }
+    m->step++;
+    return p.n_items;
+}
+
+/* Steps until no request is live; fails on a step cap (a deadlock). */
+static int sim_drain(sim *m, int64_t max_steps) {
+    int64_t idle = 0;
+    for (int64_t k = 0; k < max_steps && m->live > 0; k++) {
+        int n = sim_step(m, NULL, -1);
+        if (n < 0) return 0;
+        idle = n == 0 ? idle + 1 : 0;
+        if (idle > 2) {
+            printf("no progress with %lld live requests\n", (long long)m->live);
+            return 0;
+        }
+    }
+    return m->live == 0;
+}
+
+static void check_all_free(sim *m) {
+    cas_kv_stats ks;
+    cas_kv_get_stats(m->kv, &ks);
+    CHECKF(ks.blocks_used == 0 && ks.seqs_active == 0 && ks.blocks_free + ks.blocks_cached == m->nb,
+           "used %d, active %d", ks.blocks_used, ks.seqs_active);
+    CHECK(ks.blocks_pending == 0);
+    cas_sched_stats ss;
+    cas_sched_get_stats(m->s, &ss);
+    CHECK(ss.running == 0 && ss.waiting == 0);
+    CHECKF(cas_sched_check(m->s) == CAS_OK, "%s", cas_last_error());
+}
+
+/* ---- tests ------------------------------------------------------------------- */
+
+static void test_bad_input(void) {
+    sim m;
+    REQUIRE(sim_init(&m, 16, 4, 4, 32, 48, 0, 0, 1, 8));
+    int32_t t[64];
+    for (int i = 0; i < 64; i++) t[i] = i;
+    CHECK(cas_sched_add(m.s, 1, t, 0, 4, 0) == CAS_ERR_INVALID);
+    CHECK(strstr(cas_last_error(), "empty prompt") != NULL);
+    CHECK(cas_sched_add(m.s, 1, NULL, 3, 4, 0) == CAS_ERR_INVALID);
+    CHECK(cas_sched_add(m.s, 1, t, 4, 0, 0) == CAS_ERR_INVALID);
+    CHECK(strstr(cas_last_error(), "max_new_tokens") != NULL);
+    CHECK(cas_sched_add(m.s, 1, t, 4, -3, 0) == CAS_ERR_INVALID);
+    CHECK(cas_sched_add(m.s, 1, t, 49, 1, 0) == CAS_ERR_INVALID); /* prompt longer than the context */
+    CHECK(strstr(cas_last_error(), "context") != NULL);
+    CHECK(cas_sched_add(m.s, 1, t, 40, 9, 0) == CAS_ERR_INVALID); /* prompt + max_new > context */
+    int32_t neg[2] = {3, -1};
+    CHECK(cas_sched_add(m.s, 1, neg, 2, 4, 0) == CAS_ERR_INVALID);
+    CHECK(sim_add(&m, 1, t, 4, 4, 0) == CAS_OK);
+    CHECK(cas_sched_add(m.s, 1, t, 4, 4, 0) == CAS_ERR_INVALID); /* duplicate id */
+    CHECK(strstr(cas_last_error(), "already") != NULL);
+    cas_sched_stats ss;
+    cas_sched_get_stats(m.s, &ss);
+    CHECK(ss.rejected == 8 && ss.waiting == 1);
+    CHECK(sim_drain(&m, 100));
+    check_all_free(&m);
+    sim_free(&m);
+
+    /* a request that could never fit the pool: 16 blocks of 4 = 64 tokens */
+    REQUIRE(sim_init(&m, 16, 4, 4, 32, 128, 0, 0, 1, 8));
+    int32_t big[100];
+    for (int i = 0; i < 100; i++) big[i] = i;
+    CHECK(cas_sched_add(m.s, 2, big, 60, 8, 0) == CAS_ERR_NOMEM);
+    CHECK(strstr(cas_last_error(), "never fit") != NULL);
+    CHECK(sim_add(&m, 3, big, 60, 5, 0) == CAS_OK); /* 64 tokens of KV: fits exactly */
+    CHECK(sim_drain(&m, 100));
+    CHECK(m.r[3].code == CAS_SCHED_FINISHED_LENGTH && m.r[3].ngen == 5);
+    check_all_free(&m);
+    sim_free(&m);
+
+    cas_sched *s = NULL;
+    cas_sched_opts so = cas_sched_opts_default();
+    CHECK(cas_sched_create(NULL, &so, &s) == CAS_ERR_INVALID);
+}
+
+static void test_single_chunked(void) {
+    sim m;
+    REQUIRE(sim_init(&m, 32, 4, 4, 4, 64, 0, 0, 1, 4));
+    int32_t t[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    REQUIRE(sim_add(&m, 0, t, 10, 5, 0) == CAS_OK);
+    cas_sched_plan p;
+    int32_t want[][2] = {{0, 4}, {4, 4}, {8, 2}, {10, 1}, {11, 1}, {12, 1}, {13, 1}};
+    for (int k = 0; k < 7; k++) {
+        REQUIRE(sim_step(&m, &p, -1) == 1);
+        CHECK(p.items[0].q_start == want[k][0] && p.items[0].q_len == want[k][1]);
+    }
+    CHECK(m.r[0].done && m.r[0].code == CAS_SCHED_FINISHED_LENGTH && m.r[0].ngen == 5);
+    REQUIRE(sim_step(&m, &p, -1) == 0);
+    check_all_free(&m);
+    cas_sched_stats ss;
+    cas_sched_get_stats(m.s, &ss);
+    CHECK(ss.prompt_tokens_computed == 10 && ss.decode_tokens == 4 && ss.finished == 1);
+    sim_free(&m);
+}
+
+static void test_decodes_first(void) {
+    sim m;
+    REQUIRE(sim_init(&m, 64, 4, 4, 8, 128, 0, 0, 1, 4));
+    int32_t a[4] = {1, 2, 3, 4}, b[100];
+    for (int i = 0; i < 100; i++) b[i] = 100 + i;
+    REQUIRE(sim_add(&m, 0, a, 4, 20, 0) == CAS_OK);
+    REQUIRE(sim_step(&m, NULL, -1) == 1); /* A's prompt; A samples */
+    REQUIRE(sim_add(&m, 1, b, 100, 2, 0) == CAS_OK);
+    cas_sched_plan p;
+    for (int k = 0; k < 10; k++) {
+        REQUIRE(sim_step(&m, &p, -1) == 2);
+        CHECK(p.items[0].id == 0 && p.items[0].q_len == 1 && p.items[0].sample);
+        CHECK(p.items[1].id == 1 && p.items[1].q_len == 7 && p.items[1].q_start == 7 * k);
+        CHECK(p.n_tokens == 8);
+    }
+    CHECK(sim_drain(&m, 100));
+    check_all_free(&m);
+    sim_free(&m);
+}
+
+static void test_fcfs_and_priority(void) {
+    int32_t t[6] = {9, 8, 7, 6, 5, 4};
+    for (int prio = 0; prio <= 1; prio++) {
+        sim m;
+        REQUIRE(sim_init(&m, 64, 4, 1, 64, 64, 0, prio, 1, 8));
+        int32_t pr[5] = {0, 0, 5, 0, 9};
+        for (int i = 0; i < 5; i++) {
+            t[0] = i;
+            REQUIRE(sim_add(&m, i, t, 6, 3, pr[i]) == CAS_OK);
+        }
+        int order[5], n = 0;
+        cas_sched_plan p;
+        for (int k = 0; k < 100 && m.live > 0; k++) {
+            int r = sim_step(&m, &p, -1);
+            REQUIRE(r >= 0);
+            CHECK(r <= 1);
+            if (r == 1 && p.items[0].q_start == 0) order[n++] = (int)p.items[0].id;
+        }
+        REQUIRE(n == 5);
+        int want0[5] = {0, 1, 2, 3, 4}, want1[5] = {4, 2, 0, 1, 3};
+        for (int i = 0; i < 5; i++) CHECK(order[i] == (prio ? want1[i] : want0[i]));
+        check_all_free(&m);
+        sim_free(&m);
+    }
+}
+
+static void test_seq_limit_and_budget(void) {
+    sim m;
+    REQUIRE(sim_init(&m, 512, 4, 3, 10, 64, 0, 0, 1, 40));
+    int32_t t[30];
+    for (int i = 0; i < 40; i++) {
+        for (int k = 0; k < 30; k++) t[k] = (int32_t)cas_rng_range(&m.rng, 0, VOCAB - 1);
+        REQUIRE(sim_add(&m, i, t, (int32_t)cas_rng_range(&m.rng, 1, 30),
+                        (int32_t)cas_rng_range(&m.rng, 1, 12), 0) == CAS_OK);
+    }
+    for (int k = 0; k < 2000 && m.live > 0; k++) {
+        REQUIRE(sim_step(&m, NULL, -1) >= 0); /* checks budget and limit */
+        cas_sched_stats ss;
+        cas_sched_get_stats(m.s, &ss);
+        CHECK(ss.running <= 3);
+    }
+    CHECK(m.live == 0);
+    check_all_free(&m);
+    sim_free(&m);
+}
+
+static void test_abort(void) {
+    sim m;
+    REQUIRE(sim_init(&m, 64, 4, 4, 16, 64, 0, 0, 1, 8));
+    int32_t t[20];
+    for (int i = 0; i < 20; i++) t[i] = 300 + i;
+    REQUIRE(sim_add(&m, 0, t, 20, 10, 0) == CAS_OK);
+    REQUIRE(sim_add(&m, 1, t, 6, 10, 0) == CAS_OK);
+    t[0] = 1;
+    REQUIRE(sim_add(&m, 2, t, 6, 10, 0) == CAS_OK);
+    REQUIRE(sim_add(&m, 3, t, 6, 10, 0) == CAS_OK);
+    CHECK(cas_sched_abort(m.s, 3) == CAS_OK); /* waiting */
+    m.r[3].done = 1;
+    m.live--;
+    CHECK(cas_sched_abort(m.s, 3) == CAS_ERR_INVALID);
+    CHECK(cas_sched_abort(m.s, 77) == CAS_ERR_INVALID);
+    REQUIRE(sim_step(&m, NULL, -1) >= 1);
+    REQUIRE(sim_step(&m, NULL, -1) >= 1);
+    cas_sched_req_info info;
+    REQUIRE(cas_sched_get(m.s, 2, &info) == CAS_OK);
+    CHECK(info.state == 1);
+    /* running, not in a plan: its private blocks come back at once */
+    int32_t before = cas_kv_num_free_blocks(m.kv);
+    CHECK(cas_sched_abort(m.s, 2) == CAS_OK);
+    m.r[2].done = 1;
+    m.live--;
+    CHECK(cas_kv_num_free_blocks(m.kv) > before);
+    CHECK(cas_sched_get(m.s, 2, &info) == CAS_ERR_INVALID);
+    /* in flight: reported at step_done */
+    cas_sched_plan p;
+    REQUIRE(sim_step(&m, &p, 0) >= 1);
+    CHECK(m.r[0].done && m.r[0].code == CAS_SCHED_ABORTED);
+    CHECK(cas_sched_get(m.s, 0, &info) == CAS_ERR_INVALID);
+    CHECK(sim_drain(&m, 100));
+    CHECK(m.r[1].code == CAS_SCHED_FINISHED_LENGTH);
+    cas_sched_stats ss;
+    cas_sched_get_stats(m.s, &ss);
+    CHECK(ss.aborted == 3 && ss.finished == 1);
+    check_all_free(&m);
+    sim_free(&m);
+}
+
+static void test_stop_and_protocol(void) {
+    sim m;
+    REQUIRE(sim_init(&m, 64, 4, 4, 16, 64, 0, 0, 1, 4));
+    int32_t t[5] = {1, 2, 3, 4, 5};
+    REQUIRE(sim_add(&m, 0, t, 5, 50, 0) == CAS_OK);
+    cas_sched_plan p;
+    CHECK(cas_sched_step_done(m.s, NULL, NULL, NULL) == CAS_ERR_INVALID); /* nothing planned */
+    REQUIRE(cas_sched_step_plan(m.s, &p) == CAS_OK);
+    CHECK(cas_sched_step_plan(m.s, &p) == CAS_ERR_INVALID); /* previous not done */
+    CHECK(cas_sched_step_done(m.s, NULL, NULL, NULL) == CAS_ERR_INVALID); /* needs a token */
+    int32_t bad = -5;
+    CHECK(cas_sched_step_done(m.s, &bad, NULL, NULL) == CAS_ERR_INVALID);
+    for (int32_t row = 0; row < p.n_tokens; row++) { /* the fake engine's writes */
+        m.mem[p.slots[row]] = m.r[0].chain[p.positions[row]];
+        m.stamp[p.slots[row]] = m.step;
+    }
+    m.step++;
+    int32_t tok = sample_of(m.r[0].chain[4]);
+    uint8_t fin = 9;
+    CHECK(cas_sched_step_done(m.s, &tok, NULL, &fin) == CAS_OK);
+    CHECK(fin == CAS_SCHED_RUNNING);
+    treq_push(&m.r[0], tok);
+    m.r[0].ngen++;
+    m.stop_p = 1.0; /* the engine stops it at the next token */
+    REQUIRE(sim_step(&m, &p, -1) == 1);
+    CHECK(m.r[0].done && m.r[0].code == CAS_SCHED_FINISHED_STOP && m.r[0].ngen == 2);
+    check_all_free(&m);
+    sim_free(&m);
+}
+
+/* Cold-cache sharing: 64 requests, one 2000-token prefix, 32-token suffixes,
+ * all arriving at once. */
+static int64_t cold_cache_run(int32_t budget, int prefix_cache, int32_t prefix) {
+    sim m;
+    int32_t suffix = 32, n = prefix + suffix;
+    if (!sim_init(&m, 1024, 16, 64, budget, 4096, 0, 0, prefix_cache, 64)) return -1;
+    m.verify = 1;
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    for (int32_t k = 0; k < prefix; k++) t[k] = (int32_t)cas_rng_range(&m.rng, 0, VOCAB - 1);
+    for (int i = 0; i < 64; i++) {
+        for (int32_t k = prefix; k < n; k++) t[k] = (int32_t)cas_rng_range(&m.rng, 0, VOCAB - 1);
+        if (sim_add(&m, i, t, n, 4, 0) != CAS_OK) return -1;
+    }
+    free(t);
+    int ok = sim_drain(&m, 10000);
+    CHECK(ok);
+    for (int i = 0; i < 64; i++) CHECK(m.r[i].done && m.r[i].ngen == 4);
+    cas_sched_stats ss;
+    cas_sched_get_stats(m.s, &ss);
+    CHECK(ss.preemptions == 0);
+    check_all_free(&m);
+    cas_kv_stats ks;
+    cas_kv_get_stats(m.kv, &ks);
+    if (prefix_cache) CHECK(ks.pending_hit_tokens + ks.hit_tokens >= (int64_t)63 * (prefix / 16) * 16);
+    sim_free(&m);
+    return ok ? ss.prompt_tokens_computed : -1;
+}
+
+static void test_cold_cache_sharing(void) {
+    int64_t want = 2000 + 64 * 32;
+    int64_t a = cold_cache_run(2048, 1, 2000);
+    CHECKF(a == want, "budget 2048: %lld prompt tokens computed, expected %lld", (long long)a, (long long)want);
+    int64_t b = cold_cache_run(512, 1, 2000);
+    CHECKF(b == want, "budget 512: %lld prompt tokens computed, expected %lld", (long long)b, (long long)want);
+    int64_t c = cold_cache_run(8192, 1, 2000);
+    CHECKF(c == want, "budget 8192: %lld", (long long)c);
+    /* a prefix that ends inside a block: its last partial block is computed per request */
+    int64_t d = cold_cache_run(2048, 1, 2007);
+    CHECKF(d >= 2007 + 64 * 32 && d <= 2007 + 64 * (32 + 16), "unaligned prefix: %lld", (long long)d);
+    int64_t off = cold_cache_run(2048, 0, 2000);
+    CHECKF(off == 64 * 2032, "prefix cache off: %lld", (long long)off);
+    printf("  cold cache: %lld prompt tokens computed (%lld without prefix caching)\n",
+           (long long)a, (long long)off);
+}
+
+/* Random workloads on tiny pools: arrivals over time, shared prefixes, random
+ * stops and aborts; must end with everything finished and every block free. */
+static void random_sched(uint64_t seed, int32_t nb, int32_t ps, int32_t seqs, int32_t budget,
+                         int32_t chunk, int prio, int nreq, int64_t *preempt_out) {
+    sim m;
+    int32_t ctx = 96;
+    REQUIRE(sim_init(&m, nb, ps, seqs, budget, ctx, chunk, prio, 1, nreq));
+    cas_rng_seed(&m.rng, seed);
+    m.stop_p = 0.02;
+    int32_t tmpl[3][64], t[96];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 64; i++) tmpl[k][i] = (int32_t)cas_rng_range(&m.rng, 0, VOCAB - 1);
+    int next = 0;
+    int64_t steps = 0;
+    while ((next < nreq || m.live > 0) && steps < 200000) {
+        int arrivals = (int)cas_rng_range(&m.rng, 0, 2);
+        for (int a = 0; a < arrivals && next < nreq; a++, next++) {
+            int32_t n = (int32_t)cas_rng_range(&m.rng, 1, 48);
+            int32_t keep = (int32_t)cas_rng_range(&m.rng, 0, n);
+            int k = (int)cas_rng_range(&m.rng, 0, 2);
+            for (int32_t i = 0; i < n; i++)
+                t[i] = i < keep ? tmpl[k][i] : (int32_t)cas_rng_range(&m.rng, 0, VOCAB - 1);
+            int32_t max_new = (int32_t)cas_rng_range(&m.rng, 1, 40);
+            /* the largest request fits the pool alone; some do not and are rejected */
+            cas_status st = sim_add(&m, next, t, n, max_new, (int32_t)cas_rng_range(&m.rng, 0, 3));
+            int32_t need = (n + max_new - 1 + ps - 1) / ps;
+            CHECK(st == (need > nb ? CAS_ERR_NOMEM : CAS_OK));
+        }
+        int abort_id = -1;
+        if (cas_rng_uniform(&m.rng) < 0.01) {
+            int id = (int)cas_rng_range(&m.rng, 0, next > 0 ? next - 1 : 0);
+            if (next > 0 && m.r[id].used && !m.r[id].done) abort_id = id;
+        }
+        if (sim_step(&m, NULL, abort_id) < 0) break;
+        steps++;
+    }
+    CHECKF(m.live == 0 && next == nreq, "seed %llu: %lld live after %lld steps", (unsigned long long)seed,
+           (long long)m.live, (long long)steps);
+    for (int i = 0; i < nreq; i++)
+        if (m.r[i].used) CHECK(m.r[i].done);
+    check_all_free(&m);
+    cas_sched_stats ss;
+    cas_sched_get_stats(m.s, &ss);
+    *preempt_out += ss.preemptions;
+    sim_free(&m);
+}
+
+static void test_random_preemption(void) {
+    int64_t pre = 0;
+    random_sched(1, 24, 4, 8, 32, 0, 0, 400, &pre);
+    random_sched(2, 24, 4, 8, 32, 8, 1, 400, &pre);
+    random_sched(3, 40, 2, 16, 64, 0, 0, 400, &pre);
+    random_sched(4, 14, 8, 6, 16, 0, 1, 400, &pre);
+    random_sched(5, 100, 1, 12, 24, 5, 0, 300, &pre);
+    random_sched(6, 30, 4, 30, 200, 0, 0, 400, &pre);
+    CHECKF(pre > 100, "only %lld preemptions: the pools are not tight", (long long)pre);
+    printf("  random workloads: %lld preemptions, all requests finished\n", (long long)pre);
+}
+
+int main(void) {
+    RUN(test_bad_input);
+    RUN(test_single_chunked);
+    RUN(test_decodes_first);
+    RUN(test_fcfs_and_priority);
+    RUN(test_seq_limit_and_budget);
+    RUN(test_abort);
+    RUN(test_stop_and_protocol);
+    RUN(test_cold_cache_sharing);
+    RUN(test_random_preemption);
+    return check_summary();
+}
