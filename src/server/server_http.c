@@ -850,12 +850,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!(r = req_new(s, conn))) return MHD_NO;
         *con_cls = r;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && s->lim.max_body_bytes && strtoull(cl, NULL, 10) > s->lim.max_body_bytes) {
-            /* answer before reading the body; libmicrohttpd then closes the connection */
+        unsigned long long len = cl ? strtoull(cl, NULL, 10) : 0;
+        if (s->lim.max_body_bytes && len > s->lim.max_body_bytes)
+            r->too_large = 1; /* read and drop the body, then answer 413: most clients only read after sending */
+        if (r->too_large && len > s->lim.max_body_bytes + ((unsigned long long)64 << 20)) {
+            /* too much to drain: answer before reading the body; libmicrohttpd then closes the connection */
             cas_srv_error err;
             cas_srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
                               "Request body of %s bytes exceeds the limit of %zu bytes", cl, s->lim.max_body_bytes);
-            r->too_large = 1;
             return send_error(r, &err);
         }
         return MHD_YES;
