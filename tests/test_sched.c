@@ -51,6 +51,7 @@ typedef struct {
     int bad;       /* first failure message printed once */
     int verify;    /* check every slot read */
     int64_t live;  /* requests added, not done */
+    int64_t wait_shared; /* sum of plan.n_waiting_shared */
     int32_t *sampled;
     uint8_t *stop, *fin;
 } sim;
@@ -145,6 +146,7 @@ static int sim_step(sim *m, cas_sched_plan *out, int abort_id) {
     cas_sched_plan p;
     cas_status st = cas_sched_step_plan(m->s, &p);
     if (st != CAS_OK) SIM_FAIL("step_plan: %s", cas_last_error());
+    m->wait_shared += p.n_waiting_shared;
     if (out) *out = p;
     int32_t ps = m->ps;
     if (p.n_tokens > m->budget) SIM_FAIL("%d tokens > budget %d", p.n_tokens, m->budget);
@@ -456,6 +458,42 @@ static void test_stop_and_protocol(void) {
     sim_free(&m);
 }
 
+/* The victim of a preemption is the latest arrival (FCFS) or the lowest
+ * priority; it resumes by recomputing prompt + generated and produces the same
+ * tokens (the fake engine checks every value). */
+static void test_preempt_victim(void) {
+    for (int prio = 0; prio <= 1; prio++) {
+        sim m;
+        REQUIRE(sim_init(&m, 6, 4, 3, 64, 64, 0, prio, 1, 4));
+        int32_t pr[3] = {0, 0, 5};
+        for (int i = 0; i < 3; i++) {
+            int32_t t[4] = {10 * i + 1, 10 * i + 2, 10 * i + 3, 10 * i + 4};
+            REQUIRE(sim_add(&m, i, t, 4, 8, pr[i]) == CAS_OK);
+        }
+        cas_sched_plan p;
+        int64_t victim = -1;
+        for (int k = 0; k < 100 && m.live > 0; k++) {
+            REQUIRE(sim_step(&m, &p, -1) >= 0);
+            if (p.n_preempted > 0 && victim < 0) {
+                victim = p.preempted_ids[0];
+                CHECK(p.n_preempted == 1);
+                cas_sched_req_info info;
+                REQUIRE(cas_sched_get(m.s, victim, &info) == CAS_OK);
+                CHECK(info.state == 0 && info.n_preemptions == 1 && info.n_generated > 0);
+                for (int i = 0; i < p.n_items; i++) CHECK(p.items[i].id != victim);
+            }
+        }
+        CHECKF(victim == (prio ? 1 : 2), "priority %d: victim %lld", prio, (long long)victim);
+        CHECK(m.live == 0);
+        for (int i = 0; i < 3; i++) CHECK(m.r[i].code == CAS_SCHED_FINISHED_LENGTH && m.r[i].ngen == 8);
+        cas_sched_stats ss;
+        cas_sched_get_stats(m.s, &ss);
+        CHECK(ss.preemptions >= 1 && ss.recomputed_tokens > 0);
+        check_all_free(&m);
+        sim_free(&m);
+    }
+}
+
 /* Cold-cache sharing: 64 requests, one 2000-token prefix, 32-token suffixes,
  * all arriving at once. */
 static int64_t cold_cache_run(int32_t budget, int prefix_cache, int32_t prefix) {
@@ -504,7 +542,7 @@ static void test_cold_cache_sharing(void) {
 /* Random workloads on tiny pools: arrivals over time, shared prefixes, random
  * stops and aborts; must end with everything finished and every block free. */
 static void random_sched(uint64_t seed, int32_t nb, int32_t ps, int32_t seqs, int32_t budget,
-                         int32_t chunk, int prio, int nreq, int64_t *preempt_out) {
+                         int32_t chunk, int prio, int nreq, int64_t *acc) {
     sim m;
     int32_t ctx = 96;
     REQUIRE(sim_init(&m, nb, ps, seqs, budget, ctx, chunk, prio, 1, nreq));
@@ -544,20 +582,25 @@ static void random_sched(uint64_t seed, int32_t nb, int32_t ps, int32_t seqs, in
     check_all_free(&m);
     cas_sched_stats ss;
     cas_sched_get_stats(m.s, &ss);
-    *preempt_out += ss.preemptions;
+    acc[0] += ss.preemptions;
+    if (getenv("SCHED_VERBOSE")) printf("  seed %llu: %lld preemptions, %lld steps, %lld recomputed\n", (unsigned long long)seed, (long long)ss.preemptions, (long long)steps, (long long)ss.recomputed_tokens);
+    acc[1] += steps;
+    acc[2] += m.wait_shared;
     sim_free(&m);
 }
 
 static void test_random_preemption(void) {
-    int64_t pre = 0;
-    random_sched(1, 24, 4, 8, 32, 0, 0, 400, &pre);
-    random_sched(2, 24, 4, 8, 32, 8, 1, 400, &pre);
-    random_sched(3, 40, 2, 16, 64, 0, 0, 400, &pre);
-    random_sched(4, 14, 8, 6, 16, 0, 1, 400, &pre);
-    random_sched(5, 100, 1, 12, 24, 5, 0, 300, &pre);
-    random_sched(6, 30, 4, 30, 200, 0, 0, 400, &pre);
-    CHECKF(pre > 100, "only %lld preemptions: the pools are not tight", (long long)pre);
-    printf("  random workloads: %lld preemptions, all requests finished\n", (long long)pre);
+    int64_t acc[3] = {0, 0, 0}; /* preemptions, steps, waits on shared blocks */
+    random_sched(1, 24, 4, 8, 32, 0, 0, 400, acc);
+    random_sched(2, 24, 4, 8, 32, 8, 1, 400, acc);
+    random_sched(3, 40, 2, 16, 64, 0, 0, 400, acc);
+    random_sched(4, 14, 8, 6, 16, 0, 1, 400, acc);
+    random_sched(5, 100, 1, 12, 24, 5, 0, 300, acc);
+    random_sched(6, 30, 4, 30, 200, 0, 0, 400, acc);
+    CHECKF(acc[0] > 100, "only %lld preemptions: the pools are not tight", (long long)acc[0]);
+    CHECK(acc[2] > 0);
+    printf("  random workloads: %lld steps, %lld preemptions, %lld waits on shared blocks, "
+           "all requests finished\n", (long long)acc[1], (long long)acc[0], (long long)acc[2]);
 }
 
 int main(void) {
@@ -568,6 +611,7 @@ int main(void) {
     RUN(test_seq_limit_and_budget);
     RUN(test_abort);
     RUN(test_stop_and_protocol);
+    RUN(test_preempt_victim);
     RUN(test_cold_cache_sharing);
     RUN(test_random_preemption);
     return check_summary();
