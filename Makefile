@@ -159,3 +159,22 @@ fuzz: build-fuzz/fuzz_gguf
 	$(PYTHON) fuzz/make_seeds.py build-fuzz/seeds
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=65536 -timeout=10 \
 	  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/ build-fuzz/corpus build-fuzz/seeds
+
+# ---- fuzzing the server's request handling ----------------------------------
+# `make fuzz-server` builds fuzz/fuzz_server.c (cas_srv_parse: routing, API
+# key, JSON validation) with libFuzzer, ASan and UBSan and fuzzes for
+# FUZZ_TIME seconds from fuzz/server_seeds. Crashes land in
+# build-fuzz/server-crash-*.
+.PHONY: fuzz-server
+FUZZ_SERVER_SRC := fuzz/fuzz_server.c src/server/server_parse.c src/core/core.c
+
+build-fuzz/fuzz_server: $(FUZZ_SERVER_SRC) src/server/server_impl.h src/server/server.h src/engine/engine.h src/core/core.h
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined $$(pkg-config --cflags jansson) -o $@ $(FUZZ_SERVER_SRC) \
+	  $$(pkg-config --libs jansson) -lm -lpthread
+
+fuzz-server: build-fuzz/fuzz_server
+	@mkdir -p build-fuzz/corpus-server
+	build-fuzz/fuzz_server -max_total_time=$(FUZZ_TIME) -max_len=65536 -timeout=10 \
+	  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/server- build-fuzz/corpus-server fuzz/server_seeds

@@ -277,32 +277,7 @@ static void abort_all(srv_req *r) {
 
 /* ---- rendering ------------------------------------------------------------- */
 
-/* A JSON string of possibly invalid UTF-8 (invalid bytes become U+FFFD). */
-static json_t *jstr(const char *s, size_t n) {
-    json_t *j = json_stringn(s, n);
-    if (j) return j;
-    char *d = malloc(n * 3 + 1);
-    if (!d) return json_string("");
-    size_t w = 0;
-    for (size_t i = 0; i < n;) {
-        unsigned char b = (unsigned char)s[i];
-        size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-        json_t *t = len && i + len <= n ? json_stringn(s + i, len) : NULL;
-        if (t) {
-            json_decref(t);
-            memcpy(d + w, s + i, len);
-            w += len;
-            i += len;
-        } else {
-            memcpy(d + w, "\xEF\xBF\xBD", 3);
-            w += 3;
-            i++;
-        }
-    }
-    j = json_stringn(d, w);
-    free(d);
-    return j ? j : json_string("");
-}
+static json_t *jstr(const char *s, size_t n) { return cas_srv_json_str(s, n); }
 
 static json_t *token_str(cas_server *s, int32_t id, const srv_ev *e) {
     if (s->ops.token_text) {

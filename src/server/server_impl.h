@@ -64,6 +64,11 @@ typedef struct {
 void cas_srv_error_set(cas_srv_error *err, int status, const char *type, const char *code,
                        const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+/* A JSON string of bytes that may not be UTF-8: invalid bytes become U+FFFD
+ * (jansson refuses invalid UTF-8). Returns a new reference. */
+typedef struct json_t json_t;
+json_t *cas_srv_json_str(const char *s, size_t n);
+
 /* JSON text of an error (malloc'd, caller frees; NULL on allocation failure). */
 char *cas_srv_error_json(const cas_srv_error *err);
 

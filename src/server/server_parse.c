@@ -37,6 +37,32 @@ void cas_srv_error_set(cas_srv_error *err, int status, const char *type, const c
     va_end(ap);
 }
 
+json_t *cas_srv_json_str(const char *s, size_t n) {
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *d = malloc(n * 3 + 1);
+    if (!d) return json_string("");
+    size_t w = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char b = (unsigned char)s[i];
+        size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        json_t *t = len && b && i + len <= n ? json_stringn(s + i, len) : NULL;
+        if (t) { /* jansson judges the sequence (overlong forms, surrogates) */
+            json_decref(t);
+            memcpy(d + w, s + i, len);
+            w += len;
+            i += len;
+        } else {
+            memcpy(d + w, "\xEF\xBF\xBD", 3); /* U+FFFD */
+            w += 3;
+            i++;
+        }
+    }
+    j = json_stringn(d, w);
+    free(d);
+    return j ? j : json_string("");
+}
+
 char *cas_srv_error_json(const cas_srv_error *err) {
     json_t *e = json_object();
     json_t *root = json_object();
@@ -45,9 +71,10 @@ char *cas_srv_error_json(const cas_srv_error *err) {
         json_decref(root);
         return NULL;
     }
-    json_object_set_new(e, "message", json_string(err->message));
+    /* the message may quote the request (a path, a JSON error): any bytes */
+    json_object_set_new(e, "message", cas_srv_json_str(err->message, strlen(err->message)));
     json_object_set_new(e, "type", json_string(err->type ? err->type : "invalid_request_error"));
-    json_object_set_new(e, "param", err->param[0] ? json_string(err->param) : json_null());
+    json_object_set_new(e, "param", err->param[0] ? cas_srv_json_str(err->param, strlen(err->param)) : json_null());
     json_object_set_new(e, "code", err->code ? json_string(err->code) : json_null());
     json_object_set_new(root, "error", e);
     char *s = json_dumps(root, JSON_COMPACT);

@@ -1,0 +1,94 @@
+/*
+ * fuzz_server.c: libFuzzer harness for the server's request handling,
+ * cas_srv_parse (routing, API key, JSON parsing and validation of both
+ * generation routes). The input's first three bytes choose the method, the
+ * path and the Authorization header (a fourth path choice takes the path
+ * from the input itself); the rest is the body, copied into an exact-size
+ * buffer so AddressSanitizer sees a read past its end.
+ *
+ * Oracles beyond "no crash": every error renders as valid JSON in OpenAI's
+ * shape with a 4xx/5xx status, and every accepted request satisfies the
+ * invariants the HTTP layer relies on (n >= 1, a prompt or messages, stop
+ * strings non-empty, counts consistent).
+ */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/server/server_impl.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const char *methods[] = {"GET", "POST", "PUT", "DELETE"};
+static const char *paths[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+                              "/v1/completions?x=1", "/v1/", "/"};
+static const char *auths[] = {NULL, "Bearer k", "Bearer wrong", "bearer  k "};
+
+#define ASSERT(c)                                                                                            \
+    do {                                                                                                     \
+        if (!(c)) __builtin_trap();                                                                          \
+    } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 3) return 0;
+    const char *method = methods[data[0] % 4];
+    const char *auth = auths[data[2] % 4];
+    char pathbuf[64];
+    const char *path;
+    const uint8_t *body = data + 3;
+    size_t blen = size - 3;
+    if (data[1] % 9 == 8) { /* path from the input, up to the first newline */
+        size_t n = 0;
+        while (n < blen && n < sizeof pathbuf - 1 && body[n] != '\n') n++;
+        memcpy(pathbuf, body, n);
+        pathbuf[n] = 0;
+        path = pathbuf;
+        body += n < blen ? n + 1 : n;
+        blen -= n < blen ? n + 1 : n;
+    } else {
+        path = paths[data[1] % 9 % 8];
+    }
+    char *copy = malloc(blen ? blen : 1);
+    if (!copy) return 0;
+    if (blen) memcpy(copy, body, blen);
+
+    cas_srv_limits lim = {data[2] & 4 ? "k" : NULL, 1 << 16, 8};
+    cas_srv_parsed p;
+    cas_srv_error err;
+    cas_srv_route r = cas_srv_parse(&lim, method, path, auth, copy, blen, &p, &err);
+    if (r == CAS_SRV_ROUTE_NONE) {
+        ASSERT(err.status >= 400 && err.status < 600);
+        char *js = cas_srv_error_json(&err);
+        ASSERT(js);
+        json_t *j = json_loads(js, 0, NULL);
+        ASSERT(j);
+        json_t *e = json_object_get(j, "error");
+        ASSERT(json_is_string(json_object_get(e, "message")) && json_is_string(json_object_get(e, "type")));
+        ASSERT(json_object_get(e, "param") && json_object_get(e, "code"));
+        json_decref(j);
+        free(js);
+        ASSERT(p.prompts == NULL && p.msgs == NULL && p.stops == NULL && p.model == NULL);
+    } else if (r == CAS_SRV_ROUTE_COMPLETIONS || r == CAS_SRV_ROUTE_CHAT) {
+        ASSERT(p.n >= 1 && p.n <= lim.max_n);
+        ASSERT(p.sampling.max_tokens >= 1 || (r == CAS_SRV_ROUTE_CHAT && !p.max_tokens_set));
+        ASSERT(p.sampling.temperature >= 0.0f && p.sampling.temperature <= 2.0f);
+        ASSERT(p.sampling.top_p > 0.0f && p.sampling.top_p <= 1.0f);
+        ASSERT(p.sampling.n_stop == p.n_stops && p.n_stops <= 16);
+        for (int32_t i = 0; i < p.n_stops; i++) ASSERT(p.stops[i][0] && p.sampling.stop[i] == p.stops[i]);
+        if (r == CAS_SRV_ROUTE_COMPLETIONS) {
+            ASSERT(p.n_prompts >= 1);
+            for (int32_t i = 0; i < p.n_prompts; i++) {
+                ASSERT(p.prompts[i].text || p.prompts[i].n_tokens >= 1);
+                if (!p.prompts[i].text)
+                    for (int32_t t = 0; t < p.prompts[i].n_tokens; t++) ASSERT(p.prompts[i].tokens[t] >= 0);
+            }
+        } else {
+            ASSERT(p.n_msgs >= 1);
+            for (int32_t i = 0; i < p.n_msgs; i++) ASSERT(p.msgs[i].role && p.msgs[i].content);
+        }
+    }
+    cas_srv_parsed_free(&p);
+    free(copy);
+    return 0;
+}
