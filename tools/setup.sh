@@ -21,6 +21,7 @@ fi
 py_need=()
 python3 -c "import numpy" 2>/dev/null || py_need+=(numpy)
 python3 -c "import matplotlib" 2>/dev/null || py_need+=(matplotlib)
+python3 -c "import openai" 2>/dev/null || py_need+=(openai)  # check_server.py: the official client
 if [ ${#py_need[@]} -gt 0 ]; then
   echo "setup: pip installing ${py_need[*]}"
   python3 -m pip install -q "${py_need[@]}" 2>/dev/null ||
