@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Serving benchmark for `cascade serve`, in the manner of vLLM's benchmark_serving.
+
+Replays a shared-prefix workload against a running server (or one it starts):
+every request is a completion whose prompt is one shared prefix of
+--prefix-tokens token ids followed by --suffix-tokens ids of its own, asking
+for exactly --output-tokens tokens (ignore_eos), streamed. Requests arrive as
+a Poisson process at --request-rate per second ("inf": all at once), capped
+at --max-concurrency in flight. Prompts are token ids (random ids from a
+fixed seed), so the lengths are exact and the workload is the one
+`cascade bench` runs offline.
+
+Per request it records the time to the first token (TTFT), the time per
+output token after the first (TPOT), the gaps between streamed chunks (ITL)
+and the end-to-end latency, and reports throughput and their mean, median
+and percentiles. It scrapes /metrics before and after for prefix-cache hits
+and cascade steps. Results go to bench/results/cpu-serve.json (one entry per
+rate), a plot to bench/results/cpu-serve.png, and a Markdown table to stdout
+and bench/results/cpu-serve.md.
+
+    python3 bench/serve_bench.py --launch --request-rate inf,8,2
+    python3 bench/serve_bench.py --url http://127.0.0.1:8000 --num-prompts 128
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def scrape(url, key):
+    req = urllib.request.Request(url + "/metrics")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
+def model_id(url, key):
+    req = urllib.request.Request(url + "/v1/models")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["data"][0]["id"]
+
+
+def one_request(url, key, body, rec):
+    """Streams one completion; fills rec with timings (seconds) and counts."""
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    t0 = time.perf_counter()
+    rec["start"] = t0
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            rec["error"] = f"HTTP {resp.status}: {resp.read()[:200]!r}"
+            return
+        chunks = []
+        buf = b""
+        done = False
+        while not done:
+            data = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
+            if not data:
+                break
+            buf += data
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                if not ev.startswith(b"data: "):
+                    continue
+                payload = ev[6:]
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                j = json.loads(payload)
+                now = time.perf_counter()
+                if j.get("usage"):
+                    rec["output_tokens"] = j["usage"]["completion_tokens"]
+                    rec["prompt_tokens"] = j["usage"]["prompt_tokens"]
+                    rec["cached_tokens"] = (j["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                for c in j.get("choices", []):
+                    if c.get("text"):
+                        chunks.append(now)
+        rec["end"] = time.perf_counter()
+        if not done:
+            rec["error"] = "stream ended without [DONE]"
+            return
+        rec["chunks"] = chunks
+        rec["ttft"] = chunks[0] - t0 if chunks else None
+    except Exception as e:  # noqa: BLE001 - a failed request is recorded, not fatal
+        rec["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100.0
+    f = int(k)
+    c = min(f + 1, len(xs) - 1)
+    return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def summarize(name, xs, percentiles):
+    ms = [x * 1000.0 for x in xs]
+    out = {f"mean_{name}_ms": statistics.fmean(ms) if ms else float("nan"),
+           f"median_{name}_ms": statistics.median(ms) if ms else float("nan"),
+           f"std_{name}_ms": statistics.pstdev(ms) if ms else float("nan")}
+    for p in percentiles:
+        out[f"p{p:g}_{name}_ms"] = pct(ms, p)
+    return out
+
+
+def run_rate(args, url, model, rate, prompts):
+    recs = [dict() for _ in prompts]
+    sem = threading.Semaphore(args.max_concurrency if args.max_concurrency > 0 else len(prompts))
+    rng = random.Random(args.seed + 1)
+    threads = []
+    m0 = scrape(url, args.api_key)
+
+    def go(i):
+        with sem:
+            body = {"model": model, "prompt": prompts[i], "max_tokens": args.output_tokens, "temperature": 0,
+                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            one_request(url, args.api_key, body, recs[i])
+
+    t_start = time.perf_counter()
+    for i in range(len(prompts)):
+        t = threading.Thread(target=go, args=(i,))
+        t.start()
+        threads.append(t)
+        if rate != float("inf") and i + 1 < len(prompts):
+            time.sleep(rng.expovariate(rate))
+    for t in threads:
+        t.join()
+    duration = time.perf_counter() - t_start
+    m1 = scrape(url, args.api_key)
+
+    ok = [r for r in recs if "error" not in r and r.get("chunks")]
+    errors = [r["error"] for r in recs if "error" in r]
+    ttft = [r["ttft"] for r in ok]
+    tpot = [(r["end"] - r["start"] - r["ttft"]) / (r["output_tokens"] - 1) for r in ok if r.get("output_tokens", 0) > 1]
+    itl = [b - a for r in ok for a, b in zip(r["chunks"], r["chunks"][1:])]
+    e2el = [r["end"] - r["start"] for r in ok]
+    out_tok = sum(r.get("output_tokens", 0) for r in ok)
+    in_tok = sum(r.get("prompt_tokens", 0) for r in ok)
+
+    def delta(k):
+        return m1.get(k, 0) - m0.get(k, 0)
+
+    res = {
+        "request_rate": "inf" if rate == float("inf") else rate,
+        "max_concurrency": args.max_concurrency or None,
+        "num_prompts": len(prompts),
+        "completed": len(ok),
+        "failed": len(errors),
+        "errors": errors[:5],
+        "duration_s": duration,
+        "total_input_tokens": in_tok,
+        "total_output_tokens": out_tok,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tok / duration,
+        "total_token_throughput": (in_tok + out_tok) / duration,
+        "prefix_cache_hit_tokens": delta("cascade_prefix_cache_hits_total"),
+        "prefix_cache_query_tokens": delta("cascade_prefix_cache_queries_total"),
+        "prompt_tokens_computed": delta("cascade_prompt_tokens_computed_total"),
+        "engine_steps": delta("cascade_steps_total"),
+        "cascade_steps": delta("cascade_cascade_steps_total"),
+        "preemptions": delta("cascade_preemptions_total"),
+        "engine_busy_s": delta("cascade_engine_busy_seconds_total"),
+    }
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        res.update(summarize(name, xs, args.percentiles))
+    res["_ttft_s"] = ttft
+    res["_tpot_s"] = tpot
+    return res
+
+
+def print_result(r, percentiles):
+    print(f"============ Serving Benchmark Result (rate {r['request_rate']}) ============")
+    rows = [("Successful requests", r["completed"]), ("Failed requests", r["failed"]),
+            ("Benchmark duration (s)", f"{r['duration_s']:.2f}"),
+            ("Total input tokens", r["total_input_tokens"]), ("Total generated tokens", r["total_output_tokens"]),
+            ("Request throughput (req/s)", f"{r['request_throughput']:.2f}"),
+            ("Output token throughput (tok/s)", f"{r['output_throughput']:.2f}"),
+            ("Total token throughput (tok/s)", f"{r['total_token_throughput']:.2f}"),
+            ("Prefix-cache hit tokens", f"{r['prefix_cache_hit_tokens']:.0f} of {r['prefix_cache_query_tokens']:.0f}"),
+            ("Steps with cascade", f"{r['cascade_steps']:.0f} of {r['engine_steps']:.0f}")]
+    for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                        ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        rows.append((f"---- {title} ----", ""))
+        rows.append((f"Mean {name.upper()} (ms)", f"{r[f'mean_{name}_ms']:.2f}"))
+        rows.append((f"Median {name.upper()} (ms)", f"{r[f'median_{name}_ms']:.2f}"))
+        for p in percentiles:
+            rows.append((f"P{p:g} {name.upper()} (ms)", f"{r[f'p{p:g}_{name}_ms']:.2f}"))
+    for k, v in rows:
+        print(f"{k:<42}{v:>14}")
+    if r["errors"]:
+        print("errors:", r["errors"])
+
+
+def markdown(results, args):
+    lines = [f"Shared-prefix workload: {args.num_prompts} requests, {args.prefix_tokens}-token shared prefix + "
+             f"{args.suffix_tokens} own tokens, {args.output_tokens} output tokens each (greedy, ignore_eos).", "",
+             "| rate (req/s) | done | duration (s) | output tok/s | total tok/s | TTFT p50 / p99 (ms) | "
+             "TPOT p50 / p99 (ms) | ITL p50 (ms) | prefix hits | cascade steps |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        lines.append(f"| {r['request_rate']} | {r['completed']}/{r['num_prompts']} | {r['duration_s']:.1f} | "
+                     f"{r['output_throughput']:.1f} | {r['total_token_throughput']:.1f} | "
+                     f"{r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f} | "
+                     f"{r['median_tpot_ms']:.1f} / {r['p99_tpot_ms']:.1f} | {r['median_itl_ms']:.1f} | "
+                     f"{r['prefix_cache_hit_tokens']:.0f}/{r['prefix_cache_query_tokens']:.0f} | "
+                     f"{r['cascade_steps']:.0f}/{r['engine_steps']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        for a, key, title in ((ax[0], "_ttft_s", "time to first token"), (ax[1], "_tpot_s", "time per output token")):
+            xs = sorted(x * 1000 for x in r[key])
+            if xs:
+                a.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"rate {r['request_rate']}")
+            a.set_title(title)
+            a.set_xlabel("ms")
+            a.set_ylabel("fraction of requests")
+            a.grid(alpha=0.3)
+    ax[0].legend()
+    fig.suptitle("cascade serve, shared-prefix workload (CDF per request rate)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def launch(args):
+    cmd = [args.cascade, "serve", "-m", args.model, "--port", "0", *args.serve_args.split()]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        m = re.search(r"listening on (http://\S+?:\d+)", line)
+        if m:
+            threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+            return p, m.group(1)
+    p.kill()
+    raise SystemExit("server did not start")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--launch", action="store_true", help="start `cascade serve` on a free port for the run")
+    ap.add_argument("--cascade", default=os.path.join(os.environ.get("BUILD", "build"), "cascade"))
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--serve-args", default="", help="extra options for `cascade serve` with --launch")
+    ap.add_argument("--api-key", default=os.environ.get("CASCADE_API_KEY"))
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--request-rate", default="inf", help="requests per second, comma-separated list; inf = all at once")
+    ap.add_argument("--max-concurrency", type=int, default=0)
+    ap.add_argument("--prefix-tokens", type=int, default=1024)
+    ap.add_argument("--suffix-tokens", type=int, default=32)
+    ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--percentiles", default="50,90,99")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu-serve.json"))
+    ap.add_argument("--plot", default=os.path.join(HERE, "results", "cpu-serve.png"))
+    args = ap.parse_args()
+    args.percentiles = [float(p) for p in args.percentiles.split(",")]
+
+    rng = random.Random(args.seed)
+    prefix = [rng.randrange(1000, 40000) for _ in range(args.prefix_tokens)]
+    prompts = [prefix + [rng.randrange(1000, 40000) for _ in range(args.suffix_tokens)]
+               for _ in range(args.num_prompts)]
+
+    proc = None
+    url = args.url.rstrip("/")
+    if args.launch:
+        proc, url = launch(args)
+    try:
+        model = model_id(url, args.api_key)
+        # warm-up: one short request (page faults, thread start), not measured
+        one_request(url, args.api_key, {"model": model, "prompt": [1000, 1001, 1002], "max_tokens": 2,
+                                        "stream": True}, {})
+        results = []
+        for rate_s in args.request_rate.split(","):
+            rate = float("inf") if rate_s.strip() == "inf" else float(rate_s)
+            r = run_rate(args, url, model, rate, prompts)
+            print_result(r, args.percentiles)
+            results.append(r)
+    finally:
+        if proc:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    meta = {"workload": {"num_prompts": args.num_prompts, "prefix_tokens": args.prefix_tokens,
+                         "suffix_tokens": args.suffix_tokens, "output_tokens": args.output_tokens, "seed": args.seed},
+            "model": args.model, "url": url, "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]},
+                  f, indent=1)
+    print(f"wrote {args.out}")
+    md = markdown(results, args)
+    print(md)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(md)
+    plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()
