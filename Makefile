@@ -177,4 +177,4 @@ build-fuzz/fuzz_server: $(FUZZ_SERVER_SRC) src/server/server_impl.h src/server/s
 fuzz-server: build-fuzz/fuzz_server
 	@mkdir -p build-fuzz/corpus-server
 	build-fuzz/fuzz_server -max_total_time=$(FUZZ_TIME) -max_len=65536 -timeout=10 \
-	  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/server- build-fuzz/corpus-server fuzz/server_seeds
+	  -rss_limit_mb=4096 -dict=fuzz/server.dict -artifact_prefix=build-fuzz/server- build-fuzz/corpus-server fuzz/server_seeds
