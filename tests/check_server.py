@@ -385,7 +385,7 @@ def run_all(srv, client, openai):
         questions = ["When do you open on Saturday?", "How many books can I borrow?", "What does a late return cost?",
                      "When is the reading hour?", "Are you open on Sunday?", "When does the book club meet?",
                      "Can I renew a book?", "Who should I ask about lost cards?"]
-        kw = dict(model=model, max_tokens=32, temperature=0)
+        kw = dict(model=model, max_tokens=12 if "asan" in BUILD else 32, temperature=0)
         lone = {}
         for q in questions:
             r = client.chat.completions.create(messages=[{"role": "system", "content": system},
@@ -425,8 +425,10 @@ def run_all(srv, client, openai):
                      if r[1] and r[1].prompt_tokens_details)
         m1, idle = wait_idle(srv, timeout=20)
         assert idle, {k: v for k, v in m1.items() if "running" in k or "waiting" in k or "pages" in k}
-        assert m1["cascade_kv_pages_free"] == m1["cascade_kv_pages_total"], (m1["cascade_kv_pages_free"],
-                                                                              m1["cascade_kv_pages_total"])
+        # every page free: none held by a request (cached prefix pages are free pages that remember their content)
+        free, cached, total = (m1["cascade_kv_pages_free"], m1["cascade_kv_pages_cached"],
+                               m1["cascade_kv_pages_total"])
+        assert free == total or free + cached == total, (free, cached, total)
         hits = m1["cascade_prefix_cache_hits_total"] - m0["cascade_prefix_cache_hits_total"]
         steps = m1["cascade_steps_total"] - m0["cascade_steps_total"]
         csteps = m1["cascade_cascade_steps_total"] - m0["cascade_cascade_steps_total"]
