@@ -31,7 +31,7 @@ BUILD = os.environ.get("BUILD", "build")
 CASCADE = os.environ.get("CASCADE_BIN", os.path.join(BUILD, "cascade"))
 MODEL = os.environ.get("CASCADE_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
 KEY = "test-key-123"
-TIMEOUT = 180  # seconds for any one HTTP call
+TIMEOUT = 600  # seconds for any one HTTP call (64 streams on 2 busy cores are slow)
 
 passed = failed = 0
 
@@ -381,11 +381,11 @@ def run_all(srv, client, openai):
                   "unless another member has reserved the item. Late returns cost twenty cents a day per item. "
                   "The children's reading hour is every Wednesday at four, and the book club meets on the first "
                   "Thursday of each month at seven. Always answer briefly, politely and accurately, and if you "
-                  "do not know something, say so and suggest asking at the front desk. ") * 2
+                  "do not know something, say so and suggest asking at the front desk. ")
         questions = ["When do you open on Saturday?", "How many books can I borrow?", "What does a late return cost?",
                      "When is the reading hour?", "Are you open on Sunday?", "When does the book club meet?",
                      "Can I renew a book?", "Who should I ask about lost cards?"]
-        kw = dict(model=model, max_tokens=12 if "asan" in BUILD else 32, temperature=0)
+        kw = dict(model=model, max_tokens=12 if "asan" in BUILD else 24, temperature=0)
         lone = {}
         for q in questions:
             r = client.chat.completions.create(messages=[{"role": "system", "content": system},
