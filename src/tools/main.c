@@ -13,6 +13,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"attn-bench", cmd_attn_bench, "benchmark flat vs cascade paged attention on a random batch"},
+    {"bench", cmd_bench, "offline serving benchmark: synthetic shared-prefix requests through the engine"},
     {"tokenize", cmd_tokenize, "print the token ids of a text as a JSON array"},
 };
 

@@ -1,0 +1,710 @@
+/*
+ * engine.c: the step loop. Each step is three calls, as in the design: the
+ * scheduler picks requests and token counts under a token budget (decode
+ * tokens and prefill chunks side by side, blocks from the KV pool with
+ * automatic prefix caching, preemption when the pool runs dry); the model
+ * runs them in one forward pass whose attention plan finds the shared
+ * prefixes (cascade); the sampler picks tokens and the scheduler appends
+ * them, finishes requests and frees their blocks (cached blocks stay until
+ * evicted). Text is streamed to each request's callback as it is produced.
+ *
+ * Requests enter from any thread through a queue under a mutex; the engine
+ * thread moves them into the scheduler at the start of a step, so the HTTP
+ * threads never wait for a step and a step never waits for them.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../kv/kv.h"
+#include "../model/model.h"
+#include "../sched/sched.h"
+
+#define MAX_LOGPROBS 20
+
+typedef struct req {
+    uint64_t id;
+    int32_t *prompt;   /* owned */
+    int32_t n_prompt;
+    cas_engine_sampling sp;
+    char **stops;      /* owned copies */
+    int32_t priority;
+    cas_engine_cb cb;
+    void *user;
+    cas_sampler *sampler;
+    cas_stopper *stopper;
+    int32_t n_generated;
+    int32_t cached_tokens;
+    int32_t in_sched;  /* added to the scheduler */
+    int32_t abort_req; /* abort asked from another thread */
+    char utf8_hold[8]; /* bytes of an incomplete UTF-8 character */
+    int32_t n_hold;
+    struct req *next;  /* queue / table chain */
+} req;
+
+struct cas_engine {
+    cas_engine_opts opts;
+    cas_model *model;
+    cas_tok *tok;
+    cas_chat_template chat;
+    int has_chat;
+    cas_kv_cache *cache;
+    cas_kv *kv;
+    cas_sched *sched;
+    const cas_model_config *cfg;
+    int32_t max_context;
+    char model_name[256];
+
+    float *logits;      /* [max_seqs][n_vocab] */
+    int32_t *logit_rows; /* [max_seqs] */
+    int32_t *sampled;   /* [max_seqs] */
+    uint8_t *stop;      /* [max_seqs] */
+    uint8_t *finished;  /* [max_seqs] */
+    char *text_buf;     /* scratch for one event's text */
+    size_t text_cap;
+    float *lp_buf;      /* [MAX_LOGPROBS + 1] */
+    int32_t *lp_ids;
+
+    /* requests by id: open hashing */
+    req **table;
+    int32_t table_cap;
+
+    pthread_mutex_t mu;       /* guards the queues, next_id and stats */
+    pthread_cond_t cv;        /* signals new work to the background thread */
+    req *incoming_head, *incoming_tail;
+    uint64_t *aborts;
+    int32_t n_aborts, cap_aborts;
+    uint64_t next_id;
+    cas_engine_stats stats;
+
+    pthread_t thread;
+    int thread_running, thread_stop;
+};
+
+cas_engine_opts cas_engine_opts_default(void) {
+    cas_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    o.cascade = 1;
+    o.prefix_cache = 1;
+    return o;
+}
+
+cas_engine_sampling cas_engine_sampling_default(void) {
+    cas_engine_sampling s;
+    memset(&s, 0, sizeof s);
+    s.temperature = 0.0f;
+    s.top_p = 1.0f;
+    s.max_tokens = 16;
+    s.seed = 0;
+    return s;
+}
+
+/* ---- request table ------------------------------------------------------- */
+
+static req **slot_of(cas_engine *e, uint64_t id) {
+    uint32_t h = (uint32_t)(id * 0x9e3779b97f4a7c15ull >> 40) & (uint32_t)(e->table_cap - 1);
+    return &e->table[h];
+}
+
+static void table_put(cas_engine *e, req *r) {
+    req **s = slot_of(e, r->id);
+    r->next = *s;
+    *s = r;
+}
+
+static req *table_get(cas_engine *e, uint64_t id) {
+    for (req *r = *slot_of(e, id); r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+static void table_del(cas_engine *e, uint64_t id) {
+    for (req **p = slot_of(e, id); *p; p = &(*p)->next)
+        if ((*p)->id == id) {
+            *p = (*p)->next;
+            return;
+        }
+}
+
+static void req_free(req *r) {
+    if (!r) return;
+    free(r->prompt);
+    if (r->stops)
+        for (int32_t i = 0; i < r->sp.n_stop; i++) free(r->stops[i]);
+    free(r->stops);
+    cas_sampler_destroy(r->sampler);
+    cas_stopper_destroy(r->stopper);
+    free(r);
+}
+
+/* ---- create / destroy ---------------------------------------------------- */
+
+cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
+    *out = NULL;
+    cas_engine *e = calloc(1, sizeof *e);
+    if (!e) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    e->opts = opts ? *opts : cas_engine_opts_default();
+    cas_engine_opts *o = &e->opts;
+    if (!o->model_path) o->model_path = cas_engine_opts_default().model_path;
+    if (o->kv_cache_bytes <= 0) o->kv_cache_bytes = (int64_t)256 << 20;
+    if (o->page_size <= 0) o->page_size = 16;
+    if (o->max_batch_tokens <= 0) o->max_batch_tokens = 512;
+    if (o->max_seqs <= 0) o->max_seqs = 256;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->next_id = 1;
+    cas_status st;
+    if (o->page_size > CAS_ATTN_MAX_PAGE_SIZE || o->max_batch_tokens < 1 || o->max_seqs < 1) {
+        st = cas_error(CAS_ERR_INVALID, "engine: page_size 1..256, max_batch_tokens and max_seqs >= 1");
+        goto fail;
+    }
+    if (o->max_seqs > o->max_batch_tokens) o->max_seqs = o->max_batch_tokens;
+
+    cas_model_opts mo = cas_model_opts_default();
+    mo.max_batch_tokens = o->max_batch_tokens;
+    mo.max_seqs = o->max_seqs;
+    mo.max_logits = o->max_seqs;
+    mo.threads = o->threads;
+    mo.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    if ((st = cas_model_load(o->model_path, &mo, &e->model))) goto fail;
+    e->cfg = cas_model_config_of(e->model);
+    const cas_gguf *g = cas_model_gguf(e->model);
+    if ((st = cas_tok_create(g, &e->tok))) goto fail;
+    e->has_chat = cas_chat_template_from_gguf(g, &e->chat) == CAS_OK;
+    const char *name = NULL;
+    size_t nlen = 0;
+    if (cas_gguf_get_str(g, "general.name", &name, &nlen) == CAS_OK && nlen < sizeof e->model_name) {
+        memcpy(e->model_name, name, nlen);
+        e->model_name[nlen] = 0;
+    } else {
+        const char *base = strrchr(o->model_path, '/');
+        snprintf(e->model_name, sizeof e->model_name, "%s", base ? base + 1 : o->model_path);
+    }
+    e->max_context = o->max_context > 0 ? o->max_context : e->cfg->n_ctx_train;
+    if (e->max_context <= 0) e->max_context = 2048;
+
+    int32_t pages = cas_kv_cache_pages_for_budget(e->model, o->page_size, CAS_F16, (size_t)o->kv_cache_bytes);
+    int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
+    if (pages < per_seq) {
+        st = cas_error(CAS_ERR_INVALID,
+                       "engine: a KV budget of %lld bytes holds %d pages of %d tokens; one full-context "
+                       "sequence needs %d (raise the budget or lower the context)",
+                       (long long)o->kv_cache_bytes, pages, o->page_size, per_seq);
+        goto fail;
+    }
+    if ((st = cas_kv_cache_create(e->model, pages, o->page_size, CAS_F16, &e->cache))) goto fail;
+    cas_kv_opts ko = cas_kv_opts_default();
+    ko.num_blocks = pages;
+    ko.page_size = o->page_size;
+    ko.max_seqs = o->max_seqs * 2 + 16;
+    ko.max_blocks_per_seq = per_seq + 1;
+    ko.enable_prefix_cache = o->prefix_cache;
+    if ((st = cas_kv_create(&ko, &e->kv))) goto fail;
+    cas_sched_opts so = cas_sched_opts_default();
+    so.max_tokens_per_step = o->max_batch_tokens;
+    so.max_seqs = o->max_seqs;
+    so.max_context = e->max_context;
+    so.use_priority = 1;
+    if ((st = cas_sched_create(e->kv, &so, &e->sched))) goto fail;
+
+    int32_t V = e->cfg->n_vocab;
+    e->logits = cas_alloc_array((size_t)o->max_seqs * (size_t)V, sizeof(float));
+    e->logit_rows = calloc((size_t)o->max_seqs, sizeof(int32_t));
+    e->sampled = calloc((size_t)o->max_seqs, sizeof(int32_t));
+    e->stop = calloc((size_t)o->max_seqs, 1);
+    e->finished = calloc((size_t)o->max_seqs, 1);
+    e->text_cap = 4096;
+    e->text_buf = malloc(e->text_cap);
+    e->lp_buf = malloc(sizeof(float) * (MAX_LOGPROBS + 1));
+    e->lp_ids = malloc(sizeof(int32_t) * (MAX_LOGPROBS + 1));
+    e->table_cap = 1024;
+    e->table = calloc((size_t)e->table_cap, sizeof(req *));
+    if (!e->logits || !e->logit_rows || !e->sampled || !e->stop || !e->finished || !e->text_buf ||
+        !e->lp_buf || !e->lp_ids || !e->table) {
+        st = cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+    e->stats.kv_blocks_total = pages;
+    *out = e;
+    cas_log(CAS_LOG_INFO, "engine: %s, %d KV pages of %d tokens (%.1f MiB), context %d, %d seqs x %d tokens per step",
+            e->model_name, pages, o->page_size, (double)cas_kv_cache_bytes(e->cache) / (1 << 20), e->max_context,
+            o->max_seqs, o->max_batch_tokens);
+    return CAS_OK;
+fail:
+    cas_engine_destroy(e);
+    return st;
+}
+
+void cas_engine_destroy(cas_engine *e) {
+    if (!e) return;
+    cas_engine_stop(e);
+    if (e->table)
+        for (int32_t i = 0; i < e->table_cap; i++)
+            for (req *r = e->table[i], *n; r; r = n) {
+                n = r->next;
+                req_free(r);
+            }
+    for (req *r = e->incoming_head, *n; r; r = n) {
+        n = r->next;
+        req_free(r);
+    }
+    cas_sched_destroy(e->sched);
+    cas_kv_destroy(e->kv);
+    cas_kv_cache_destroy(e->cache);
+    if (e->has_chat) cas_chat_template_free(&e->chat);
+    cas_tok_destroy(e->tok);
+    cas_model_destroy(e->model);
+    cas_free(e->logits);
+    free(e->logit_rows);
+    free(e->sampled);
+    free(e->stop);
+    free(e->finished);
+    free(e->text_buf);
+    free(e->lp_buf);
+    free(e->lp_ids);
+    free(e->table);
+    free(e->aborts);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+/* ---- submit / abort ------------------------------------------------------ */
+
+cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64_t *id) {
+    if (!e || !rq || !id) return cas_error(CAS_ERR_INVALID, "engine: NULL argument");
+    if (!rq->cb) return cas_error(CAS_ERR_INVALID, "engine: a request needs a callback");
+    const cas_engine_sampling *sp = &rq->sampling;
+    if (sp->max_tokens < 1) return cas_error(CAS_ERR_INVALID, "max_tokens must be at least 1 (got %d)", sp->max_tokens);
+    if (sp->logprobs < 0 || sp->logprobs > MAX_LOGPROBS)
+        return cas_error(CAS_ERR_INVALID, "logprobs must be between 0 and %d", MAX_LOGPROBS);
+    if (sp->n_stop < 0 || (sp->n_stop > 0 && !sp->stop)) return cas_error(CAS_ERR_INVALID, "bad stop list");
+    cas_sampler_params pp = {sp->temperature, sp->top_k, sp->top_p, sp->min_p, sp->seed};
+    cas_status st = cas_sampler_params_check(&pp);
+    if (st) return st;
+    for (int32_t i = 0; i < sp->n_stop; i++)
+        if (!sp->stop[i] || !sp->stop[i][0]) return cas_error(CAS_ERR_INVALID, "stop strings must not be empty");
+
+    req *r = calloc(1, sizeof *r);
+    if (!r) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    if (rq->prompt) {
+        size_t len = strlen(rq->prompt);
+        size_t cap = len + 2, n = 0;
+        r->prompt = malloc(sizeof(int32_t) * cap);
+        if (!r->prompt) {
+            req_free(r);
+            return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+        }
+        st = cas_tok_encode(e->tok, rq->prompt, len, CAS_TOK_ADD_SPECIAL | CAS_TOK_PARSE_SPECIAL, r->prompt, cap, &n);
+        if (st) {
+            req_free(r);
+            return st;
+        }
+        r->n_prompt = (int32_t)n;
+    } else {
+        if (rq->n_tokens < 0 || (rq->n_tokens > 0 && !rq->tokens)) {
+            req_free(r);
+            return cas_error(CAS_ERR_INVALID, "bad token list");
+        }
+        r->prompt = malloc(sizeof(int32_t) * (size_t)(rq->n_tokens + 1));
+        if (!r->prompt) {
+            req_free(r);
+            return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+        }
+        for (int32_t i = 0; i < rq->n_tokens; i++) {
+            if (rq->tokens[i] < 0 || rq->tokens[i] >= e->cfg->n_vocab) {
+                req_free(r);
+                return cas_error(CAS_ERR_INVALID, "token id %d at %d is outside the vocabulary (0..%d)",
+                                 rq->tokens[i], i, e->cfg->n_vocab - 1);
+            }
+            r->prompt[i] = rq->tokens[i];
+        }
+        r->n_prompt = rq->n_tokens;
+    }
+    if (r->n_prompt < 1) {
+        req_free(r);
+        return cas_error(CAS_ERR_INVALID, "the prompt is empty");
+    }
+    if (r->n_prompt >= e->max_context) {
+        int32_t n = r->n_prompt;
+        req_free(r);
+        return cas_error(CAS_ERR_INVALID,
+                         "the prompt has %d tokens; this model's context is %d tokens (the prompt must leave room "
+                         "for at least one generated token)",
+                         n, e->max_context);
+    }
+    r->sp = *sp;
+    if (r->sp.max_tokens > e->max_context - r->n_prompt) r->sp.max_tokens = e->max_context - r->n_prompt;
+    r->sp.stop = NULL;
+    if (sp->n_stop) {
+        r->stops = calloc((size_t)sp->n_stop, sizeof(char *));
+        for (int32_t i = 0; r->stops && i < sp->n_stop; i++) r->stops[i] = strdup(sp->stop[i]);
+    }
+    r->priority = rq->priority;
+    r->cb = rq->cb;
+    r->user = rq->user;
+    if ((st = cas_sampler_create(&pp, e->cfg->n_vocab, &r->sampler)) ||
+        (st = cas_stopper_create((const char *const *)r->stops, sp->n_stop, &r->stopper))) {
+        req_free(r);
+        return st;
+    }
+    pthread_mutex_lock(&e->mu);
+    r->id = e->next_id++;
+    if (e->incoming_tail) e->incoming_tail->next = r;
+    else e->incoming_head = r;
+    e->incoming_tail = r;
+    e->stats.waiting++;
+    e->stats.prompt_tokens_total += r->n_prompt;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *id = r->id;
+    return CAS_OK;
+}
+
+cas_status cas_engine_abort(cas_engine *e, uint64_t id) {
+    if (!e) return cas_error(CAS_ERR_INVALID, "engine: NULL engine");
+    pthread_mutex_lock(&e->mu);
+    if (e->n_aborts == e->cap_aborts) {
+        int32_t nc = e->cap_aborts ? e->cap_aborts * 2 : 64;
+        uint64_t *a = realloc(e->aborts, sizeof(uint64_t) * (size_t)nc);
+        if (!a) {
+            pthread_mutex_unlock(&e->mu);
+            return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+        }
+        e->aborts = a;
+        e->cap_aborts = nc;
+    }
+    e->aborts[e->n_aborts++] = id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return CAS_OK;
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static void emit(cas_engine *e, req *r, const char *text, size_t len, const int32_t *toks, int32_t n_toks,
+                 const float *lps, const int32_t *top_ids, const float *top_lps, cas_finish_reason fin) {
+    cas_engine_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.id = r->id;
+    ev.text = text ? text : "";
+    ev.text_len = len;
+    ev.tokens = toks;
+    ev.n_tokens = n_toks;
+    ev.logprobs = lps;
+    ev.top_ids = top_ids;
+    ev.top_logprobs = top_lps;
+    ev.finish = fin;
+    ev.prompt_tokens = r->n_prompt;
+    ev.completion_tokens = r->n_generated;
+    ev.cached_tokens = r->cached_tokens;
+    r->cb(r->user, &ev);
+}
+
+/* Length of the longest prefix of s that ends on a whole UTF-8 character. */
+static size_t utf8_complete(const char *s, size_t n) {
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4) {
+        unsigned char c = (unsigned char)s[i - 1];
+        if ((c & 0xC0) != 0x80) {
+            size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+            return back + 1 >= need ? n : i - 1;
+        }
+        i--;
+        back++;
+    }
+    return n; /* not UTF-8 anyway: pass the bytes on */
+}
+
+static void finish_req(cas_engine *e, req *r, cas_finish_reason why) {
+    const char *tail = NULL;
+    size_t tail_len = 0;
+    if (why != CAS_FINISH_ABORT && why != CAS_FINISH_ERROR) cas_stopper_flush(r->stopper, &tail, &tail_len);
+    /* held-back bytes of an incomplete character go out as they are */
+    size_t need = (size_t)r->n_hold + tail_len;
+    if (need > e->text_cap) {
+        char *b = realloc(e->text_buf, need);
+        if (b) e->text_buf = b, e->text_cap = need;
+        else need = 0;
+    }
+    size_t n = 0;
+    if (need) {
+        if (tail_len) memcpy(e->text_buf, tail, tail_len);
+        n = tail_len;
+        if (r->n_hold) memcpy(e->text_buf + n, r->utf8_hold, (size_t)r->n_hold), n += (size_t)r->n_hold;
+    }
+    emit(e, r, e->text_buf, n, NULL, 0, NULL, NULL, NULL, why);
+    pthread_mutex_lock(&e->mu);
+    if (why == CAS_FINISH_ABORT) e->stats.requests_aborted++;
+    else e->stats.requests_finished++;
+    pthread_mutex_unlock(&e->mu);
+    table_del(e, r->id);
+    req_free(r);
+}
+
+/* log-softmax of one logits row: the sampled token's value and the top n */
+static void logprobs_of(const float *x, int32_t V, int32_t tok, int32_t n, float *lp, int32_t *ids, float *top) {
+    float m = -INFINITY;
+    for (int32_t i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+    double s = 0;
+    for (int32_t i = 0; i < V; i++) s += exp((double)(x[i] - m));
+    float lz = m + (float)log(s);
+    *lp = x[tok] - lz;
+    for (int32_t k = 0; k < n; k++) ids[k] = -1, top[k] = -INFINITY;
+    for (int32_t i = 0; i < V; i++) {
+        float v = x[i] - lz;
+        if (n == 0 || v <= top[n - 1]) continue;
+        int32_t k = n - 1;
+        while (k > 0 && top[k - 1] < v) {
+            top[k] = top[k - 1];
+            ids[k] = ids[k - 1];
+            k--;
+        }
+        top[k] = v;
+        ids[k] = i;
+    }
+}
+
+/* ---- step ---------------------------------------------------------------- */
+
+static void take_incoming(cas_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    req *head = e->incoming_head;
+    e->incoming_head = e->incoming_tail = NULL;
+    uint64_t aborts[64];
+    int32_t na = 0;
+    while (e->n_aborts > 0 && na < 64) aborts[na++] = e->aborts[--e->n_aborts];
+    pthread_mutex_unlock(&e->mu);
+    for (req *r = head, *n; r; r = n) {
+        n = r->next;
+        r->next = NULL;
+        table_put(e, r);
+        cas_status st = cas_sched_add(e->sched, (int64_t)r->id, r->prompt, r->n_prompt, r->sp.max_tokens, r->priority);
+        if (st) {
+            cas_log(CAS_LOG_WARN, "engine: request %llu rejected by the scheduler: %s", (unsigned long long)r->id,
+                    cas_last_error());
+            finish_req(e, r, CAS_FINISH_ERROR);
+            continue;
+        }
+        r->in_sched = 1;
+    }
+    for (int32_t i = 0; i < na; i++) {
+        req *r = table_get(e, aborts[i]);
+        if (!r) continue;
+        if (r->in_sched) cas_sched_abort(e->sched, (int64_t)r->id);
+        finish_req(e, r, CAS_FINISH_ABORT);
+    }
+}
+
+cas_status cas_engine_step(cas_engine *e, int *busy) {
+    *busy = 0;
+    take_incoming(e);
+    double t0 = cas_now_s();
+    cas_sched_plan plan;
+    cas_status st = cas_sched_step_plan(e->sched, &plan);
+    if (st) return st;
+    if (plan.n_items == 0) {
+        /* nothing could run (e.g. every request waits for shared blocks): close the step */
+        if ((st = cas_sched_step_done(e->sched, e->sampled, e->stop, e->finished))) return st;
+        pthread_mutex_lock(&e->mu);
+        cas_sched_stats ss;
+        cas_sched_get_stats(e->sched, &ss);
+        e->stats.running = ss.running;
+        e->stats.waiting = ss.waiting;
+        pthread_mutex_unlock(&e->mu);
+        return CAS_OK;
+    }
+    *busy = 1;
+    /* logits for the rows that end a request's known tokens */
+    int32_t n_logits = 0;
+    for (int32_t i = 0; i < plan.n_items; i++)
+        if (plan.items[i].sample) e->logit_rows[n_logits++] = plan.qo_indptr[i + 1] - 1;
+    cas_model_batch mb = {plan.n_items, plan.token_ids, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
+                          plan.kv_last_page_len, n_logits, e->logit_rows};
+    st = cas_model_forward(e->model, e->cache, &mb, e->logits);
+    if (st) return st;
+    cas_attn_plan_info pinfo;
+    cas_model_plan_info(e->model, &pinfo);
+
+    /* sample, detokenize, stop conditions */
+    const int32_t V = e->cfg->n_vocab;
+    int32_t li = 0;
+    for (int32_t i = 0; i < plan.n_items; i++) {
+        const cas_sched_item *it = &plan.items[i];
+        e->stop[i] = 0;
+        e->sampled[i] = -1;
+        if (!it->sample) continue;
+        req *r = table_get(e, (uint64_t)it->id);
+        const float *row = e->logits + (size_t)li * V;
+        li++;
+        if (!r) continue;
+        int32_t tok = cas_sampler_sample(r->sampler, row);
+        e->sampled[i] = tok;
+        r->n_generated++;
+        int eog = !r->sp.ignore_eos && cas_tok_is_eog(e->tok, tok);
+        size_t plen = 0;
+        const char *piece = eog ? "" : cas_tok_piece(e->tok, tok, 0, &plen);
+        /* hold back an incomplete UTF-8 character across tokens */
+        char buf[256];
+        size_t n = 0;
+        if (r->n_hold) memcpy(buf, r->utf8_hold, (size_t)r->n_hold), n = (size_t)r->n_hold;
+        size_t take = plen < sizeof buf - n ? plen : sizeof buf - n;
+        if (piece && take) memcpy(buf + n, piece, take), n += take;
+        size_t whole = utf8_complete(buf, n);
+        r->n_hold = (int32_t)(n - whole);
+        if (r->n_hold > (int32_t)sizeof r->utf8_hold) r->n_hold = 0;
+        memcpy(r->utf8_hold, buf + whole, (size_t)r->n_hold);
+        const char *out = NULL;
+        size_t out_len = 0;
+        int hit_stop = cas_stopper_push(r->stopper, buf, whole, &out, &out_len);
+        float lp = 0;
+        int32_t nlp = r->sp.logprobs;
+        if (nlp > 0) logprobs_of(row, V, tok, nlp, &lp, e->lp_ids, e->lp_buf);
+        emit(e, r, out, out_len, &tok, 1, nlp > 0 ? &lp : NULL, nlp > 0 ? e->lp_ids : NULL,
+             nlp > 0 ? e->lp_buf : NULL, CAS_FINISH_NONE);
+        if (eog || hit_stop) e->stop[i] = 1;
+    }
+    st = cas_sched_step_done(e->sched, e->sampled, e->stop, e->finished);
+    if (st) return st;
+    int64_t gen = 0;
+    for (int32_t i = 0; i < plan.n_items; i++) {
+        if (e->sampled[i] >= 0) gen++;
+        if (e->finished[i] == CAS_SCHED_RUNNING) continue;
+        req *r = table_get(e, (uint64_t)plan.items[i].id);
+        if (!r) continue;
+        cas_finish_reason why = e->finished[i] == CAS_SCHED_FINISHED_LENGTH ? CAS_FINISH_LENGTH
+                                : e->finished[i] == CAS_SCHED_ABORTED    ? CAS_FINISH_ABORT
+                                                                         : CAS_FINISH_STOP;
+        if (why == CAS_FINISH_LENGTH && e->stop[i]) why = CAS_FINISH_STOP;
+        finish_req(e, r, why);
+    }
+    /* stats */
+    cas_sched_stats ss;
+    cas_sched_get_stats(e->sched, &ss);
+    cas_kv_stats ks;
+    cas_kv_get_stats(e->kv, &ks);
+    pthread_mutex_lock(&e->mu);
+    e->stats.running = ss.running;
+    e->stats.waiting = ss.waiting;
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_free = ks.blocks_free + ks.blocks_cached;
+    e->stats.kv_blocks_cached = ks.blocks_cached;
+    e->stats.prefix_queries_tokens = ks.query_tokens;
+    e->stats.prefix_hit_tokens = ks.hit_tokens + ks.pending_hit_tokens;
+    e->stats.prompt_tokens_computed = ss.prompt_tokens_computed;
+    e->stats.generation_tokens += gen;
+    e->stats.steps++;
+    if (pinfo.shared_passes > 0) e->stats.cascade_steps++;
+    e->stats.preemptions = ss.preemptions;
+    e->stats.busy_seconds += cas_now_s() - t0;
+    pthread_mutex_unlock(&e->mu);
+    if (cas_log_enabled(CAS_LOG_DEBUG))
+        cas_log(CAS_LOG_DEBUG, "step %lld: %d seqs, %d tokens, attention %d tree nodes, %d shared passes, KV read %lld of %lld tokens",
+                (long long)e->stats.steps, plan.n_items, plan.n_tokens, pinfo.tree_nodes, pinfo.shared_passes,
+                (long long)pinfo.kv_tokens_read, (long long)pinfo.kv_tokens_flat);
+    return CAS_OK;
+}
+
+cas_status cas_engine_run_until_idle(cas_engine *e) {
+    for (;;) {
+        int busy;
+        cas_status st = cas_engine_step(e, &busy);
+        if (st) return st;
+        if (!busy) {
+            pthread_mutex_lock(&e->mu);
+            int more = e->incoming_head != NULL || e->n_aborts > 0 || e->stats.running > 0 || e->stats.waiting > 0;
+            pthread_mutex_unlock(&e->mu);
+            if (!more) return CAS_OK;
+        }
+    }
+}
+
+/* ---- background thread --------------------------------------------------- */
+
+static void *engine_thread(void *arg) {
+    cas_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->thread_stop && !e->incoming_head && e->n_aborts == 0 && e->stats.running == 0 &&
+               e->stats.waiting == 0)
+            pthread_cond_wait(&e->cv, &e->mu);
+        int stop = e->thread_stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        int busy = 0;
+        cas_status st = cas_engine_step(e, &busy);
+        if (st) {
+            cas_log(CAS_LOG_ERROR, "engine step failed: %s", cas_last_error());
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        } else if (!busy) {
+            /* waiting requests that could not run (e.g. blocked on shared blocks): don't spin hot */
+            struct timespec ts = {0, 200 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+cas_status cas_engine_start(cas_engine *e) {
+    if (e->thread_running) return CAS_OK;
+    e->thread_stop = 0;
+    if (pthread_create(&e->thread, NULL, engine_thread, e))
+        return cas_error(CAS_ERR_INTERNAL, "engine: cannot start the engine thread");
+    e->thread_running = 1;
+    return CAS_OK;
+}
+
+void cas_engine_stop(cas_engine *e) {
+    if (!e || !e->thread_running) return;
+    pthread_mutex_lock(&e->mu);
+    e->thread_stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->thread_running = 0;
+}
+
+/* ---- info ---------------------------------------------------------------- */
+
+void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+const char *cas_engine_model_name(const cas_engine *e) { return e->model_name; }
+
+int32_t cas_engine_context_length(const cas_engine *e) { return e->max_context; }
+
+cas_status cas_engine_apply_chat(const cas_engine *e, const cas_engine_msg *msgs, int32_t n, char **out) {
+    *out = NULL;
+    if (!e->has_chat) return cas_error(CAS_ERR_UNSUPPORTED, "this model has no chat template cascade knows");
+    if (n < 1) return cas_error(CAS_ERR_INVALID, "messages must not be empty");
+    for (int32_t i = 0; i < n; i++) {
+        if (!msgs[i].role || !msgs[i].content) return cas_error(CAS_ERR_INVALID, "message %d lacks role or content", i);
+        if (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") && strcmp(msgs[i].role, "assistant"))
+            return cas_error(CAS_ERR_INVALID, "message %d has role '%s' (system, user or assistant)", i, msgs[i].role);
+    }
+    cas_chat_msg *m = malloc(sizeof *m * (size_t)n);
+    if (!m) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    for (int32_t i = 0; i < n; i++) m[i].role = msgs[i].role, m[i].content = msgs[i].content;
+    cas_status st = cas_chat_apply(&e->chat, m, (size_t)n, 1, out);
+    free(m);
+    return st;
+}
+
+cas_status cas_engine_count_tokens(const cas_engine *e, const char *text, int32_t *n) {
+    size_t len = strlen(text), cap = len + 2, got = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * cap);
+    if (!ids) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    cas_status st = cas_tok_encode(e->tok, text, len, CAS_TOK_ADD_SPECIAL | CAS_TOK_PARSE_SPECIAL, ids, cap, &got);
+    free(ids);
+    *n = (int32_t)got;
+    return st;
+}

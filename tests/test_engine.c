@@ -1,0 +1,295 @@
+/*
+ * test_engine.c: the serving engine with the real default model.
+ *
+ * The same greedy outputs whatever the engine does around a request: cascade
+ * attention on or off, prefix caching on or off, a KV pool so small that
+ * requests are preempted and recomputed, chunked prefill under a small token
+ * budget, and a request run alone instead of in a batch. Cascade changes the
+ * order in which attention sums (partial states merged by log-sum-exp), so
+ * logits agree within f32 rounding, not bitwise (so do batched and single
+ * matrix products, and a prompt computed whole or after a prefix-cache hit).
+ * What is asserted is exactly that: greedy tokens are identical up to the
+ * first step where the reference run's two best tokens are a near-tie (log
+ * probabilities within NEAR_TIE nats), where rounding may pick either.
+ * Also: seeded sampling is reproducible for the same batch, aborts free
+ * blocks, bad requests are rejected at submit and leave the engine working,
+ * and every KV block is free (or cached) once all requests are done.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/engine/engine.h"
+#include "check.h"
+
+#define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define NP 6
+#define NGEN 12
+
+#define NEAR_TIE 0.05f
+
+typedef struct {
+    int32_t toks[256];
+    float margin[256]; /* top-1 minus top-2 log-probability (reference runs) */
+    int32_t n;
+    int finish;
+    int events;
+} out_t;
+
+static void on_event(void *user, const cas_engine_event *ev) {
+    out_t *o = user;
+    for (int32_t i = 0; i < ev->n_tokens && o->n < 256; i++) {
+        o->margin[o->n] = ev->top_logprobs ? ev->top_logprobs[i * 2] - ev->top_logprobs[i * 2 + 1] : 0.0f;
+        o->toks[o->n++] = ev->tokens[i];
+    }
+    if (ev->finish != CAS_FINISH_NONE) o->finish = ev->finish;
+    o->events++;
+}
+
+static const char *SYSTEM =
+    "<|im_start|>system\nYou are a careful assistant for a small bakery. The bakery opens at seven in the "
+    "morning and closes at six in the evening, every day except Monday. It sells sourdough bread, rye bread, "
+    "croissants, cinnamon rolls, apple pie and lemon tart. Sourdough costs four euros, rye three euros fifty, "
+    "croissants one euro eighty, cinnamon rolls two euros forty, a slice of apple pie three euros and a lemon "
+    "tart twenty euros. Orders for whole cakes need two days' notice. Answer briefly and politely.<|im_end|>\n";
+
+static const char *QUESTIONS[NP] = {
+    "When do you open?", "How much is a croissant?", "Are you open on Monday?",
+    "Can I order a lemon tart for tomorrow?", "What breads do you sell?", "What is the price of rye bread?"};
+
+static char prompts[NP][2048];
+
+static cas_engine *make_engine(int cascade, int prefix_cache, int64_t kv_bytes, int32_t batch_tokens) {
+    cas_engine_opts o = cas_engine_opts_default();
+    o.model_path = MODEL;
+    o.threads = 2;
+    o.cascade = cascade;
+    o.prefix_cache = prefix_cache;
+    o.max_context = 512;
+    o.kv_cache_bytes = kv_bytes;
+    o.max_batch_tokens = batch_tokens;
+    o.max_seqs = 16;
+    cas_engine *e = NULL;
+    if (cas_engine_create(&e, &o)) printf("engine: %s\n", cas_last_error());
+    return e;
+}
+
+static int submit(cas_engine *e, const char *prompt, out_t *o, float temp, uint64_t seed) {
+    cas_engine_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.sampling = cas_engine_sampling_default();
+    r.sampling.max_tokens = NGEN;
+    r.sampling.temperature = temp;
+    r.sampling.seed = seed;
+    r.sampling.top_k = temp > 0 ? 50 : 0;
+    r.sampling.logprobs = 2;
+    r.cb = on_event;
+    r.user = o;
+    uint64_t id;
+    return cas_engine_submit(e, &r, &id) == CAS_OK ? 0 : -1;
+}
+
+/* Runs all prompts through one engine configuration. */
+static int run_all(int cascade, int prefix_cache, int64_t kv_bytes, int32_t batch_tokens, out_t *outs,
+                   cas_engine_stats *st) {
+    cas_engine *e = make_engine(cascade, prefix_cache, kv_bytes, batch_tokens);
+    if (!e) return -1;
+    memset(outs, 0, sizeof(out_t) * NP);
+    for (int i = 0; i < NP; i++)
+        if (submit(e, prompts[i], &outs[i], 0.0f, 0)) {
+            printf("submit: %s\n", cas_last_error());
+            cas_engine_destroy(e);
+            return -1;
+        }
+    cas_status s = cas_engine_run_until_idle(e);
+    if (s) printf("run: %s\n", cas_last_error());
+    cas_engine_get_stats(e, st);
+    cas_engine_destroy(e);
+    return s ? -1 : 0;
+}
+
+static int same(const out_t *a, const out_t *b) { return a->n == b->n && !memcmp(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n); }
+
+static int diverged_at_tie = 0;
+
+/* Greedy outputs agree until the reference's first near-tie. */
+static int agree(const out_t *o, const out_t *ref) {
+    int32_t n = o->n < ref->n ? o->n : ref->n;
+    for (int32_t k = 0; k < n; k++) {
+        if (o->toks[k] == ref->toks[k]) continue;
+        if (ref->margin[k] < NEAR_TIE) {
+            diverged_at_tie++;
+            return 1;
+        }
+        printf("  diverged at step %d: token %d vs %d, reference margin %.4f nats\n", k, o->toks[k], ref->toks[k],
+               (double)ref->margin[k]);
+        return 0;
+    }
+    return o->n == ref->n;
+}
+
+static out_t base[NP];
+static cas_engine_stats base_st;
+
+static void test_baseline(void) {
+    REQUIRE(run_all(0, 0, 64 << 20, 512, base, &base_st) == 0);
+    for (int i = 0; i < NP; i++) {
+        CHECK(base[i].n == NGEN || base[i].finish == CAS_FINISH_STOP);
+        CHECK(base[i].finish == CAS_FINISH_LENGTH || base[i].finish == CAS_FINISH_STOP);
+    }
+    CHECK(base_st.cascade_steps == 0);
+    CHECK(base_st.kv_blocks_used == 0);
+    CHECK(base_st.requests_finished == NP);
+}
+
+static void test_cascade_and_prefix_cache_same_tokens(void) {
+    out_t o[NP];
+    cas_engine_stats st;
+    REQUIRE(run_all(1, 1, 64 << 20, 512, o, &st) == 0);
+    for (int i = 0; i < NP; i++) {
+        CHECKF(agree(&o[i], &base[i]), "prompt %d differs with cascade + prefix cache", i);
+    }
+    CHECKF(st.cascade_steps > 0, "no step used cascade (%lld steps)", (long long)st.steps);
+    /* the shared system prompt is computed once, not NP times */
+    CHECKF(st.prompt_tokens_computed < base_st.prompt_tokens_computed / 2, "computed %lld vs %lld",
+           (long long)st.prompt_tokens_computed, (long long)base_st.prompt_tokens_computed);
+    CHECK(st.kv_blocks_used == 0);
+    REQUIRE(run_all(1, 0, 64 << 20, 512, o, &st) == 0);
+    for (int i = 0; i < NP; i++) CHECKF(agree(&o[i], &base[i]), "prompt %d differs with cascade only", i);
+    REQUIRE(run_all(0, 1, 64 << 20, 512, o, &st) == 0);
+    for (int i = 0; i < NP; i++) CHECKF(agree(&o[i], &base[i]), "prompt %d differs with prefix cache only", i);
+}
+
+static void test_preemption_and_chunked_prefill(void) {
+    out_t o[NP];
+    cas_engine_stats st;
+    /* a pool for about two sequences' context, 64-token steps: chunked prefill and preemption */
+    REQUIRE(run_all(1, 1, 14 << 20, 64, o, &st) == 0);
+    for (int i = 0; i < NP; i++) CHECKF(agree(&o[i], &base[i]), "prompt %d differs under a tiny pool", i);
+    CHECK(st.kv_blocks_used == 0);
+    CHECK(st.requests_finished == NP);
+}
+
+static void test_alone_equals_batched(void) {
+    cas_engine *e = make_engine(1, 1, 64 << 20, 512);
+    REQUIRE(e);
+    for (int i = 0; i < NP; i += 3) {
+        out_t o;
+        memset(&o, 0, sizeof o);
+        REQUIRE(submit(e, prompts[i], &o, 0.0f, 0) == 0);
+        cas_status rs = cas_engine_run_until_idle(e);
+        if (rs) printf("run: %s\n", cas_last_error());
+        REQUIRE(rs == CAS_OK);
+        CHECKF(agree(&o, &base[i]), "prompt %d alone differs from the batch", i);
+    }
+    cas_engine_stats st0;
+    cas_engine_get_stats(e, &st0);
+    CHECK(st0.kv_blocks_used == 0);
+    cas_engine_destroy(e);
+    /* seeded sampling: the same seeds and the same sequence of work give the
+     * same tokens (two fresh engines); different seeds differ */
+    out_t a[2], crowd[2][NP];
+    memset(a, 0, sizeof a);
+    memset(crowd, 0, sizeof crowd);
+    for (int rep = 0; rep < 2; rep++) {
+        e = make_engine(1, 1, 64 << 20, 512);
+        REQUIRE(e);
+        REQUIRE(submit(e, prompts[1], &a[rep], 0.8f, 1234) == 0);
+        REQUIRE(cas_engine_run_until_idle(e) == CAS_OK);
+        for (int i = 0; i < NP; i++) REQUIRE(submit(e, prompts[i], &crowd[rep][i], 0.9f, 99 + (uint64_t)i) == 0);
+        REQUIRE(cas_engine_run_until_idle(e) == CAS_OK);
+        if (rep == 0) cas_engine_destroy(e);
+    }
+    CHECK(same(&a[0], &a[1]));
+    for (int i = 0; i < NP; i++) CHECK(same(&crowd[0][i], &crowd[1][i]));
+    int differ = 0;
+    for (int i = 1; i < NP; i++) differ |= !same(&crowd[0][0], &crowd[0][i]);
+    CHECK(differ);
+    cas_engine_stats st;
+    cas_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0);
+    cas_engine_destroy(e);
+}
+
+static void test_bad_requests_and_abort(void) {
+    cas_engine *e = make_engine(1, 1, 16 << 20, 512);
+    REQUIRE(e);
+    out_t o;
+    memset(&o, 0, sizeof o);
+    cas_engine_request r;
+    memset(&r, 0, sizeof r);
+    r.sampling = cas_engine_sampling_default();
+    r.cb = on_event;
+    r.user = &o;
+    uint64_t id;
+    r.prompt = "";
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    CHECK(strstr(cas_last_error(), "empty") != NULL);
+    r.prompt = "hello";
+    r.sampling.max_tokens = 0;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    r.sampling.max_tokens = 4;
+    r.sampling.temperature = -1.0f;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    r.sampling.temperature = 0.0f;
+    r.sampling.top_p = 1.5f;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    r.sampling.top_p = 1.0f;
+    /* a prompt longer than the context (512 here) */
+    char *lng = malloc(8000);
+    for (int i = 0; i < 7990; i++) lng[i] = "abc d"[i % 5];
+    lng[7990] = 0;
+    r.prompt = lng;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    CHECK(strstr(cas_last_error(), "context") != NULL);
+    free(lng);
+    int32_t bad_ids[2] = {5, 999999};
+    r.prompt = NULL;
+    r.tokens = bad_ids;
+    r.n_tokens = 2;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    /* the engine still serves a good request */
+    r.tokens = NULL;
+    r.prompt = prompts[0];
+    r.sampling.max_tokens = NGEN;
+    REQUIRE(cas_engine_submit(e, &r, &id) == CAS_OK);
+    /* and an abort mid-generation frees the request's blocks */
+    out_t ab;
+    memset(&ab, 0, sizeof ab);
+    cas_engine_request r2 = r;
+    r2.user = &ab;
+    r2.sampling.max_tokens = 200;
+    uint64_t id2;
+    REQUIRE(cas_engine_submit(e, &r2, &id2) == CAS_OK);
+    int busy;
+    for (int i = 0; i < 4; i++) REQUIRE(cas_engine_step(e, &busy) == CAS_OK);
+    REQUIRE(cas_engine_abort(e, id2) == CAS_OK);
+    REQUIRE(cas_engine_run_until_idle(e) == CAS_OK);
+    CHECK(ab.finish == CAS_FINISH_ABORT);
+    CHECK(ab.n < 200);
+    CHECK(agree(&o, &base[0]));
+    cas_engine_stats st;
+    cas_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0);
+    CHECK(st.requests_aborted == 1);
+    cas_engine_destroy(e);
+}
+
+int main(void) {
+    FILE *f = fopen(MODEL, "rb");
+    if (!f) {
+        printf("FAIL: %s is missing: run `make model`\n0 passed, 1 failed\n", MODEL);
+        return 1;
+    }
+    fclose(f);
+    for (int i = 0; i < NP; i++)
+        snprintf(prompts[i], sizeof prompts[i], "%s<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", SYSTEM,
+                 QUESTIONS[i]);
+    RUN(test_baseline);
+    RUN(test_cascade_and_prefix_cache_same_tokens);
+    RUN(test_preemption_and_chunked_prefill);
+    RUN(test_alone_equals_batched);
+    RUN(test_bad_requests_and_abort);
+    printf("(%d comparisons diverged at a reference near-tie)\n", diverged_at_tie);
+    return check_summary();
+}
