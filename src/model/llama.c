@@ -630,3 +630,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
     if (NL > 0 && (st = matmul(m, &m->output, m->xl, NL, logits))) return st;
     return CAS_OK;
 }
+
+void cas_model_plan_info(const cas_model *m, cas_attn_plan_info *info) {
+    if (m->plan) cas_attn_plan_get_info(m->plan, info);
+    else memset(info, 0, sizeof *info);
+}

@@ -400,6 +400,11 @@ typedef struct {
 cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_batch *b,
                              float *logits);
 
+/* What the attention plan of the last forward did (tree nodes, shared passes,
+ * KV tokens read): the engine counts steps that used cascade. Zeros before
+ * the first forward. */
+void cas_model_plan_info(const cas_model *m, cas_attn_plan_info *info);
+
 /* ======================================================================
  * Sampler and stop conditions (sampler.c)
  *
