@@ -73,11 +73,19 @@ int main(int argc, char **argv) {
     cp.n_batch = 1024;
     cp.n_ubatch = 1024;
     cp.n_threads = cp.n_threads_batch = atoi(argv[2]);
+    /* The exact path: f32 K/V and the plain (non-flash) attention, so that the
+     * reference adds no f16 rounding of its own beyond what its matmuls do. */
+    const char *kvt = getenv("REF_KV");
+    int kv_f32 = kvt && !strcmp(kvt, "f32");
+    if (kv_f32) cp.type_k = cp.type_v = GGML_TYPE_F32;
+    const char *fa = getenv("REF_FLASH");
+    if (fa) cp.flash_attn_type = atoi(fa) ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) return 1;
 
-    printf("{\"producer\": \"llama.cpp (vendored in llama-cpp-python %s sdist), CPU, f16 KV cache\",\n",
-           LCPP_VERSION);
+    printf("{\"producer\": \"llama.cpp (vendored in llama-cpp-python %s sdist), CPU, %s KV cache, "
+           "flash attention %s\",\n",
+           LCPP_VERSION, kv_f32 ? "f32" : "f16", fa ? (atoi(fa) ? "on" : "off") : "auto");
     printf(" \"topk\": %d, \"n_gen\": %d,\n \"prompts\": [\n", TOPK, NGEN);
     for (int a = 3; a < argc; a++) {
         const char *text = argv[a];

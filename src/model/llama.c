@@ -86,6 +86,7 @@ struct cas_model {
     void *work;   /* matmul workspace */
     size_t work_bytes;
     cas_attn_plan *plan;
+    cas_attn_shape plan_shape; /* the KV geometry the plan was created for */
 };
 
 struct cas_kv_cache {
@@ -104,6 +105,7 @@ cas_model_opts cas_model_opts_default(void) {
     o.max_logits = 0;
     o.threads = 0;
     o.cascade = CAS_CASCADE_AUTO;
+    o.portable_kernels = 0;
     return o;
 }
 
@@ -485,6 +487,7 @@ static cas_status matmul(const cas_model *m, const cas_mat *w, const float *x, i
     cas_q_opts o;
     memset(&o, 0, sizeof o);
     o.nthreads = m->opts.threads;
+    if (m->opts.portable_kernels) o.simd = CAS_Q_SIMD_GENERIC;
     o.work = m->work;
     o.work_bytes = m->work_bytes;
     if (rows == 1) return cas_q_matvec(w->type, w->data, w->rows, w->cols, x, y, &o);
@@ -548,7 +551,14 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
     cas_attn_batch ab = {B, b->qo_indptr, b->kv_indptr, b->kv_indices, b->kv_last_page_len};
     cas_attn_params ap = cas_attn_params_default();
     cas_status st;
+    /* The plan knows the page size and storage type of the pools: a forward on a cache of
+     * another geometry needs a new plan (once, when the caller switches caches). */
+    if (m->plan && memcmp(&m->plan_shape, &kv->shape, sizeof kv->shape) != 0) {
+        cas_attn_plan_destroy(m->plan);
+        m->plan = NULL;
+    }
     if (!m->plan) {
+        m->plan_shape = kv->shape;
         cas_attn_plan_opts po = cas_attn_plan_opts_default();
         po.cascade = m->opts.cascade;
         po.threads = m->opts.threads;

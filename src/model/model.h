@@ -342,6 +342,8 @@ typedef struct {
     int32_t max_logits;       /* most rows of logits one forward returns; default max_seqs */
     int32_t threads;          /* OpenMP threads of the kernels; 0: all cores */
     cas_cascade_mode cascade; /* attention planner mode; default CAS_CASCADE_AUTO */
+    int32_t portable_kernels; /* 1: portable (non-SIMD) matrix kernels, whose result for a
+                                 token does not depend on the batch around it (tests) */
 } cas_model_opts;
 
 cas_model_opts cas_model_opts_default(void);
