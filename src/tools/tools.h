@@ -7,6 +7,7 @@
 
 int cmd_attn_bench(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 
 #endif
