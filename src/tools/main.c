@@ -14,6 +14,7 @@ static const struct {
 } commands[] = {
     {"attn-bench", cmd_attn_bench, "benchmark flat vs cascade paged attention on a random batch"},
     {"bench", cmd_bench, "offline serving benchmark: synthetic shared-prefix requests through the engine"},
+    {"generate", cmd_generate, "generate text for one or several prompts (batched, shared prefix pages)"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text as a JSON array"},
 };

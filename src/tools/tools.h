@@ -6,6 +6,7 @@
 #define CASCADE_TOOLS_H
 
 int cmd_attn_bench(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
