@@ -1,0 +1,136 @@
+/*
+ * model_bench.c: prefill and decode tokens/s of the CPU forward pass, single
+ * sequence and many sequences, against the roofline of single-sequence
+ * decode: every decode step reads every weight matrix once, so it cannot be
+ * faster than (weight bytes per token) / (read bandwidth). The bandwidth is
+ * measured in the same run with the same thread count. Built and run by
+ * bench/model_bench.sh, which writes bench/results/cpu-model.json.
+ *
+ * usage: model_bench MODEL THREADS [SEQS] > result.json
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/model/model.h"
+#include "../src/model/quant_impl.h"
+
+#define PAGE 16
+#define PREFILL 256 /* prompt tokens per sequence, single-sequence run */
+#define MPREFILL 64 /* prompt tokens per sequence, many-sequence run */
+#define DECODE 64   /* decode steps */
+
+static void die(const char *what) {
+    fprintf(stderr, "model_bench: %s: %s\n", what, cas_last_error());
+    exit(1);
+}
+
+/* nseq sequences of plen random tokens each, pages laid out consecutively per sequence; runs
+ * the prompts in forwards of at most 512 tokens, then `DECODE` decode steps. Returns the
+ * prefill and decode tokens/s (best of `reps`). */
+static void run(cas_model *m, int nseq, int plen, int reps, double *pre_tps, double *dec_tps) {
+    const cas_model_config *c = cas_model_config_of(m);
+    int32_t per = (plen + DECODE + PAGE - 1) / PAGE;
+    cas_kv_cache *kv = NULL;
+    if (cas_kv_cache_create(m, per * nseq, PAGE, CAS_F16, &kv)) die("kv cache");
+    int32_t *tok = malloc(sizeof(int32_t) * 4096), *qo = malloc(sizeof(int32_t) * (nseq + 1)),
+            *kvp = malloc(sizeof(int32_t) * (nseq + 1)), *idx = malloc(sizeof(int32_t) * per * nseq),
+            *last = malloc(sizeof(int32_t) * nseq), *len = calloc((size_t)nseq, sizeof(int32_t));
+    float *logits = malloc(sizeof(float) * (size_t)nseq * c->n_vocab);
+    cas_rng rng;
+    cas_rng_seed(&rng, 7);
+    *pre_tps = *dec_tps = 0;
+    for (int rep = 0; rep < reps; rep++) {
+        memset(len, 0, sizeof(int32_t) * nseq);
+        double t0 = cas_now_s();
+        /* prefill: whole sequences per forward, up to 512 tokens */
+        for (int s0 = 0; s0 < nseq;) {
+            int nb = 0, nt = 0, np = 0;
+            qo[0] = kvp[0] = 0;
+            while (s0 + nb < nseq && nt + plen <= 512) {
+                int s = s0 + nb;
+                for (int i = 0; i < plen; i++) tok[nt++] = (int32_t)cas_rng_range(&rng, 100, c->n_vocab - 1);
+                len[s] = plen;
+                int npg = (plen + PAGE - 1) / PAGE;
+                for (int p = 0; p < npg; p++) idx[np++] = s * per + p;
+                last[nb] = plen - (npg - 1) * PAGE;
+                nb++;
+                qo[nb] = nt;
+                kvp[nb] = np;
+            }
+            cas_model_batch b = {nb, tok, qo, kvp, idx, last, 0, NULL};
+            if (cas_model_forward(m, kv, &b, logits)) die("prefill");
+            s0 += nb;
+        }
+        double t1 = cas_now_s();
+        for (int step = 0; step < DECODE; step++) {
+            int np = 0;
+            qo[0] = kvp[0] = 0;
+            for (int s = 0; s < nseq; s++) {
+                tok[s] = (int32_t)cas_rng_range(&rng, 100, c->n_vocab - 1);
+                len[s]++;
+                int npg = (len[s] + PAGE - 1) / PAGE;
+                for (int p = 0; p < npg; p++) idx[np++] = s * per + p;
+                last[s] = len[s] - (npg - 1) * PAGE;
+                qo[s + 1] = s + 1;
+                kvp[s + 1] = np;
+            }
+            cas_model_batch b = {nseq, tok, qo, kvp, idx, last, 0, NULL};
+            if (cas_model_forward(m, kv, &b, logits)) die("decode");
+        }
+        double t2 = cas_now_s();
+        double p = (double)nseq * plen / (t1 - t0), d = (double)nseq * DECODE / (t2 - t1);
+        if (p > *pre_tps) *pre_tps = p;
+        if (d > *dec_tps) *dec_tps = d;
+    }
+    free(tok);
+    free(qo);
+    free(kvp);
+    free(idx);
+    free(last);
+    free(len);
+    free(logits);
+    cas_kv_cache_destroy(kv);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: model_bench MODEL THREADS [SEQS]\n");
+        return 2;
+    }
+    int threads = atoi(argv[2]), many = argc > 3 ? atoi(argv[3]) : 32;
+    cas_model_opts o = cas_model_opts_default();
+    o.threads = threads;
+    o.max_batch_tokens = 512;
+    o.max_seqs = many;
+    cas_model *m = NULL;
+    if (cas_model_load(argv[1], &o, &m)) die(argv[1]);
+    const cas_model_config *c = cas_model_config_of(m);
+    double bw = 0;
+    if (cas_q_bench_read_bw(threads, (size_t)512 << 20, 1.0, &bw)) die("read bandwidth");
+    double roof = bw * 1e9 / (double)c->weight_bytes_per_token;
+    double p1, d1, pm, dm;
+    run(m, 1, PREFILL, 3, &p1, &d1);
+    run(m, many, MPREFILL, 2, &pm, &dm);
+    /* bandwidth again after the runs, so a noisy neighbour shows as a spread */
+    double bw2 = 0;
+    cas_q_bench_read_bw(threads, (size_t)512 << 20, 1.0, &bw2);
+    printf("{\n  \"model\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n", argv[1], threads,
+           cas_q_simd_name());
+    printf("  \"weight_bytes_per_token\": %lld,\n", (long long)c->weight_bytes_per_token);
+    printf("  \"read_bandwidth_gbs\": %.2f,\n  \"read_bandwidth_after_gbs\": %.2f,\n", bw, bw2);
+    printf("  \"decode_roofline_tokens_per_s\": %.1f,\n", roof);
+    printf("  \"single\": {\"prompt_tokens\": %d, \"prefill_tokens_per_s\": %.1f, \"decode_steps\": %d, "
+           "\"decode_tokens_per_s\": %.1f, \"decode_fraction_of_roofline\": %.3f},\n",
+           PREFILL, p1, DECODE, d1, d1 / roof);
+    printf("  \"batch\": {\"sequences\": %d, \"prompt_tokens_each\": %d, \"prefill_tokens_per_s\": %.1f, "
+           "\"decode_steps\": %d, \"decode_tokens_per_s\": %.1f, \"decode_speedup_over_single\": %.2f},\n",
+           many, MPREFILL, pm, DECODE, dm, dm / d1);
+    printf("  \"targets\": {\"single_decode_ge_60pct_roofline\": %s, \"batch_decode_ge_8x_single\": %s}\n}\n",
+           d1 >= 0.6 * roof ? "true" : "false", dm >= 8 * d1 ? "true" : "false");
+    fprintf(stderr, "bandwidth %.1f GB/s, roofline %.0f tok/s; single: prefill %.0f, decode %.1f tok/s (%.0f%%); "
+            "%d seqs: prefill %.0f, decode %.0f tok/s (%.1fx)\n",
+            bw, roof, p1, d1, 100 * d1 / roof, many, pm, dm, dm / d1);
+    cas_model_destroy(m);
+    return 0;
+}
