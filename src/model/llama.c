@@ -54,6 +54,11 @@ typedef struct {
     cas_mat w_gate;   /* [n_ff][n_embd] */
     cas_mat w_up;     /* [n_ff][n_embd] */
     cas_mat w_down;   /* [n_embd][n_ff] */
+    /* Fused copies, made at load when the parts share a type: one kernel call (one pass of
+     * thread start-up and one tail imbalance instead of three or two) per projection. */
+    cas_mat wqkv;     /* [(n_head + 2 n_head_kv) * head_dim][n_embd]: wq, wk, wv rows */
+    cas_mat w_gu;     /* [2 n_ff][n_embd]: w_gate then w_up rows */
+    void *fused;      /* owned storage of both, NULL when not fused */
 } cas_layer;
 
 struct cas_model {
@@ -78,6 +83,7 @@ struct cas_model {
     float *proj;  /* [T][n_embd] output of wo / w_down */
     float *gate;  /* [T][n_ff] */
     float *up;    /* [T][n_ff] */
+    float *fout;  /* [T][max(QD + 2 KD, 2 n_ff)] output of a fused projection */
     float *rope;  /* [T][n_rot / 2][2] cos, sin of each token's position */
     float *xl;    /* [L][n_embd] normed rows that get logits */
     int32_t *pos; /* [T] */
@@ -217,12 +223,13 @@ void cas_model_destroy(cas_model *m) {
         for (int32_t l = 0; l < m->cfg.n_layers; l++) {
             cas_free(m->layers[l].attn_norm);
             cas_free(m->layers[l].ffn_norm);
+            cas_free(m->layers[l].fused);
         }
         free(m->layers);
     }
     cas_free(m->out_norm);
     cas_free(m->inv_freq);
-    float *bufs[] = {m->x, m->xb, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->rope, m->xl};
+    float *bufs[] = {m->x, m->xb, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->rope, m->xl, m->fout};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cas_free(bufs[i]);
     cas_free(m->pos);
     cas_free(m->seq_of);
@@ -298,6 +305,23 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         if ((st = find_mat(g, NAME("ffn_up.weight"), F, E, &L->w_up))) goto fail;
         if ((st = find_mat(g, NAME("ffn_down.weight"), E, F, &L->w_down))) goto fail;
 #undef NAME
+        /* fused copies */
+        if (L->wq.type == L->wk.type && L->wk.type == L->wv.type && L->w_gate.type == L->w_up.type) {
+            size_t a = L->wq.bytes + L->wk.bytes + L->wv.bytes, b2 = L->w_gate.bytes + L->w_up.bytes;
+            uint8_t *f = cas_alloc(a + b2);
+            if (!f) {
+                st = cas_error(CAS_ERR_NOMEM, "model: fused weights of layer %d", (int)l);
+                goto fail;
+            }
+            memcpy(f, L->wq.data, L->wq.bytes);
+            memcpy(f + L->wq.bytes, L->wk.data, L->wk.bytes);
+            memcpy(f + L->wq.bytes + L->wk.bytes, L->wv.data, L->wv.bytes);
+            memcpy(f + a, L->w_gate.data, L->w_gate.bytes);
+            memcpy(f + a + L->w_gate.bytes, L->w_up.data, L->w_up.bytes);
+            L->fused = f;
+            L->wqkv = (cas_mat){f, L->wq.type, QD + 2 * KD, E, a};
+            L->w_gu = (cas_mat){f + a, L->w_gate.type, 2 * F, E, b2};
+        }
         wbytes += (int64_t)(L->wq.bytes + L->wk.bytes + L->wv.bytes + L->wo.bytes + L->w_gate.bytes +
                             L->w_up.bytes + L->w_down.bytes);
     }
@@ -329,6 +353,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     ALLOC(m->proj, T * E);
     ALLOC(m->gate, T * F);
     ALLOC(m->up, T * F);
+    ALLOC(m->fout, T * (size_t)(QD + 2 * KD > 2 * F ? QD + 2 * KD : 2 * F));
     ALLOC(m->rope, T * (size_t)(c->n_rot / 2 + 1) * 2);
     ALLOC(m->xl, Lr * E);
     ALLOC(m->pos, T);
@@ -339,8 +364,9 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     size_t wb = 0;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
-        const cas_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < 7; i++) {
+        const cas_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                               &L->wqkv, &L->w_gu};
+        for (size_t i = 0; i < (L->fused ? 9u : 7u); i++) {
             wb = work_for(ms[i], (int64_t)T, nt, wb);
             wb = work_for(ms[i], 1, nt, wb);
         }
@@ -589,7 +615,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
             cs[2 * i + 1] = (float)sin(a);
         }
     }
-    const int64_t E = c->n_embd, KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
+    const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
+                  KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
 
     /* embeddings */
     for (int64_t t = 0; t < T; t++) {
@@ -603,9 +630,20 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
         rmsnorm_rows(m->xb, m->x, L->attn_norm, T, E, c->rms_eps);
-        if ((st = matmul(m, &L->wq, m->xb, T, m->q))) return st;
-        if ((st = matmul(m, &L->wk, m->xb, T, m->k))) return st;
-        if ((st = matmul(m, &L->wv, m->xb, T, m->v))) return st;
+        if (L->fused) {
+            if ((st = matmul(m, &L->wqkv, m->xb, T, m->fout))) return st;
+            const int64_t W = QD + 2 * KD;
+            for (int64_t t = 0; t < T; t++) {
+                const float *r = m->fout + t * W;
+                memcpy(m->q + t * QD, r, sizeof(float) * (size_t)QD);
+                memcpy(m->k + t * KD, r + QD, sizeof(float) * (size_t)KD);
+                memcpy(m->v + t * KD, r + QD + KD, sizeof(float) * (size_t)KD);
+            }
+        } else {
+            if ((st = matmul(m, &L->wq, m->xb, T, m->q))) return st;
+            if ((st = matmul(m, &L->wk, m->xb, T, m->k))) return st;
+            if ((st = matmul(m, &L->wv, m->xb, T, m->v))) return st;
+        }
         rope_rows(m->q, T, c->n_head, c->head_dim, c->n_rot, m->rope);
         rope_rows(m->k, T, c->n_head_kv, c->head_dim, c->n_rot, m->rope);
 
@@ -627,9 +665,18 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         for (int64_t i = 0; i < T * E; i++) m->x[i] += m->proj[i];
 
         rmsnorm_rows(m->xb, m->x, L->ffn_norm, T, E, c->rms_eps);
-        if ((st = matmul(m, &L->w_gate, m->xb, T, m->gate))) return st;
-        if ((st = matmul(m, &L->w_up, m->xb, T, m->up))) return st;
-        for (int64_t i = 0; i < T * F; i++) m->gate[i] = silu(m->gate[i]) * m->up[i];
+        if (L->fused) {
+            if ((st = matmul(m, &L->w_gu, m->xb, T, m->fout))) return st;
+            for (int64_t t = 0; t < T; t++) {
+                const float *g = m->fout + t * 2 * F, *u = g + F;
+                float *h = m->gate + t * F;
+                for (int64_t i = 0; i < F; i++) h[i] = silu(g[i]) * u[i];
+            }
+        } else {
+            if ((st = matmul(m, &L->w_gate, m->xb, T, m->gate))) return st;
+            if ((st = matmul(m, &L->w_up, m->xb, T, m->up))) return st;
+            for (int64_t i = 0; i < T * F; i++) m->gate[i] = silu(m->gate[i]) * m->up[i];
+        }
         if ((st = matmul(m, &L->w_down, m->gate, T, m->proj))) return st;
         for (int64_t i = 0; i < T * E; i++) m->x[i] += m->proj[i];
     }
