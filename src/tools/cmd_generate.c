@@ -454,13 +454,16 @@ int cmd_generate(int argc, char **argv) {
     double t_end = cas_now_s();
     if (t_prefill_done == 0) t_prefill_done = t_end;
     if (!quiet) {
+        char threads_txt[16];
+        if (threads) snprintf(threads_txt, sizeof threads_txt, "%d", threads);
+        else snprintf(threads_txt, sizeof threads_txt, "all");
         double pre_s = t_first_all - t0, gen_s = t_end - t_first_all;
         int64_t gen_after = generated - n_texts;
         fprintf(stderr,
-                "\n%d sequence%s, %d steps, %d threads, cascade %s, model load %.2f s\n"
+                "\n%d sequence%s, %d steps, threads %s, cascade %s, model load %.2f s\n"
                 "prompt:     %lld tokens computed (%d more from shared pages) in %.3f s = %.1f tokens/s\n"
                 "generation: %lld tokens in %.3f s = %.1f tokens/s (after each sequence's first token)\n",
-                n_texts, n_texts == 1 ? "" : "s", steps, threads ? threads : 0,
+                n_texts, n_texts == 1 ? "" : "s", steps, threads_txt,
                 no_cascade ? "off" : "auto", t_load, (long long)prompt_computed, shared_tokens, pre_s,
                 pre_s > 0 ? (double)prompt_computed / pre_s : 0.0, (long long)gen_after, gen_s,
                 gen_s > 0 ? (double)gen_after / gen_s : 0.0);
