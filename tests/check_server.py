@@ -386,11 +386,35 @@ def run_all(srv, client, openai):
                      "When is the reading hour?", "Are you open on Sunday?", "When does the book club meet?",
                      "Can I renew a book?", "Who should I ask about lost cards?"]
         kw = dict(model=model, max_tokens=12 if "asan" in BUILD else 24, temperature=0)
-        lone = {}
+        # A batch sums in another order than a lone request does (cascade
+        # attention; 1-token and many-token matrix kernels), and 8-bit
+        # activation quantization amplifies the rounding to up to ~0.8 nats
+        # (measured, tests/test_engine.c), so logits agree within that, not
+        # bitwise (README, "Guarantees"): streams must equal the lone text up to
+        # the lone run's first near-tie (top two log-probabilities within NEAR_TIE).
+        NEAR_TIE = 1.0
+        lone, lone_toks = {}, {}
         for q in questions:
             r = client.chat.completions.create(messages=[{"role": "system", "content": system},
-                                                         {"role": "user", "content": q}], **kw)
+                                                         {"role": "user", "content": q}], logprobs=True,
+                                               top_logprobs=2, **kw)
             lone[q] = r.choices[0].message.content
+            lone_toks[q] = [(t.token, (t.top_logprobs[0].logprob - t.top_logprobs[1].logprob)
+                             if len(t.top_logprobs) > 1 else 99.0) for t in r.choices[0].logprobs.content]
+
+        def agrees(text, q):
+            ref = lone[q]
+            if text == ref:
+                return True
+            common = 0
+            while common < min(len(text), len(ref)) and text[common] == ref[common]:
+                common += 1
+            pos = 0
+            for tok, margin in lone_toks[q]:  # the lone token where the texts part
+                if pos + len(tok) > common:
+                    return margin < NEAR_TIE
+                pos += len(tok)
+            return False
         m0 = metrics(srv)
         results = [None] * 64
         errors = []
@@ -418,7 +442,8 @@ def run_all(srv, client, openai):
             t.join(timeout=600)
         dt = time.time() - t0
         assert not errors, errors[:3]
-        bad = [i for i in range(64) if results[i] is None or results[i][0] != lone[questions[i % len(questions)]]]
+        bad = [i for i in range(64) if results[i] is None or not agrees(results[i][0], questions[i % len(questions)])]
+        ties = sum(1 for i in range(64) if results[i] and results[i][0] != lone[questions[i % len(questions)]])
         assert not bad, f"{len(bad)} streams differ from the lone request, e.g. #{bad[0]}: " \
                         f"{results[bad[0]]!r} vs {lone[questions[bad[0] % len(questions)]]!r}"
         cached = sum(r[1].prompt_tokens_details.cached_tokens or 0 for r in results
@@ -434,7 +459,8 @@ def run_all(srv, client, openai):
         csteps = m1["cascade_cascade_steps_total"] - m0["cascade_cascade_steps_total"]
         gen = sum(r[1].completion_tokens for r in results if r[1])
         print(f"  64 streams in {dt:.1f} s, {gen} tokens ({gen / dt:.1f} tok/s); prefix-cache hit tokens {hits:.0f}, "
-              f"cached_tokens in usage {cached}; {csteps:.0f} of {steps:.0f} steps used cascade")
+              f"cached_tokens in usage {cached}; {csteps:.0f} of {steps:.0f} steps used cascade; "
+              f"{ties} streams parted from the lone text at a near-tie")
         assert hits > 0, "no prefix-cache hits with a shared system prompt"
 
     @check("metrics_format")

@@ -262,6 +262,35 @@ static void test_decode_beside_long_prefill(void) {
     free(k), free(v), free(q), free(o), free(lse), free(oref), free(lref);
 }
 
+/* The kernel is batch-invariant for flat passes: a query row's output does not
+ * depend on which other rows share its work item or batch (tiles of keys
+ * always start at the request's first key). The engine relies on it. */
+static void test_rows_batch_invariant(void) {
+    cas_attn_shape sh = {9, 3, 64, 16, CAS_F16};
+    cas_attn_synth s;
+    REQUIRE(cas_attn_synth_create(&s, &sh, "1*0", 0, 0, 230, 230, 3) == CAS_OK);
+    cas_kv_pool pool = cas_attn_synth_pool(&s);
+    cas_attn_params prm = cas_attn_params_default();
+    cas_attn_plan_opts po = cas_attn_plan_opts_default();
+    po.cascade = CAS_CASCADE_OFF;
+    int32_t qoA[2] = {0, 230};
+    cas_attn_batch a = {1, qoA, s.kv_indptr, s.kv_indices, s.kv_last_page_len};
+    float *oA = malloc(sizeof(float) * 230 * 9 * 64), *oB = malloc(sizeof(float) * 230 * 9 * 64);
+    REQUIRE(cas_attn_forward(&sh, &pool, &a, &prm, &po, s.q, oA, NULL) == CAS_OK);
+    const int ms[5] = {1, 2, 6, 22, 100};
+    for (int k = 0; k < 5; k++) {
+        int m = ms[k];
+        int32_t qoB[2] = {0, m};
+        cas_attn_batch b = {1, qoB, s.kv_indptr, s.kv_indices, s.kv_last_page_len};
+        REQUIRE(cas_attn_forward(&sh, &pool, &b, &prm, &po, s.q + (size_t)(230 - m) * 9 * 64, oB, NULL) == CAS_OK);
+        CHECKF(!memcmp(oA + (size_t)(230 - m) * 9 * 64, oB, sizeof(float) * (size_t)m * 9 * 64),
+               "last %d rows alone differ from the same rows in a 230-row chunk", m);
+    }
+    free(oA);
+    free(oB);
+    cas_attn_synth_destroy(&s);
+}
+
 /* ---- merge ---------------------------------------------------------------- */
 
 static void random_state(float *o, float *l, int rows, int D, double p_empty) {
@@ -559,6 +588,7 @@ int main(void) {
     RUN(test_features);
     RUN(test_plan_reuse_layers_and_batches);
     RUN(test_decode_beside_long_prefill);
+    RUN(test_rows_batch_invariant);
     RUN(test_differential_grid);
     return check_summary();
 }

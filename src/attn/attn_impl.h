@@ -27,7 +27,7 @@ float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params)
 #define CAS_ATTN_TILE 64
 /* Keys per tile when one item spans every KV head (decode): a tile of all
  * heads then stays in L2 while the next one is prefetched. */
-#define CAS_ATTN_SHORT_TILE 32
+#define CAS_ATTN_SHORT_TILE 64
 /* Most rows (token x group head) one CPU work item holds. */
 #define CAS_ATTN_ROW_BLOCK 128
 

@@ -39,6 +39,7 @@ typedef struct req {
     cas_stopper *stopper;
     int32_t n_generated;
     int32_t cached_tokens;
+    int32_t prompt_computed; /* prompt tokens this request ran itself */
     int32_t in_sched;  /* added to the scheduler */
     int32_t abort_req; /* abort asked from another thread */
     char utf8_hold[8]; /* bytes of an incomplete UTF-8 character */
@@ -501,6 +502,25 @@ static void take_incoming(cas_engine *e) {
     }
 }
 
+/* Refreshes the scheduler and KV numbers of the stats (engine thread). */
+static void refresh_stats(cas_engine *e) {
+    cas_sched_stats ss;
+    cas_sched_get_stats(e->sched, &ss);
+    cas_kv_stats ks;
+    cas_kv_get_stats(e->kv, &ks);
+    pthread_mutex_lock(&e->mu);
+    e->stats.running = ss.running;
+    e->stats.waiting = ss.waiting;
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_free = ks.blocks_free + ks.blocks_cached;
+    e->stats.kv_blocks_cached = ks.blocks_cached;
+    e->stats.prefix_queries_tokens = ks.query_tokens;
+    e->stats.prefix_hit_tokens = ks.hit_tokens + ks.pending_hit_tokens;
+    e->stats.prompt_tokens_computed = ss.prompt_tokens_computed;
+    e->stats.preemptions = ss.preemptions;
+    pthread_mutex_unlock(&e->mu);
+}
+
 cas_status cas_engine_step(cas_engine *e, int *busy) {
     *busy = 0;
     take_incoming(e);
@@ -511,12 +531,7 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
     if (plan.n_items == 0) {
         /* nothing could run (e.g. every request waits for shared blocks): close the step */
         if ((st = cas_sched_step_done(e->sched, e->sampled, e->stop, e->finished))) return st;
-        pthread_mutex_lock(&e->mu);
-        cas_sched_stats ss;
-        cas_sched_get_stats(e->sched, &ss);
-        e->stats.running = ss.running;
-        e->stats.waiting = ss.waiting;
-        pthread_mutex_unlock(&e->mu);
+        refresh_stats(e);
         return CAS_OK;
     }
     *busy = 1;
@@ -538,13 +553,22 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         const cas_sched_item *it = &plan.items[i];
         e->stop[i] = 0;
         e->sampled[i] = -1;
+        req *rr = table_get(e, (uint64_t)it->id);
+        if (rr && rr->n_generated == 0 && it->q_start < rr->n_prompt) {
+            int32_t end = it->q_start + it->q_len < rr->n_prompt ? it->q_start + it->q_len : rr->n_prompt;
+            rr->prompt_computed += end - it->q_start;
+        }
         if (!it->sample) continue;
-        req *r = table_get(e, (uint64_t)it->id);
+        req *r = rr;
         const float *row = e->logits + (size_t)li * V;
         li++;
         if (!r) continue;
         int32_t tok = cas_sampler_sample(r->sampler, row);
         e->sampled[i] = tok;
+        if (r->n_generated == 0) {
+            int32_t c = r->n_prompt - r->prompt_computed;
+            r->cached_tokens = c > 0 ? c : 0;
+        }
         r->n_generated++;
         int eog = !r->sp.ignore_eos && cas_tok_is_eog(e->tok, tok);
         size_t plen = 0;
@@ -584,23 +608,11 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         finish_req(e, r, why);
     }
     /* stats */
-    cas_sched_stats ss;
-    cas_sched_get_stats(e->sched, &ss);
-    cas_kv_stats ks;
-    cas_kv_get_stats(e->kv, &ks);
+    refresh_stats(e);
     pthread_mutex_lock(&e->mu);
-    e->stats.running = ss.running;
-    e->stats.waiting = ss.waiting;
-    e->stats.kv_blocks_used = ks.blocks_used;
-    e->stats.kv_blocks_free = ks.blocks_free + ks.blocks_cached;
-    e->stats.kv_blocks_cached = ks.blocks_cached;
-    e->stats.prefix_queries_tokens = ks.query_tokens;
-    e->stats.prefix_hit_tokens = ks.hit_tokens + ks.pending_hit_tokens;
-    e->stats.prompt_tokens_computed = ss.prompt_tokens_computed;
     e->stats.generation_tokens += gen;
     e->stats.steps++;
     if (pinfo.shared_passes > 0) e->stats.cascade_steps++;
-    e->stats.preemptions = ss.preemptions;
     e->stats.busy_seconds += cas_now_s() - t0;
     pthread_mutex_unlock(&e->mu);
     if (cas_log_enabled(CAS_LOG_DEBUG))
@@ -679,6 +691,12 @@ void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st) {
 }
 
 const char *cas_engine_model_name(const cas_engine *e) { return e->model_name; }
+
+const char *cas_engine_token_text(const cas_engine *e, int32_t id, size_t *len) {
+    *len = 0;
+    if (id < 0 || id >= e->cfg->n_vocab) return NULL;
+    return cas_tok_piece(e->tok, id, CAS_TOK_DECODE_SPECIAL, len);
+}
 
 int32_t cas_engine_context_length(const cas_engine *e) { return e->max_context; }
 

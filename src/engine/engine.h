@@ -133,6 +133,10 @@ void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st);
 const char *cas_engine_model_name(const cas_engine *e);
 int32_t cas_engine_context_length(const cas_engine *e);
 
+/* The bytes of one token (logprob alternatives); NULL for an id outside the
+ * vocabulary. Points into the engine; valid until destroy. Thread-safe. */
+const char *cas_engine_token_text(const cas_engine *e, int32_t id, size_t *len);
+
 /* Chat: renders messages through the model's chat template with the
  * generation prompt appended. *out is malloc'd; the caller frees it. */
 typedef struct {

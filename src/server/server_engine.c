@@ -17,6 +17,7 @@ static cas_status e_chat(void *ctx, const cas_engine_msg *msgs, int32_t n, char 
     return cas_engine_apply_chat(ctx, msgs, n, out);
 }
 static cas_status e_count(void *ctx, const char *text, int32_t *n) { return cas_engine_count_tokens(ctx, text, n); }
+static const char *e_tok(void *ctx, int32_t id, size_t *len) { return cas_engine_token_text(ctx, id, len); }
 
 cas_status cas_server_create(cas_server **out, cas_engine *e, const cas_server_opts *opts) {
     if (!out || !e) return cas_error(CAS_ERR_INVALID, "server: no engine");
@@ -29,7 +30,7 @@ cas_status cas_server_create(cas_server **out, cas_engine *e, const cas_server_o
         .context_length = e_ctx,
         .apply_chat = e_chat,
         .count_tokens = e_count,
-        .token_text = NULL, /* engine.h has no per-token text yet: alternatives print as token_id:N */
+        .token_text = e_tok,
     };
     return cas_srv_create_with_ops(out, &ops, opts);
 }
