@@ -63,7 +63,7 @@ def main():
         "flat_decode_nothing_shared_f32": base + ["--batch", 32, "--prefix", 0, "--suffix", 4096, "--dtype", "f32"],
         "flat_decode_one_long_f32": base + ["--batch", 1, "--prefix", 0, "--suffix", 65536, "--dtype", "f32"],
         "tree_40_20_10": base + ["--tree", "40*1024(20*512)+10*768", "--suffix", 64, "--dtype", "f32"],
-        "prefill_chunk_2048": base[:-4] + ["--qlen", 2048, "--repeats", 3, "--batch", 1, "--prefix", 0,
+        "prefill_chunk_2048": base[:-4] + ["--qlen", 2048, "--repeats", 3, "--check", 0, "--batch", 1, "--prefix", 0,
                                            "--suffix", 2048, "--dtype", "f32"],
     }
     if a.quick:

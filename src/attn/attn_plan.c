@@ -543,7 +543,8 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
         int64_t blocks = (rows + CAS_ATTN_ROW_BLOCK - 1) / CAS_ATTN_ROW_BLOCK;
         int64_t padded = rows <= 4 ? 4 : (rows + 5) / 6 * 6;
         int64_t head_items = padded * p->shape.num_kv_heads <= CAS_ATTN_ROW_BLOCK ? 1 : p->shape.num_kv_heads;
-        work += blocks * p->passes[i].len * p->shape.num_kv_heads;
+        /* work in (item x key) units: an item spanning every head is one unit per key */
+        work += blocks * p->passes[i].len * head_items;
         base_items += blocks * head_items;
     }
     int64_t chunk = INT32_MAX;
