@@ -307,6 +307,13 @@ static cas_status dump_all(const char *dir, const cas_attn_shape *shape, const c
     return CAS_OK;
 }
 
+/* A number for JSON: null when not measured (NaN). */
+static const char *num_or_null(char *buf, double v) {
+    if (isnan(v)) return "null";
+    snprintf(buf, 32, "%.3e", v);
+    return buf;
+}
+
 /* Useful FLOPs: 4 * D per (query row, visible key): QK^T and PV. */
 static double useful_flops(const cas_attn_shape *shape, const cas_attn_synth *s, const cas_attn_params *prm) {
     double keys = 0;
@@ -421,11 +428,12 @@ int cmd_attn_bench(int argc, char **argv) {
     double tol = 1e-3; /* f32 accumulation; the values are O(1) */
     int ok = (o.check_requests == 0) || (err_flat <= tol && err_casc <= tol);
     if (o.json) {
+        char ef[32], ec[32];
         printf("{\"backend\": \"cpu\", \"simd\": \"%s\", \"threads\": %d, \"batch\": %d, \"prefix\": %d, "
                "\"suffix\": %d, \"qlen\": %d, \"tree\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, "
                "\"head_dim\": %d, \"page_size\": %d, \"dtype\": \"%s\", \"total_q\": %d, "
                "\"flat_ms\": %.6f, \"cascade_ms\": %.6f, \"speedup\": %.4f, "
-               "\"max_abs_err_flat\": %.3e, \"max_abs_err_cascade\": %.3e, "
+               "\"max_abs_err_flat\": %s, \"max_abs_err_cascade\": %s, "
                "\"flat_bytes\": %.0f, \"cascade_bytes\": %.0f, \"flat_GBps\": %.3f, \"cascade_GBps\": %.3f, "
                "\"peak_GBps\": %.3f, \"flops\": %.0f, \"flat_GFLOPs\": %.3f, \"cascade_GFLOPs\": %.3f, "
                "\"peak_GFLOPs\": %.3f, \"tree_nodes\": %d, \"shared_passes\": %d, \"passes\": %d, "
@@ -433,7 +441,8 @@ int cmd_attn_bench(int argc, char **argv) {
                "\"plan_flat_ms\": %.4f, \"checked_requests\": %d}\n",
                cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
                o.tree ? o.tree : "", o.hq, o.hkv, o.head_dim, o.page_size, cas_dtype_name(o.dtype),
-               s.total_q, t_flat * 1e3, t_casc * 1e3, t_flat / t_casc, err_flat, err_casc, bytes_flat,
+               s.total_q, t_flat * 1e3, t_casc * 1e3, t_flat / t_casc, num_or_null(ef, err_flat),
+               num_or_null(ec, err_casc), bytes_flat,
                bytes_casc, bytes_flat / t_flat / 1e9, bytes_casc / t_casc / 1e9, peak_bw / 1e9, flops,
                flops / t_flat / 1e9, flops / t_casc / 1e9, peak_flops / 1e9, ci.tree_nodes,
                ci.shared_passes, ci.passes, ci.work_items, ci.est_cost_s * 1e3, ci.est_flat_cost_s * 1e3,
