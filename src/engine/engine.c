@@ -688,6 +688,7 @@ void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st) {
     pthread_mutex_lock(&e->mu);
     *st = e->stats;
     pthread_mutex_unlock(&e->mu);
+    st->generation_tok_per_s = st->busy_seconds > 0 ? (double)st->generation_tokens / st->busy_seconds : 0.0;
 }
 
 const char *cas_engine_model_name(const cas_engine *e) { return e->model_name; }

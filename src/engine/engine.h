@@ -125,6 +125,7 @@ typedef struct {
     int64_t steps, cascade_steps;     /* steps, and steps whose plan had a shared pass */
     int64_t requests_finished, requests_aborted, preemptions;
     double busy_seconds;              /* time spent in steps */
+    double generation_tok_per_s;      /* generation_tokens / busy_seconds */
 } cas_engine_stats;
 
 void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st);
