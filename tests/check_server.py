@@ -36,6 +36,50 @@ TIMEOUT = 600  # seconds for any one HTTP call (64 streams on 2 busy cores are s
 passed = failed = 0
 
 
+# A request run again, or alongside others, sums in another order (prefix-cache
+# hits, cascade attention, 1-token and many-token matrix kernels), and the
+# model's 8-bit activation quantization amplifies the rounding to top-2 margin
+# shifts of up to ~0.8 nats (measured in tests/test_engine.c). So greedy texts
+# agree up to the reference's first near-tie, not bitwise (README,
+# "Guarantees"): `ref_toks` are the reference's (token text, top-1 minus top-2
+# log-probability) pairs.
+NEAR_TIE = 1.0
+
+
+def chat_toks(r):
+    return [(t.token, (t.top_logprobs[0].logprob - t.top_logprobs[1].logprob) if len(t.top_logprobs) > 1 else 99.0)
+            for t in r.choices[0].logprobs.content]
+
+
+def completion_toks(choice):
+    lp = choice.logprobs
+    out = []
+    for tok, top in zip(lp.tokens, lp.top_logprobs):
+        v = sorted(top.values(), reverse=True)
+        out.append((tok, v[0] - v[1] if len(v) > 1 else 99.0))
+    return out
+
+
+def agrees(text, ref, ref_toks):
+    if text == ref:
+        return True
+    common = 0
+    while common < min(len(text), len(ref)) and text[common] == ref[common]:
+        common += 1
+    pos = 0
+    for k, (tok, margin) in enumerate(ref_toks):
+        # the reference token where the texts part: the one spanning `common`, or, when a
+        # token ends exactly there, that one or the next (the other side may have picked a
+        # longer token with the same start)
+        if pos + len(tok) > common:
+            return margin < NEAR_TIE
+        if pos + len(tok) == common:
+            nxt = ref_toks[k + 1][1] if k + 1 < len(ref_toks) else 99.0
+            return margin < NEAR_TIE or nxt < NEAR_TIE
+        pos += len(tok)
+    return False
+
+
 def report(name, ok, msg=""):
     global passed, failed
     if ok:
@@ -195,9 +239,10 @@ def run_all(srv, client, openai):
         prompt = "Once upon a time, there was a"
         ids = json.loads(subprocess.run([CASCADE, "tokenize", "-m", MODEL, prompt], capture_output=True,
                                         text=True, check=True).stdout)
-        a = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0)
+        a = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0, logprobs=2)
         b = client.completions.create(model=model, prompt=ids, max_tokens=10, temperature=0)
-        assert a.choices[0].text == b.choices[0].text, (a.choices[0].text, b.choices[0].text)
+        assert agrees(b.choices[0].text, a.choices[0].text, completion_toks(a.choices[0])), \
+            (a.choices[0].text, b.choices[0].text)
         assert a.usage.prompt_tokens == b.usage.prompt_tokens == len(ids), (a.usage, b.usage, len(ids))
 
     @check("completions_prompt_list")
@@ -206,20 +251,23 @@ def run_all(srv, client, openai):
         r = client.completions.create(model=model, prompt=ps, max_tokens=8, temperature=0)
         assert len(r.choices) == 2 and [c.index for c in r.choices] == [0, 1]
         for i, p in enumerate(ps):
-            alone = client.completions.create(model=model, prompt=p, max_tokens=8, temperature=0)
-            assert r.choices[i].text == alone.choices[0].text, (i, r.choices[i].text, alone.choices[0].text)
+            alone = client.completions.create(model=model, prompt=p, max_tokens=8, temperature=0, logprobs=2)
+            assert agrees(r.choices[i].text, alone.choices[0].text, completion_toks(alone.choices[0])), \
+                (i, r.choices[i].text, alone.choices[0].text)
 
     @check("completions_stream_equals_plain")
     def _():
         kw = dict(model=model, prompt="List three colors:", max_tokens=16, temperature=0)
-        plain = client.completions.create(**kw)
+        plain = client.completions.create(**kw, logprobs=2)
         chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
         text = "".join(c.choices[0].text for c in chunks if c.choices)
-        assert text == plain.choices[0].text, (text, plain.choices[0].text)
+        assert agrees(text, plain.choices[0].text, completion_toks(plain.choices[0])), (text, plain.choices[0].text)
         assert chunks[-1].usage and not chunks[-1].choices
-        assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
         fins = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-        assert fins == [plain.choices[0].finish_reason], fins
+        assert len(fins) == 1, fins
+        if text == plain.choices[0].text:
+            assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+            assert fins == [plain.choices[0].finish_reason], fins
 
     @check("chat")
     def _():
@@ -234,13 +282,16 @@ def run_all(srv, client, openai):
     @check("chat_stream_equals_plain")
     def _():
         msgs = [{"role": "user", "content": "Name a fruit."}]
-        plain = client.chat.completions.create(model=model, messages=msgs, max_tokens=20, temperature=0)
+        plain = client.chat.completions.create(model=model, messages=msgs, max_tokens=20, temperature=0,
+                                               logprobs=True, top_logprobs=2)
         chunks = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=20, temperature=0,
                                                      stream=True, stream_options={"include_usage": True}))
         assert chunks[0].choices[0].delta.role == "assistant"
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text == plain.choices[0].message.content, (text, plain.choices[0].message.content)
-        assert chunks[-1].usage.total_tokens == plain.usage.total_tokens, (chunks[-1].usage, plain.usage)
+        ref = plain.choices[0].message.content
+        assert agrees(text, ref, chat_toks(plain)), (text, ref)
+        if text == ref:
+            assert chunks[-1].usage.total_tokens == plain.usage.total_tokens, (chunks[-1].usage, plain.usage)
 
     @check("stop_strings")
     def _():
@@ -386,35 +437,13 @@ def run_all(srv, client, openai):
                      "When is the reading hour?", "Are you open on Sunday?", "When does the book club meet?",
                      "Can I renew a book?", "Who should I ask about lost cards?"]
         kw = dict(model=model, max_tokens=12 if "asan" in BUILD else 24, temperature=0)
-        # A batch sums in another order than a lone request does (cascade
-        # attention; 1-token and many-token matrix kernels), and 8-bit
-        # activation quantization amplifies the rounding to up to ~0.8 nats
-        # (measured, tests/test_engine.c), so logits agree within that, not
-        # bitwise (README, "Guarantees"): streams must equal the lone text up to
-        # the lone run's first near-tie (top two log-probabilities within NEAR_TIE).
-        NEAR_TIE = 1.0
         lone, lone_toks = {}, {}
         for q in questions:
             r = client.chat.completions.create(messages=[{"role": "system", "content": system},
                                                          {"role": "user", "content": q}], logprobs=True,
                                                top_logprobs=2, **kw)
             lone[q] = r.choices[0].message.content
-            lone_toks[q] = [(t.token, (t.top_logprobs[0].logprob - t.top_logprobs[1].logprob)
-                             if len(t.top_logprobs) > 1 else 99.0) for t in r.choices[0].logprobs.content]
-
-        def agrees(text, q):
-            ref = lone[q]
-            if text == ref:
-                return True
-            common = 0
-            while common < min(len(text), len(ref)) and text[common] == ref[common]:
-                common += 1
-            pos = 0
-            for tok, margin in lone_toks[q]:  # the lone token where the texts part
-                if pos + len(tok) > common:
-                    return margin < NEAR_TIE
-                pos += len(tok)
-            return False
+            lone_toks[q] = chat_toks(r)
         m0 = metrics(srv)
         results = [None] * 64
         errors = []
@@ -442,7 +471,8 @@ def run_all(srv, client, openai):
             t.join(timeout=600)
         dt = time.time() - t0
         assert not errors, errors[:3]
-        bad = [i for i in range(64) if results[i] is None or not agrees(results[i][0], questions[i % len(questions)])]
+        bad = [i for i in range(64) if results[i] is None or
+               not agrees(results[i][0], lone[questions[i % len(questions)]], lone_toks[questions[i % len(questions)]])]
         ties = sum(1 for i in range(64) if results[i] and results[i][0] != lone[questions[i % len(questions)]])
         assert not bad, f"{len(bad)} streams differ from the lone request, e.g. #{bad[0]}: " \
                         f"{results[bad[0]]!r} vs {lone[questions[bad[0] % len(questions)]]!r}"
