@@ -482,8 +482,8 @@ def run_all(srv, client, openai):
         ties = sum(1 for i in range(64) if results[i] and results[i][0] != lone[questions[i % len(questions)]])
         assert not bad, f"{len(bad)} streams differ from the lone request, e.g. #{bad[0]}: " \
                         f"{results[bad[0]]!r} vs {lone[questions[bad[0] % len(questions)]]!r}"
-        cached = sum(r[1].prompt_tokens_details.cached_tokens or 0 for r in results
-                     if r[1] and r[1].prompt_tokens_details)
+        usage_cached = sum(r[1].prompt_tokens_details.cached_tokens or 0 for r in results
+                           if r[1] and r[1].prompt_tokens_details)
         m1, idle = wait_idle(srv, timeout=20)
         assert idle, {k: v for k, v in m1.items() if "running" in k or "waiting" in k or "pages" in k}
         # every page free: none held by a request (cached prefix pages are free pages that remember their content)
@@ -495,9 +495,10 @@ def run_all(srv, client, openai):
         csteps = m1["cascade_cascade_steps_total"] - m0["cascade_cascade_steps_total"]
         gen = sum(r[1].completion_tokens for r in results if r[1])
         print(f"  64 streams in {dt:.1f} s, {gen} tokens ({gen / dt:.1f} tok/s); prefix-cache hit tokens {hits:.0f}, "
-              f"cached_tokens in usage {cached}; {csteps:.0f} of {steps:.0f} steps used cascade; "
+              f"cached_tokens in usage {usage_cached}; {csteps:.0f} of {steps:.0f} steps used cascade; "
               f"{ties} streams parted from the lone text at a near-tie")
         assert hits > 0, "no prefix-cache hits with a shared system prompt"
+        assert usage_cached == hits, (usage_cached, hits)  # usage reports what the cache served
 
     @check("metrics_format")
     def _():
