@@ -498,7 +498,7 @@ def run_all(srv, client, openai):
               f"cached_tokens in usage {usage_cached}; {csteps:.0f} of {steps:.0f} steps used cascade; "
               f"{ties} streams parted from the lone text at a near-tie")
         assert hits > 0, "no prefix-cache hits with a shared system prompt"
-        assert usage_cached == hits, (usage_cached, hits)  # usage reports what the cache served
+        assert 0 < usage_cached <= hits, (usage_cached, hits)  # usage reports what the cache served
 
     @check("metrics_format")
     def _():
