@@ -73,7 +73,8 @@ cas_status cas_attn_calibrate(const cas_attn_shape *shape, int32_t threads, cas_
     per = (int32_t)((256.0 * 1024) / tok_bytes);
     if (per < 64) per = 64;
     snprintf(tree, sizeof tree, "%d*0", 4 * nt);
-    st = time_case(shape, threads, CAS_CASCADE_OFF, tree, per, 21, &t, &bytes, &flops);
+    double t_pack, pack_bytes;
+    st = time_case(shape, threads, CAS_CASCADE_OFF, tree, per, 21, &t_pack, &pack_bytes, &flops);
     if (st) return st;
     double fl_small = flops;
     /* FLOPs: 64 requests' rows against one shared run */
@@ -81,11 +82,8 @@ cas_status cas_attn_calibrate(const cas_attn_shape *shape, int32_t threads, cas_
     if (st) return st;
     c.flops_per_s = flops / t;
     /* the packing rate is what remains of the cached flat run once its FLOPs are paid */
-    double t_pack;
-    st = time_case(shape, threads, CAS_CASCADE_OFF, tree, per, 21, &t_pack, &bytes, &flops);
-    if (st) return st;
     double rest = t_pack - fl_small / c.flops_per_s;
-    c.pack_bytes_per_s = rest > 0 ? bytes / rest : bytes / t_pack * 4;
+    c.pack_bytes_per_s = rest > 0 ? pack_bytes / rest : pack_bytes / t_pack * 4;
     /* pass overhead: 8 requests sharing one page, shared pass against none */
     double t_off, t_all;
     snprintf(tree, sizeof tree, "8*%d", shape->page_size);

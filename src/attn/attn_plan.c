@@ -276,12 +276,11 @@ static double pass_time(const cas_attn_plan *p, double tokens, double rows) {
 
 /* The decision for one node: its run read once by a multi-query pass, or by
  * each of the k requests below it. */
-static void choose_node(cas_attn_plan *p, cas_attn_node *nd, double *saved) {
+static void choose_node(cas_attn_plan *p, cas_attn_node *nd) {
     const cas_attn_cost *c = &p->opts.cost;
     double L = (double)node_tokens(p, nd);
     double k = nd->hi - nd->lo;
     double rows = (double)nd->rows;
-    *saved = 0;
     if (L < p->opts.min_shared_tokens) return;
     if (p->opts.cascade == CAS_CASCADE_ALL) {
         nd->chosen = 1;
@@ -290,10 +289,7 @@ static void choose_node(cas_attn_plan *p, cas_attn_node *nd, double *saved) {
     double flat = reads_time(p, L, rows, k);
     double shared = reads_time(p, L, rows, 1.0) + c->pass_overhead_s +
                     rows * p->shape.num_qo_heads * p->shape.head_dim * c->row_merge_s;
-    if (shared < flat) {
-        nd->chosen = 1;
-        *saved = flat - shared;
-    }
+    if (shared < flat) nd->chosen = 1;
 }
 
 /* ---- layout of passes, jobs, items, merge lists --------------------------- */
@@ -469,14 +465,9 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
     memset(&p->info, 0, sizeof p->info);
 
     /* 1. tree and cost model */
-    double saved_total = 0;
     if (p->opts.cascade != CAS_CASCADE_OFF && B > 1) {
         if (build_tree(p)) return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (tree)");
-        for (int32_t i = 0; i < p->n_nodes; i++) {
-            double s;
-            choose_node(p, &p->nodes[i], &s);
-            saved_total += s;
-        }
+        for (int32_t i = 0; i < p->n_nodes; i++) choose_node(p, &p->nodes[i]);
     }
 
     /* 2. passes: chosen nodes, then each request's remaining runs. The tree
@@ -641,8 +632,6 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
         in->kv_tokens_flat += p->kv_len[r];
         in->est_flat_cost_s += pass_time(p, p->kv_len[r], p->qo_indptr[r + 1] - p->qo_indptr[r]);
     }
-    in->est_flat_cost_s -= 0; /* flat estimate ignores cache re-reads: an upper bound */
-    (void)saved_total;
     if (cas_log_enabled(CAS_LOG_DEBUG))
         cas_log(CAS_LOG_DEBUG, "attn plan: B=%d tokens=%d nodes=%d shared_passes=%d passes=%d items=%d kv_read=%lld flat=%lld",
                 B, total_q, p->n_nodes, n_shared_passes, p->n_passes, p->n_items,
