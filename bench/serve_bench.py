@@ -8,7 +8,12 @@ for exactly --output-tokens tokens (ignore_eos), streamed. Requests arrive as
 a Poisson process at --request-rate per second ("inf": all at once), capped
 at --max-concurrency in flight. Prompts are token ids (random ids from a
 fixed seed), so the lengths are exact and the workload is the one
-`cascade bench` runs offline.
+`cascade bench` runs offline. Each rate gets a prefix of its own, so every
+rate starts with a cold prefix cache, as the offline run does.
+
+With --offline (the default with --launch) it also runs `cascade bench` on the
+same workload with the same engine options, in the same session, and reports
+the server's output throughput at rate inf as a fraction of the offline one.
 
 Per request it records the time to the first token (TTFT), the time per
 output token after the first (TPOT), the gaps between streamed chunks (ITL)
@@ -218,7 +223,7 @@ def print_result(r, percentiles):
         print("errors:", r["errors"])
 
 
-def markdown(results, args):
+def markdown(results, args, offline=None):
     lines = [f"Shared-prefix workload: {args.num_prompts} requests, {args.prefix_tokens}-token shared prefix + "
              f"{args.suffix_tokens} own tokens, {args.output_tokens} output tokens each (greedy, ignore_eos).", "",
              "| rate (req/s) | done | duration (s) | output tok/s | total tok/s | TTFT p50 / p99 (ms) | "
@@ -231,6 +236,13 @@ def markdown(results, args):
                      f"{r['median_tpot_ms']:.1f} / {r['p99_tpot_ms']:.1f} | {r['median_itl_ms']:.1f} | "
                      f"{r['prefix_cache_hit_tokens']:.0f}/{r['prefix_cache_query_tokens']:.0f} | "
                      f"{r['cascade_steps']:.0f}/{r['engine_steps']:.0f} |")
+    if offline:
+        lines += ["", f"Offline `cascade bench` on the same workload and engine options, same session: "
+                      f"{offline['output_tok_per_s']:.1f} output tok/s in {offline['elapsed_s']:.1f} s "
+                      f"(TTFT p50 {offline['ttft_ms_p50']:.0f} ms, TPOT p50 {offline['tpot_ms_p50']:.1f} ms)."]
+        for r in results:
+            if "vs_offline" in r:
+                lines.append(f"The server at rate inf reaches {100 * r['vs_offline']:.1f}% of it.")
     return "\n".join(lines) + "\n"
 
 
@@ -257,6 +269,44 @@ def plot(results, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def run_offline(args):
+    """`cascade bench` on the same workload (all requests at once) and engine options."""
+    cmd = [args.cascade, "bench", "-m", args.model, "--requests", str(args.num_prompts),
+           "--prefix", str(args.prefix_tokens), "--suffix", str(args.suffix_tokens),
+           "--output", str(args.output_tokens), "--seed", str(args.seed), "--json", *engine_args(args.serve_args)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    res = json.loads(out.strip().splitlines()[-1])
+    print(f"offline `cascade bench`: {res['output_tok_per_s']:.1f} output tok/s in {res['elapsed_s']:.1f} s")
+    return res
+
+
+def engine_args(serve_args):
+    """The engine options of a `cascade serve` command line (those `cascade bench` takes too)."""
+    keep = {"--threads", "--kv-cache-mb", "--max-batch-tokens"}
+    flags = {"--no-cascade", "--no-prefix-cache"}
+    a, out, i = serve_args.split(), [], 0
+    while i < len(a):
+        if a[i] in keep and i + 1 < len(a):
+            out += a[i:i + 2]
+            i += 2
+            continue
+        if a[i] in flags:
+            out.append(a[i])
+        i += 1
+    return out
 
 
 def launch(args):
@@ -291,15 +341,20 @@ def main():
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--percentiles", default="50,90,99")
+    ap.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
+                    help="also run offline `cascade bench` on the same workload (default: with --launch)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu-serve.json"))
     ap.add_argument("--plot", default=os.path.join(HERE, "results", "cpu-serve.png"))
     args = ap.parse_args()
     args.percentiles = [float(p) for p in args.percentiles.split(",")]
+    if args.offline is None:
+        args.offline = args.launch
 
-    rng = random.Random(args.seed)
-    prefix = [rng.randrange(1000, 40000) for _ in range(args.prefix_tokens)]
-    prompts = [prefix + [rng.randrange(1000, 40000) for _ in range(args.suffix_tokens)]
-               for _ in range(args.num_prompts)]
+    def make_prompts(seed):
+        rng = random.Random(seed)
+        prefix = [rng.randrange(1000, 40000) for _ in range(args.prefix_tokens)]
+        return [prefix + [rng.randrange(1000, 40000) for _ in range(args.suffix_tokens)]
+                for _ in range(args.num_prompts)]
 
     proc = None
     url = args.url.rstrip("/")
@@ -311,9 +366,9 @@ def main():
         one_request(url, args.api_key, {"model": model, "prompt": [1000, 1001, 1002], "max_tokens": 2,
                                         "stream": True}, {})
         results = []
-        for rate_s in args.request_rate.split(","):
+        for k, rate_s in enumerate(args.request_rate.split(",")):
             rate = float("inf") if rate_s.strip() == "inf" else float(rate_s)
-            r = run_rate(args, url, model, rate, prompts)
+            r = run_rate(args, url, model, rate, make_prompts(args.seed + 1000 * k))
             print_result(r, args.percentiles)
             results.append(r)
     finally:
@@ -321,15 +376,25 @@ def main():
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=60)
 
+    offline = run_offline(args) if args.offline else None
+    if offline:
+        for r in results:
+            if r["request_rate"] == "inf":
+                r["offline_output_throughput"] = offline["output_tok_per_s"]
+                r["vs_offline"] = r["output_throughput"] / offline["output_tok_per_s"]
+                print(f"server at rate inf: {r['output_throughput']:.1f} output tok/s = {100 * r['vs_offline']:.1f}% "
+                      f"of offline `cascade bench` ({offline['output_tok_per_s']:.1f} tok/s)")
+
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     meta = {"workload": {"num_prompts": args.num_prompts, "prefix_tokens": args.prefix_tokens,
                          "suffix_tokens": args.suffix_tokens, "output_tokens": args.output_tokens, "seed": args.seed},
-            "model": args.model, "url": url, "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "model": args.model, "url": url, "cpus": os.cpu_count(), "cpu_model": cpu_model(),
+            "serve_args": args.serve_args, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     with open(args.out, "w") as f:
-        json.dump({"meta": meta, "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]},
+        json.dump({"meta": meta, "offline": offline, "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]},
                   f, indent=1)
     print(f"wrote {args.out}")
-    md = markdown(results, args)
+    md = markdown(results, args, offline)
     print(md)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write(md)

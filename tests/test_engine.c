@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "../src/engine/engine.h"
+#include "../src/model/model.h"
 #include "check.h"
 
 #define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -289,6 +290,47 @@ static void test_bad_requests_and_abort(void) {
     cas_engine_destroy(e);
 }
 
+/* The load-progress callback: monotonic, starts at 0, ends at the total, which
+ * is the sum of the file's tensor bytes (an independent count through the
+ * GGUF reader). */
+typedef struct {
+    int calls, monotonic;
+    int64_t first, last, total;
+} progress_t;
+
+static void on_progress(void *user, int64_t done, int64_t total) {
+    progress_t *p = user;
+    if (p->calls == 0) p->first = done;
+    else if (done < p->last || total != p->total) p->monotonic = 0;
+    p->calls++;
+    p->last = done;
+    p->total = total;
+}
+
+static void test_load_progress(void) {
+    progress_t p = {0, 1, -1, -1, -1};
+    cas_engine_opts o = cas_engine_opts_default();
+    o.model_path = MODEL;
+    o.threads = 2;
+    o.max_context = 512;
+    o.kv_cache_bytes = 16 << 20;
+    o.load_progress = on_progress;
+    o.load_progress_user = &p;
+    cas_engine *e = NULL;
+    REQUIRE(cas_engine_create(&e, &o) == CAS_OK);
+    cas_engine_destroy(e);
+    cas_gguf *g = NULL;
+    REQUIRE(cas_gguf_open(MODEL, &g) == CAS_OK);
+    int64_t bytes = 0;
+    for (int64_t i = 0; i < cas_gguf_n_tensors(g); i++) bytes += (int64_t)cas_gguf_tensor_at(g, i)->nbytes;
+    cas_gguf_close(g);
+    CHECK(p.calls >= 3);
+    CHECK(p.monotonic);
+    CHECK(p.first == 0);
+    CHECKF(p.total == bytes && p.last == bytes, "progress ended at %lld of %lld, file has %lld tensor bytes",
+           (long long)p.last, (long long)p.total, (long long)bytes);
+}
+
 int main(void) {
     FILE *f = fopen(MODEL, "rb");
     if (!f) {
@@ -304,6 +346,7 @@ int main(void) {
     RUN(test_preemption_and_chunked_prefill);
     RUN(test_alone_equals_batched);
     RUN(test_bad_requests_and_abort);
+    RUN(test_load_progress);
     printf("(%d comparisons diverged at a reference near-tie; largest margin shift where tokens agreed: %.4f nats)\n",
            diverged_at_tie, (double)max_margin_shift);
     return check_summary();

@@ -95,6 +95,27 @@ cas_engine_opts cas_engine_opts_default(void) {
     return o;
 }
 
+/* Reads one byte of every page of every tensor, so the mapped weights are in
+ * memory before the first request, reporting progress in steps of 4 MiB. */
+static void prefault_weights(const cas_gguf *g, void (*progress)(void *, int64_t, int64_t), void *user) {
+    int64_t total = 0, done = 0, reported = 0;
+    int64_t n = cas_gguf_n_tensors(g);
+    for (int64_t i = 0; i < n; i++) total += (int64_t)cas_gguf_tensor_at(g, i)->nbytes;
+    if (progress) progress(user, 0, total);
+    volatile unsigned char sink = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const cas_gguf_tensor *t = cas_gguf_tensor_at(g, i);
+        const unsigned char *p = t->data;
+        for (size_t off = 0; off < t->nbytes; off += 4096) sink ^= p[off];
+        done += (int64_t)t->nbytes;
+        if (progress && (done - reported >= ((int64_t)4 << 20) || done == total)) {
+            progress(user, done, total);
+            reported = done;
+        }
+    }
+    (void)sink;
+}
+
 cas_engine_sampling cas_engine_sampling_default(void) {
     cas_engine_sampling s;
     memset(&s, 0, sizeof s);
@@ -175,6 +196,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     if ((st = cas_model_load(o->model_path, &mo, &e->model))) goto fail;
     e->cfg = cas_model_config_of(e->model);
     const cas_gguf *g = cas_model_gguf(e->model);
+    prefault_weights(g, o->load_progress, o->load_progress_user);
     if ((st = cas_tok_create(g, &e->tok))) goto fail;
     e->has_chat = cas_chat_template_from_gguf(g, &e->chat) == CAS_OK;
     const char *name = NULL;

@@ -35,6 +35,12 @@ typedef struct {
     int32_t max_context;      /* tokens per sequence; 0 = the model's context length */
     int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat */
     int32_t prefix_cache;     /* 1: automatic prefix caching; 0: off */
+    /* Optional: called on the creating thread while cas_engine_create reads the
+     * model's weights into memory (every page of the mapped file is touched once,
+     * so the first requests do not pay the page faults), with bytes read so far
+     * and the total; the last call has done == total. NULL: no calls. */
+    void (*load_progress)(void *user, int64_t done, int64_t total);
+    void *load_progress_user;
 } cas_engine_opts;
 
 cas_engine_opts cas_engine_opts_default(void);

@@ -43,6 +43,21 @@ static void usage(FILE *f) {
             "  --no-prefix-cache       no automatic prefix caching\n");
 }
 
+/* A one-line bar on stderr while the weights load (only on a terminal). */
+static void load_bar(void *user, int64_t done, int64_t total) {
+    (void)user;
+    const int width = 40;
+    double f = total > 0 ? (double)done / (double)total : 1.0;
+    int fill = (int)(f * width + 0.5);
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(stderr, "\rserve: loading weights [%s] %3d%% %6.1f / %.1f MiB", bar, (int)(f * 100 + 0.5),
+            (double)done / 1048576.0, (double)total / 1048576.0);
+    if (done >= total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
 static int parse_int(const char *flag, const char *v, long lo, long hi, long *out) {
     char *end = NULL;
     long x = v ? strtol(v, &end, 10) : 0;
@@ -142,7 +157,8 @@ int cmd_serve(int argc, char **argv) {
     cas_engine *e = NULL;
     cas_server *s = NULL;
     char *alias = file_stem(eo.model_path);
-    if (isatty(STDERR_FILENO)) fprintf(stderr, "serve: loading %s ...\n", eo.model_path);
+    fprintf(stderr, "serve: loading %s\n", eo.model_path);
+    if (isatty(STDERR_FILENO)) eo.load_progress = load_bar;
     if (cas_engine_create(&e, &eo) != CAS_OK) {
         fprintf(stderr, "serve: %s\n", cas_last_error());
         if (!strcmp(eo.model_path, DEFAULT_MODEL)) fprintf(stderr, "serve: run `make model` to fetch the default model\n");
