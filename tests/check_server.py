@@ -5,7 +5,8 @@ Starts `build/cascade serve` on the default model (a free port on 127.0.0.1,
 an API key), then talks to it with the official `openai` Python package and
 with curl: completions (string, token ids, list of prompts), chat, streaming
 (SSE framing, usage chunk), stop strings, seeds, logprobs, every error status,
-a client that disconnects mid-stream (its KV pages come back), and 64
+a client that disconnects mid-stream (its KV pages come back), the README's
+client example tools/ask.py, and 64
 streaming clients at once that share a system prompt, whose greedy outputs
 must equal what each request gets alone, after which /metrics must show every
 KV page free. It prints "N passed, N failed" like the C tests; when the
@@ -406,6 +407,19 @@ def run_all(srv, client, openai):
                               srv.url + "/health", srv.url + "/health"], capture_output=True, text=True,
                              check=True).stdout.split()
         assert out == ["1", "0"], out
+
+    @check("readme_ask_example")
+    def _():
+        # tools/ask.py, the README's client example: five concurrent chats under
+        # one system prompt; the later ones take the system prompt from the cache
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run([sys.executable, os.path.join(root, "tools", "ask.py"), "--url", srv.url + "/v1",
+                              "--api-key", KEY, "--max-tokens", "8"], capture_output=True, text=True,
+                             timeout=TIMEOUT, check=True).stdout
+        answers = re.findall(r"^A: ", out, re.M)
+        cached = [int(x) for x in re.findall(r"(\d+) from the prefix cache", out)]
+        assert len(answers) == 5 and len(cached) == 5, out
+        assert max(cached) > 0, out
 
     @check("disconnect_frees_pages")
     def _():
