@@ -2,14 +2,17 @@
  * attn_bench_cuda.c: benchmark of the CUDA attention backend, flat vs
  * cascade, on batches of B requests that share a prefix of P tokens and own U
  * tokens each (decode: qlen queries per request), the shapes of the anchors in
- * ../shared/anchors (FlashInfer and PyTorch on an H200). Standalone so that
- * it can be wired into `cascade attn-bench --backend cuda` later.
+ * ../shared/anchors (FlashInfer and PyTorch on an H200): the grid of issue 5
+ * in one process. `cascade attn-bench --backend cuda` measures one case of
+ * any sharing tree with the same helpers (src/cuda/cuda_bench.c).
  *
  * Timing: CUDA events around one run (the three launches of
  * cas_cuda_attn_run, replayed from a CUDA graph, and also eager), after
  * warm-up, median of --iters; the same method as the anchors' scripts
  * (no L2 flush, same pool). The ceiling is a device-to-device copy measured
- * in the same process (bytes read + written). Errors are max |o - ref|
+ * in the same process (bytes read + written), and the roofline's matrix
+ * rate is a cuBLAS bf16 product measured there too (src/cuda/cuda_bench.c,
+ * shared with `cascade attn-bench --backend cuda`). Errors are max |o - ref|
  * against the float64 reference for the last request of the batch (the
  * reference of a whole batch of 256 x 32k would take minutes).
  *
@@ -56,55 +59,6 @@ static uint16_t *hk, *hv;
 static void *dk, *dv;
 static int64_t pool_pages;
 
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-static float time_ms(const opts_t *o, cas_cuda_attn *a, cudaGraphExec_t g, const void *q, float *O,
-                     float *L, cudaStream_t s) {
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    float ts[512];
-    int n = o->iters > 512 ? 512 : o->iters;
-    for (int i = 0; i < o->warm + n; i++) {
-        CU(cudaEventRecord(e0, s));
-        if (g) CU(cudaGraphLaunch(g, s));
-        else CS(cas_cuda_attn_run(a, dk, dv, q, O, L, s));
-        CU(cudaEventRecord(e1, s));
-        CU(cudaEventSynchronize(e1));
-        if (i >= o->warm) CU(cudaEventElapsedTime(&ts[i - o->warm], e0, e1));
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    qsort(ts, (size_t)n, sizeof(float), cmp_f);
-    return ts[n / 2];
-}
-
-static double copy_GBps(void) {
-    size_t bytes = (size_t)2 << 30;
-    void *a, *b;
-    CU(cudaMalloc(&a, bytes));
-    CU(cudaMalloc(&b, bytes));
-    CU(cudaMemset(a, 1, bytes));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    float ts[20];
-    for (int i = 0; i < 23; i++) {
-        CU(cudaEventRecord(e0, 0));
-        CU(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
-        CU(cudaEventRecord(e1, 0));
-        CU(cudaEventSynchronize(e1));
-        if (i >= 3) CU(cudaEventElapsedTime(&ts[i - 3], e0, e1));
-    }
-    qsort(ts, 20, sizeof(float), cmp_f);
-    cudaFree(a);
-    cudaFree(b);
-    return 2.0 * (double)bytes / (ts[10] * 1e-3) / 1e9;
-}
-
 /* max |o - ref| over request r's rows */
 static double check_request(const opts_t *o, const cas_attn_batch *b, int r, const cas_attn_params *pr,
                             const float *qf, const float *O) {
@@ -134,7 +88,8 @@ typedef struct {
     int planned_shared;
 } result_t;
 
-static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, result_t *res) {
+static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, double tflops,
+                     result_t *res) {
     const int ps = o->page, pp = P / ps, up = (U + ps - 1) / ps;
     const int lastlen = U - (up - 1) * ps;
     const int total_q = B * Q;
@@ -244,16 +199,9 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, r
         double err = (double)Q * kvl * o->Hq * o->D > 2e10 ? NAN : check_request(o, &b, B - 1, &pr, qf, Oh);
         /* also the first request's first row must be written */
         if (!isfinite(Oh[0])) err = INFINITY;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        CS(cas_cuda_attn_run(a, dk, dv, dq, dO, dL, s));
-        CU(cudaStreamEndCapture(s, &graph));
-        CU(cudaGraphInstantiate(&exec, graph, 0));
-        double tg = time_ms(o, a, exec, dq, dO, dL, s);
-        double te = time_ms(o, a, NULL, dq, dO, dL, s);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
+        double tg, te;
+        CS(cas_cuda_attn_time(a, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &tg));
+        CS(cas_cuda_attn_time(a, dk, dv, dq, dO, dL, s, o->warm, o->iters, 0, &te));
         if (mode == 0) {
             res->flat_ms = tg;
             res->flat_eager_ms = te;
@@ -277,7 +225,7 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, r
     res->flat_GBps = flat_bytes / (res->flat_ms * 1e-3) / 1e9;
     res->cascade_GBps = dedup_bytes / (res->cascade_ms * 1e-3) / 1e9;
     double flops = 4.0 * B * Q * o->Hq * (double)P * o->D;
-    double t1 = dedup_bytes / (peak * 1e9), t2 = flops / 790e12;
+    double t1 = dedup_bytes / (peak * 1e9), t2 = flops / (tflops * 1e12);
     res->roofline_ms = (t1 > t2 ? t1 : t2) * 1e3;
     cas_cuda_attn_destroy(a);
     cudaStreamDestroy(s);
@@ -360,8 +308,11 @@ int main(int argc, char **argv) {
     }
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
-    double peak = copy_GBps();
-    fprintf(stderr, "device %s, copy %.0f GB/s (read + write)\n", prop.name, peak);
+    double peak, tflops;
+    CS(cas_cuda_measure_copy(0, &peak));
+    CS(cas_cuda_measure_gemm(0, 8192, &tflops));
+    fprintf(stderr, "device %s, copy %.0f GB/s (read + write), cuBLAS bf16 %.0f TFLOP/s, wide kernel %s\n",
+            prop.name, peak, tflops, getenv("CASCADE_CUDA_WIDE") ? getenv("CASCADE_CUDA_WIDE") : "default");
 
     static const int Ps[4] = {1024, 4096, 16384, 32768}, Bs[5] = {8, 16, 64, 128, 256}, Us[3] = {128, 512, 2048};
     int ncase = grid ? 60 : 1;
@@ -376,24 +327,24 @@ int main(int argc, char **argv) {
         for (int a = 0; a < 4; a++)
             for (int bb = 0; bb < 5; bb++)
                 for (int c = 0; c < 3; c++) {
-                    run_case(&o, Bs[bb], Ps[a], Us[c], Q, peak, &res[k]);
+                    run_case(&o, Bs[bb], Ps[a], Us[c], Q, peak, tflops, &res[k]);
                     fprintf(stderr, "P %5d B %3d U %4d: flat %.4f cascade %.4f planned %.4f ms (roof %.4f) err %.2g %.2g\n",
                             Ps[a], Bs[bb], Us[c], res[k].flat_ms, res[k].cascade_ms, res[k].planned_ms,
                             res[k].roofline_ms, res[k].err_flat, res[k].err_cascade);
                     k++;
                 }
     } else if (!unshared && !prefill) {
-        run_case(&o, B, P, U, Q, peak, &res[0]);
+        run_case(&o, B, P, U, Q, peak, tflops, &res[0]);
     }
     result_t un = {0}, pf = {0};
     if (unshared) {
         /* B=64 x 4096 tokens, nothing shared: the flat kernel's bandwidth */
-        run_case(&o, 64, 0, 4096, 1, peak, &un);
+        run_case(&o, 64, 0, 4096, 1, peak, tflops, &un);
         fprintf(stderr, "unshared B64 x 4096: flat %.4f ms, %.0f GB/s (%.0f%% of copy)\n", un.flat_ms,
                 un.flat_GBps, 100 * un.flat_GBps / peak);
     }
     if (prefill) {
-        run_case(&o, 1, 0, prefill, prefill, peak, &pf);
+        run_case(&o, 1, 0, prefill, prefill, peak, tflops, &pf);
         double fl = 4.0 * prefill * (double)prefill / 2 * o.D * o.Hq;
         fprintf(stderr, "prefill L=%d causal: %.4f ms, %.1f TFLOP/s\n", prefill, pf.flat_ms,
                 fl / (pf.flat_ms * 1e-3) / 1e12);
@@ -401,9 +352,9 @@ int main(int argc, char **argv) {
     FILE *f = json ? fopen(json, "w") : stdout;
     if (!f) return 1;
     fprintf(f, "{\"device\": \"%s\", \"backend\": \"cuda\", \"heads\": \"%d:%d\", \"head_dim\": %d, "
-               "\"page_size\": %d, \"dtype\": \"%s\", \"peak_GBps\": %.1f, \"timing\": "
+               "\"page_size\": %d, \"dtype\": \"%s\", \"peak_GBps\": %.1f, \"peak_TFLOPs\": %.1f, \"timing\": "
                "\"CUDA events, graph replay of one run, %d warm-up, median of %d\",\n",
-            prop.name, o.Hq, o.Hkv, o.D, o.page, cas_dtype_name(o.dt), peak, o.warm, o.iters);
+            prop.name, o.Hq, o.Hkv, o.D, o.page, cas_dtype_name(o.dt), peak, tflops, o.warm, o.iters);
     if (unshared)
         fprintf(f, "\"flat_unshared\": {\"B\": 64, \"L\": 4096, \"ms\": %.5f, \"GBps\": %.1f, \"max_abs_err\": %.3g},\n",
                 un.flat_ms, un.flat_GBps, un.err_flat);

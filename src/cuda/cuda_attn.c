@@ -19,6 +19,10 @@
 #include "cuda_attn.h"
 #include "cuda_attn_impl.h"
 
+/* The default many-rows kernel kind where the device has wgmma (3) or not
+ * (then 1 regardless). */
+#define CAS_CUDA_DEFAULT_WIDE 1
+
 #define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
 
 struct cas_cuda_attn {
@@ -112,9 +116,6 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->geom.page_size = shape->page_size;
     a->geom.dtype = (int32_t)shape->kv_dtype;
     a->device = caps->device;
-    /* CASCADE_CUDA_WIDE=2 selects the 2-m-tile wide kernel (benchmarks) */
-    a->wide_kind = getenv("CASCADE_CUDA_WIDE") && atoi(getenv("CASCADE_CUDA_WIDE")) == 2 ? 2 : 1;
-    a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
     cas_status st = CAS_OK;
 #define TRY(call)                                                                          \
     do {                                                                                   \
@@ -127,6 +128,21 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     } while (0)
     TRY(cudaSetDevice(a->device));
     TRY(cudaDeviceGetAttribute(&a->num_sms, cudaDevAttrMultiProcessorCount, a->device));
+    {
+        /* The many-rows kernel: CAS_CUDA_DEFAULT_WIDE (wgmma needs compute
+         * capability 9.0 and head_dim 64 or 128), else mma.sync. CASCADE_CUDA_WIDE=1
+         * (mma.sync, 64 rows), 2 (mma.sync, 2 m-tiles) or 3 (wgmma) forces a
+         * kind (benchmarks, tests); a kind the device lacks falls back to 1. */
+        int major = 0, minor = 0;
+        TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a->device));
+        TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a->device));
+        const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
+        const char *env = getenv("CASCADE_CUDA_WIDE");
+        int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
+        if (kind < 1 || kind > 3 || (kind == 3 && !has_wgmma)) kind = 1;
+        a->wide_kind = kind;
+        a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
+    }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
         int e2 = cas_cuda_attn_occupancy(&a->geom, 0, &a->occ_narrow);
@@ -543,6 +559,15 @@ cas_attn_cost cas_cuda_attn_cost(void) {
 
 void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
     if (a && info) *info = a->info;
+}
+
+const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
+    if (!a) return "none";
+    switch (a->wide_kind) {
+    case 3: return "wgmma";
+    case 2: return "mma.sync-2mtile";
+    default: return "mma.sync";
+    }
 }
 
 cas_status cas_cuda_attn_merge2(float *o_out, float *lse_out, const float *o_a, const float *lse_a,

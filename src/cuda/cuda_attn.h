@@ -109,6 +109,11 @@ typedef struct {
 } cas_cuda_attn_info;
 void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info);
 
+/* The many-rows (shared pass, prefill) kernel this context runs: "wgmma"
+ * (Hopper, head_dim 64 or 128), "mma.sync" or "mma.sync-2mtile". Chosen at
+ * create; the environment variable CASCADE_CUDA_WIDE=1|2|3 forces one. */
+const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
+
 /* Merges of attention states in device memory (f32), the semantics of
  * cas_attn_merge2 / cas_attn_merge_n: lse -inf is the empty state. merge2:
  * out may alias a or b. merge_n: inputs stacked, o_in [n][rows][D], lse_in
@@ -119,6 +124,26 @@ cas_status cas_cuda_attn_merge2(float *o_out, float *lse_out, const float *o_a,
 cas_status cas_cuda_attn_merge_n(float *o_out, float *lse_out, const float *o_in,
                                  const float *lse_in, int n, int64_t rows, int32_t head_dim,
                                  cudaStream_t stream);
+
+/* ---- measurement (benchmarks; these allocate) -------------------------- */
+
+/* Device-to-device copy rate over 2 GiB in GB/s, bytes read + written
+ * (median of 20 after 3 warm-up copies): the bandwidth ceiling. */
+cas_status cas_cuda_measure_copy(int device, double *gbps);
+/* bf16 matrix product n x n x n through cuBLAS on random data, f32
+ * accumulation, in TFLOP/s (median of 10): the tensor-core ceiling. */
+cas_status cas_cuda_measure_gemm(int device, int n, double *tflops);
+/* Median milliseconds of `iters` runs of the uploaded plan after `warmup`
+ * untimed ones, each between two CUDA events on stream s; graph = 1 captures
+ * one run in a CUDA graph and times its replays, 0 launches eagerly. */
+cas_status cas_cuda_attn_time(cas_cuda_attn *a, const void *k, const void *v, const void *q,
+                              float *o, float *lse, cudaStream_t s, int warmup, int iters,
+                              int graph, double *ms);
+/* Raises caps (start from zeros) so that the CPU plan fits (a context made
+ * with the result takes every plan passed here). */
+void cas_cuda_attn_caps_fit(cas_cuda_attn_caps *caps, const struct cas_attn_plan *plan);
+/* The device's name into buf. */
+const char *cas_cuda_device_name(int device, char *buf, size_t n);
 
 #ifdef __cplusplus
 }

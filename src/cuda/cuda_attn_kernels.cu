@@ -27,63 +27,7 @@
 #include <stdint.h>
 
 #include "cuda_attn_impl.h"
-
-#define LOG2E_F 1.4426950408889634f
-#define LN2_F 0.6931471805599453f
-
-/* ---- small PTX helpers -------------------------------------------------- */
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-template <typename T> struct mma_op;
-template <> struct mma_op<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
-};
-template <> struct mma_op<__half> {
-    static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
-};
+#include "cuda_attn_ptx.cuh"
 
 /* ---- configuration ------------------------------------------------------ */
 
@@ -571,6 +515,7 @@ template <typename T, typename C> static int occ_one(int *ctas) {
     else { typedef narrow_cfg<DD> C_; CALL; }
 
 extern "C" int cas_cuda_wide_rows(int D, int kind) {
+    if (kind == 3) return 128;
     if (kind == 2) return D <= 128 ? 128 : 64;
     return kind ? 64 : CAS_CUDA_NARROW_ROWS;
 }
@@ -578,6 +523,7 @@ extern "C" int cas_cuda_wide_rows(int D, int kind) {
 extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
                                     const void *v, const void *q, float *o, float *lse,
                                     float *scratch, int wide, int grid, void *stream) {
+    if (wide == 3) return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, grid, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
                  rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide, grid,
@@ -586,6 +532,7 @@ extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, co
 }
 
 extern "C" int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm) {
+    if (wide == 3) return cas_cuda_wgmma_occupancy(g, ctas_per_sm);
     int rc = (int)cudaErrorInvalidValue;
     *ctas_per_sm = 0;
     CAS_DISPATCH(g, wide, rc = (occ_one<T_, C_>(ctas_per_sm)));

@@ -6,6 +6,12 @@
  * bandwidth and FLOP/s next to the machine's ceilings measured in the same
  * run. `--dump DIR` writes NumPy files so the result can be checked without
  * this code.
+ *
+ * `--backend cuda` (a `make CUDA=1` build) runs the same batch through the
+ * CUDA backend (src/cuda): the CPU planner's flat and cascade plans (with
+ * the GPU's cost numbers) on the device, timed with CUDA events (CUDA-graph
+ * replay of one run, warm-up, median), next to the ceilings measured in the
+ * same run there (device-to-device copy, cuBLAS bf16 product).
  */
 #include <errno.h>
 #include <math.h>
@@ -16,6 +22,9 @@
 
 #include "../attn/attn.h"
 #include "tools.h"
+#if CAS_WITH_CUDA
+#include "../cuda/cuda_attn.h"
+#endif
 
 typedef struct {
     int32_t batch, prefix, suffix, qlen, hq, hkv, head_dim, page_size, threads, repeats, warmup,
@@ -23,7 +32,7 @@ typedef struct {
     float soft_cap;
     cas_dtype dtype;
     const char *tree, *dump, *backend;
-    int json, print_plan, calibrate;
+    int json, print_plan, calibrate, dtype_set;
     uint64_t seed;
 } bench_opts;
 
@@ -37,7 +46,8 @@ static void usage(FILE *f) {
             "  --heads HQ:HKV     query and KV heads (default 32:8)\n"
             "  --head-dim D       64, 96, 128 or 256 (default 128)\n"
             "  --page-size N      tokens per page, 1..256 (default 16)\n"
-            "  --dtype T          KV storage: f32, f16 or bf16 (default f32)\n"
+            "  --dtype T          KV storage: f32, f16 or bf16 (default f32; bf16 on cuda)\n"
+            "  --backend B        cpu or cuda (cuda: a `make CUDA=1` build; default cpu)\n"
             "  --tree SPEC        multi-level sharing instead of --batch/--prefix:\n"
             "                     groups 'N*T' joined by '+', each optionally followed by\n"
             "                     '(sub-groups)'; N requests share T more tokens. Example:\n"
@@ -119,6 +129,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
                 fprintf(stderr, "attn-bench: --dtype is f32, f16 or bf16\n");
                 return -1;
             }
+            o->dtype_set = 1;
         } else if (!strcmp(a, "--tree")) {
             NEEDV;
             o->tree = v;
@@ -168,8 +179,23 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         }
 #undef NEEDV
     }
-    if (strcmp(o->backend, "cpu")) {
-        fprintf(stderr, "attn-bench: backend '%s' is not built in (cpu only)\n", o->backend);
+    if (!strcmp(o->backend, "cuda")) {
+#if CAS_WITH_CUDA
+        if (!o->dtype_set) o->dtype = CAS_BF16;
+        if (o->dtype == CAS_F32) {
+            fprintf(stderr, "attn-bench: --backend cuda takes --dtype bf16 or f16\n");
+            return -1;
+        }
+        if (o->calibrate) {
+            fprintf(stderr, "attn-bench: --calibrate measures the CPU backend only\n");
+            return -1;
+        }
+#else
+        fprintf(stderr, "attn-bench: --backend cuda: built without CUDA (rebuild with make CUDA=1)\n");
+        return -1;
+#endif
+    } else if (strcmp(o->backend, "cpu")) {
+        fprintf(stderr, "attn-bench: --backend is cpu or cuda (got '%s')\n", o->backend);
         return -1;
     }
     return 0;
@@ -332,6 +358,203 @@ static double useful_flops(const cas_attn_shape *shape, const cas_attn_synth *s,
     return 4.0 * shape->head_dim * shape->num_qo_heads * keys;
 }
 
+#if CAS_WITH_CUDA
+/* ---- --backend cuda ------------------------------------------------------ */
+
+#define CUDA_OK(call)                                                                         \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            st = cas_error(CAS_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,     \
+                           cudaGetErrorString(e_));                                           \
+            goto out;                                                                         \
+        }                                                                                     \
+    } while (0)
+
+/* The same batch, plans and checks as the CPU path, run by the CUDA backend.
+ * q is rounded to the storage type first (the tensor cores take it so), and
+ * the reference is computed from the rounded q. */
+static int run_cuda(const bench_opts *o, const cas_attn_shape *shape, const cas_attn_params *prm) {
+    enum { NV = 3 }; /* flat, cascade (cost model), cascade of every shared run */
+    static const char *names[NV] = {"flat", "cascade", "cascade_all"};
+    static const cas_cascade_mode modes[NV] = {CAS_CASCADE_OFF, CAS_CASCADE_AUTO, CAS_CASCADE_ALL};
+    cas_attn_synth s;
+    memset(&s, 0, sizeof s);
+    cas_attn_plan *plan[NV] = {NULL, NULL, NULL};
+    cas_cuda_attn *ctx = NULL;
+    void *dk = NULL, *dv = NULL, *dq = NULL;
+    float *dO = NULL, *dL = NULL, *out[NV] = {NULL, NULL, NULL}, *lse = NULL;
+    uint16_t *q16 = NULL;
+    cudaStream_t stream = NULL;
+    double t_graph[NV] = {0}, t_eager[NV] = {0}, err[NV] = {0}, t_plan[NV] = {0};
+    cas_attn_plan_info info[NV];
+    int rc = 1;
+    cas_status st = cas_attn_synth_create(&s, shape, o->tree, o->batch, o->prefix, o->suffix,
+                                          o->qlen, o->seed);
+    if (st) {
+        fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+        return 2;
+    }
+    const int32_t Hq = shape->num_qo_heads, D = shape->head_dim;
+    const size_t no = (size_t)s.total_q * Hq * D, nl = (size_t)s.total_q * Hq;
+    const size_t pool_bytes = (size_t)s.num_pages * shape->page_size * shape->num_kv_heads * D * 2;
+    q16 = malloc(no * 2 + 2);
+    if (!q16) {
+        st = cas_error(CAS_ERR_NOMEM, "attn-bench: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < no; i++) {
+        q16[i] = shape->kv_dtype == CAS_BF16 ? cas_f32_to_bf16(s.q[i]) : cas_f32_to_f16(s.q[i]);
+        s.q[i] = shape->kv_dtype == CAS_BF16 ? cas_bf16_to_f32(q16[i]) : cas_f16_to_f32(q16[i]);
+    }
+    cas_attn_batch b = cas_attn_synth_batch(&s);
+    cas_attn_plan_opts po = cas_attn_plan_opts_default();
+    po.threads = o->threads;
+    po.cost = cas_cuda_attn_cost();
+    cas_cuda_attn_caps caps;
+    memset(&caps, 0, sizeof caps);
+    for (int m = 0; m < NV; m++) {
+        po.cascade = modes[m];
+        double t0 = cas_now_s();
+        st = cas_attn_plan_create(&plan[m], shape, &po, 0, 0, 0);
+        if (!st) st = cas_attn_plan_build(plan[m], &b, s.num_pages, prm);
+        t_plan[m] = cas_now_s() - t0;
+        if (st) goto out;
+        cas_attn_plan_get_info(plan[m], &info[m]);
+        cas_cuda_attn_caps_fit(&caps, plan[m]);
+        out[m] = cas_alloc_array(no + 1, 4);
+        if (!out[m]) {
+            st = cas_error(CAS_ERR_NOMEM, "attn-bench: out of memory for outputs");
+            goto out;
+        }
+    }
+    if (o->print_plan) cas_attn_plan_print(plan[1], stderr);
+    lse = cas_alloc_array(nl + 1, 4);
+    if (!lse) {
+        st = cas_error(CAS_ERR_NOMEM, "attn-bench: out of memory for outputs");
+        goto out;
+    }
+    double peak_gbps = 0, peak_tflops = 0;
+    if ((st = cas_cuda_measure_copy(0, &peak_gbps))) goto out;
+    if ((st = cas_cuda_measure_gemm(0, 8192, &peak_tflops))) goto out;
+    if ((st = cas_cuda_attn_create(&ctx, shape, &caps))) goto out;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_OK(cudaMalloc(&dk, pool_bytes + 16));
+    CUDA_OK(cudaMalloc(&dv, pool_bytes + 16));
+    CUDA_OK(cudaMalloc(&dq, no * 2 + 16));
+    CUDA_OK(cudaMalloc((void **)&dO, no * 4 + 16));
+    CUDA_OK(cudaMalloc((void **)&dL, nl * 4 + 16));
+    CUDA_OK(cudaMemcpy(dk, s.k, pool_bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, s.v, pool_bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dq, q16, no * 2, cudaMemcpyHostToDevice));
+    for (int m = 0; m < NV; m++) {
+        if ((st = cas_cuda_attn_plan_from_cpu(ctx, plan[m]))) goto out;
+        if ((st = cas_cuda_attn_upload(ctx, stream))) goto out;
+        CUDA_OK(cudaMemsetAsync(dO, 0xff, no * 4, stream)); /* NaN: every element must be written */
+        if ((st = cas_cuda_attn_run(ctx, dk, dv, dq, dO, dL, stream))) goto out;
+        CUDA_OK(cudaStreamSynchronize(stream));
+        CUDA_OK(cudaMemcpy(out[m], dO, no * 4, cudaMemcpyDeviceToHost));
+        if (m == 1) CUDA_OK(cudaMemcpy(lse, dL, nl * 4, cudaMemcpyDeviceToHost));
+        if ((st = cas_cuda_attn_time(ctx, dk, dv, dq, dO, dL, stream, o->warmup, o->repeats, 1,
+                                     &t_graph[m])))
+            goto out;
+        if ((st = cas_cuda_attn_time(ctx, dk, dv, dq, dO, dL, stream, o->warmup, o->repeats, 0,
+                                     &t_eager[m])))
+            goto out;
+        t_graph[m] *= 1e-3;
+        t_eager[m] *= 1e-3;
+    }
+    for (int m = 0; m < NV && !st; m++) {
+        err[m] = check_sample(shape, &s, prm, out[m], o->check_requests, o->seed + 7, &st);
+        /* a row the sample missed must still have been written */
+        for (size_t i = 0; i < no && !isnan(err[m]); i++)
+            if (isnan(out[m][i])) err[m] = INFINITY;
+    }
+    if (st) goto out;
+    if (o->dump && (st = dump_all(o->dump, shape, &s, prm, out[0], out[1], lse))) goto out;
+    {
+        char dev[256];
+        cas_cuda_device_name(0, dev, sizeof dev);
+        const double tok_bytes = 2.0 * shape->num_kv_heads * D * (double)cas_dtype_size(shape->kv_dtype);
+        const double qo_bytes = no * 2.0 + no * 4.0 + nl * 4.0; /* q in, o and lse out */
+        double bytes[NV];
+        for (int m = 0; m < NV; m++) bytes[m] = (double)info[m].kv_tokens_read * tok_bytes + qo_bytes;
+        double flops = useful_flops(shape, &s, prm);
+        const double tol = 4e-3; /* bf16/f16 P for the PV product; values are O(1) */
+        int ok = o->check_requests == 0 || (err[0] <= tol && err[1] <= tol && err[2] <= tol);
+        if (o->json) {
+            char e0[32], e1[32], e2[32];
+            printf("{\"backend\": \"cuda\", \"device\": \"%s\", \"kernel\": \"%s\", \"simd\": \"none\", "
+                   "\"threads\": %d, \"batch\": %d, \"prefix\": %d, "
+                   "\"suffix\": %d, \"qlen\": %d, \"tree\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, "
+                   "\"head_dim\": %d, \"page_size\": %d, \"dtype\": \"%s\", \"total_q\": %d, "
+                   "\"timing\": \"CUDA events, CUDA-graph replay of one run, %d warm-up, median of %d\", "
+                   "\"flat_ms\": %.6f, \"cascade_ms\": %.6f, \"cascade_all_ms\": %.6f, \"speedup\": %.4f, "
+                   "\"flat_eager_ms\": %.6f, \"cascade_eager_ms\": %.6f, \"cascade_all_eager_ms\": %.6f, "
+                   "\"max_abs_err_flat\": %s, \"max_abs_err_cascade\": %s, \"max_abs_err_cascade_all\": %s, "
+                   "\"flat_bytes\": %.0f, \"cascade_bytes\": %.0f, \"cascade_all_bytes\": %.0f, "
+                   "\"flat_GBps\": %.3f, \"cascade_GBps\": %.3f, \"cascade_all_GBps\": %.3f, "
+                   "\"peak_GBps\": %.3f, \"peak_source\": \"device-to-device copy, read + write\", "
+                   "\"flops\": %.0f, \"flat_GFLOPs\": %.3f, \"cascade_GFLOPs\": %.3f, \"cascade_all_GFLOPs\": %.3f, "
+                   "\"peak_GFLOPs\": %.3f, \"peak_flops_source\": \"cuBLAS bf16 8192^3\", "
+                   "\"tree_nodes\": %d, \"shared_passes\": %d, \"passes\": %d, "
+                   "\"work_items\": %d, \"est_cascade_ms\": %.6f, \"est_flat_ms\": %.6f, \"plan_ms\": %.4f, "
+                   "\"plan_flat_ms\": %.4f, \"checked_requests\": %d}\n",
+                   dev, cas_cuda_attn_kernel_name(ctx), o->threads, s.batch, o->tree ? 0 : o->prefix,
+                   o->suffix, o->qlen, o->tree ? o->tree : "", Hq, shape->num_kv_heads, D,
+                   shape->page_size, cas_dtype_name(shape->kv_dtype), s.total_q, o->warmup, o->repeats,
+                   t_graph[0] * 1e3, t_graph[1] * 1e3, t_graph[2] * 1e3, t_graph[0] / t_graph[1],
+                   t_eager[0] * 1e3, t_eager[1] * 1e3, t_eager[2] * 1e3, num_or_null(e0, err[0]),
+                   num_or_null(e1, err[1]), num_or_null(e2, err[2]), bytes[0], bytes[1], bytes[2],
+                   bytes[0] / t_graph[0] / 1e9, bytes[1] / t_graph[1] / 1e9, bytes[2] / t_graph[2] / 1e9,
+                   peak_gbps, flops, flops / t_graph[0] / 1e9, flops / t_graph[1] / 1e9,
+                   flops / t_graph[2] / 1e9, peak_tflops * 1e3, info[1].tree_nodes,
+                   info[1].shared_passes, info[1].passes, info[1].work_items, info[1].est_cost_s * 1e3,
+                   info[1].est_flat_cost_s * 1e3, t_plan[1] * 1e3, t_plan[0] * 1e3,
+                   o->check_requests < s.batch ? o->check_requests : s.batch);
+        } else {
+            printf("batch %d (%d query tokens), %s, heads %d:%d, head_dim %d, page %d, %s KV\n", s.batch,
+                   s.total_q, o->tree ? o->tree : "one shared prefix", Hq, shape->num_kv_heads, D,
+                   shape->page_size, cas_dtype_name(shape->kv_dtype));
+            printf("device: %s, kernel %s; copy %.1f GB/s (read + write), cuBLAS bf16 %.1f TFLOP/s "
+                   "(measured now)\n", dev, cas_cuda_attn_kernel_name(ctx), peak_gbps, peak_tflops);
+            printf("plan: %d tree nodes, %d shared passes, %d passes (%.3f ms to plan)\n",
+                   info[1].tree_nodes, info[1].shared_passes, info[1].passes, t_plan[1] * 1e3);
+            for (int m = 0; m < NV; m++)
+                printf("%-12s %9.4f ms (eager %9.4f)  %7.1f GB/s (%4.0f%% of copy)  %8.1f TFLOP/s  max err %.2e\n",
+                       names[m], t_graph[m] * 1e3, t_eager[m] * 1e3, bytes[m] / t_graph[m] / 1e9,
+                       100 * bytes[m] / t_graph[m] / (peak_gbps * 1e9), flops / t_graph[m] / 1e12, err[m]);
+            printf("speedup: %.2fx (cost model predicted flat %.3f ms, cascade %.3f ms)\n",
+                   t_graph[0] / t_graph[1], info[1].est_flat_cost_s * 1e3, info[1].est_cost_s * 1e3);
+        }
+        if (!ok) {
+            fprintf(stderr, "attn-bench: results differ from the float64 reference (flat %.3g, cascade %.3g, all %.3g)\n",
+                    err[0], err[1], err[2]);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (st) fprintf(stderr, "attn-bench: %s\n", cas_last_error());
+    if (stream) cudaStreamDestroy(stream);
+    if (dk) cudaFree(dk);
+    if (dv) cudaFree(dv);
+    if (dq) cudaFree(dq);
+    if (dO) cudaFree(dO);
+    if (dL) cudaFree(dL);
+    cas_cuda_attn_destroy(ctx);
+    for (int m = 0; m < NV; m++) {
+        cas_attn_plan_destroy(plan[m]);
+        cas_free(out[m]);
+    }
+    cas_free(lse);
+    free(q16);
+    cas_attn_synth_destroy(&s);
+    return rc;
+}
+#undef CUDA_OK
+#endif
+
 int cmd_attn_bench(int argc, char **argv) {
     bench_opts o;
     if (parse_opts(argc, argv, &o)) return 2;
@@ -341,6 +564,9 @@ int cmd_attn_bench(int argc, char **argv) {
     prm.window_left = o.window;
     prm.logits_soft_cap = o.soft_cap;
     int rc = 1;
+#if CAS_WITH_CUDA
+    if (!strcmp(o.backend, "cuda")) return run_cuda(&o, &shape, &prm);
+#endif
     if (o.calibrate) {
         cas_attn_cost c, d = cas_attn_cost_default();
         cas_status cst = cas_attn_calibrate(&shape, o.threads, &c);
