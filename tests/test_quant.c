@@ -393,6 +393,119 @@ static void test_workspace_and_env(void) {
     cas_free(y2);
 }
 
+/* Every token count 1..33 (all remainders of the 8-token lanes, the switch
+ * from the two-token tile to the lanes at CAS_Q_LANE_MIN_M) against the
+ * reference on one shape whose rows are not a multiple of the 4-row tile;
+ * and from CAS_Q_LANE_MIN_M tokens up a token's outputs are bitwise the same
+ * whatever else shares the call (the first k tokens of a 33-token call). */
+static void test_all_token_counts(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 11);
+    const int64_t rows = 37, n = 576, M = 33;
+    int avx2 = have_avx2();
+    float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+    float *x = cas_alloc_array((size_t)(M * n), 4), *y = cas_alloc_array((size_t)(M * rows), 4);
+    float *yall = cas_alloc_array((size_t)(M * rows), 4);
+    double *yref = cas_alloc_array((size_t)(M * rows), 8), *tol = cas_alloc_array((size_t)(M * rows), 8);
+    double *ftol = cas_alloc_array((size_t)(M * rows), 8);
+    REQUIRE(w && wd && x && y && yall && yref && tol && ftol);
+    fill_weights(&rng, w, rows, n);
+    for (int64_t i = 0; i < M * n; i++) x[i] = (float)cas_rng_normal(&rng);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int t = k_types[ti];
+        uint8_t *wq = NULL;
+        make_matrix(t, w, rows, n, &wq, wd);
+        reference(t, wd, rows, n, x, M, yref, tol, ftol);
+        for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
+            if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
+            cas_q_opts o = {2, (cas_q_simd)path, NULL, 0};
+            CHECK(cas_q_matmul(t, wq, rows, n, x, M, yall, &o) == CAS_OK);
+            for (int64_t m = 1; m <= M; m++) {
+                poison(y, m * rows);
+                CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &o) == CAS_OK);
+                check_result(path == CAS_Q_SIMD_AVX2 ? "avx2 m-sweep" : "generic m-sweep", t, rows, n, m, y,
+                             yref, tol);
+                if (m >= CAS_Q_LANE_MIN_M || path == CAS_Q_SIMD_GENERIC || !is_q(t))
+                    CHECKF(!memcmp(y, yall, (size_t)(m * rows) * 4), "%s path %d: first %lld tokens of 33 differ",
+                           cas_tensor_type_name(t), path, (long long)m);
+            }
+        }
+        cas_free(wq);
+    }
+    cas_free(w);
+    cas_free(wd);
+    cas_free(x);
+    cas_free(y);
+    cas_free(yall);
+    cas_free(yref);
+    cas_free(tol);
+    cas_free(ftol);
+}
+
+/* The pieces a forward pass uses inside its own parallel region: x
+ * quantized by the AVX2 code is bit-identical to the portable quantizer
+ * (ties, zero and tiny blocks included), and row ranges computed separately
+ * are bit-identical to one cas_q_matvec call. */
+static void test_in_region_api(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 12);
+    const int64_t n = 1536, rows = 45;
+    float *x = cas_alloc_array((size_t)n, 4), *w = cas_alloc_array((size_t)(rows * n), 4);
+    float *wd = cas_alloc_array((size_t)(rows * n), 4), *y = cas_alloc_array((size_t)rows, 4);
+    float *y2 = cas_alloc_array((size_t)rows, 4);
+    size_t xb = cas_q_xvec_bytes(n);
+    uint8_t *b0 = cas_alloc(xb), *b1 = cas_alloc(xb);
+    REQUIRE(x && w && wd && y && y2 && b0 && b1 && xb > 0);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)cas_rng_normal(&rng);
+    for (int64_t k = 0; k < 32; k++) x[k] = 0, x[32 + k] *= 1e-30f;
+    /* exact ties of x * 127 / amax: amax 127 makes x the scaled value itself */
+    x[64] = 127;
+    for (int64_t k = 65; k < 96; k++) x[k] = (float)(k - 80) + 0.5f;
+    int avx2 = have_avx2();
+    CHECK(cas_q_resolve_avx2(CAS_Q_SIMD_GENERIC) == 0);
+    CHECK(cas_q_resolve_avx2(CAS_Q_SIMD_AUTO) == avx2);
+    if (avx2) {
+        memset(b0, 0, xb);
+        memset(b1, 0, xb);
+        cas_q_xvec_quantize(CAS_T_Q4_1, x, n, b0, 0);
+        cas_q_xvec_quantize(CAS_T_Q4_1, x, n, b1, 1);
+        CHECK(!memcmp(b0, b1, xb));
+    }
+    fill_weights(&rng, w, rows, n);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int t = k_types[ti];
+        uint8_t *wq = NULL;
+        size_t rb = 0;
+        make_matrix(t, w, rows, n, &wq, wd);
+        CHECK(cas_tensor_row_bytes(t, n, &rb) == CAS_OK);
+        for (int a = 0; a <= avx2; a++) {
+            cas_q_opts o = {1, a ? CAS_Q_SIMD_AVX2 : CAS_Q_SIMD_GENERIC, NULL, 0};
+            CHECK(cas_q_matvec(t, wq, rows, n, x, y, &o) == CAS_OK);
+            cas_q_xvec_quantize(t, x, n, b0, a);
+            poison(y2, rows);
+            int64_t covered = 0;
+            for (int tid = 0; tid < 3; tid++) {
+                int64_t r0, r1;
+                cas_q_thread_rows(rows, tid, 3, &r0, &r1);
+                CHECK(r0 == covered && r1 >= r0);
+                covered = r1;
+                cas_q_matvec_range(t, wq, rb, n, r0, r1, x, b0, y2, a);
+            }
+            CHECK(covered == rows);
+            CHECKF(!memcmp(y, y2, (size_t)rows * 4), "%s path %d: ranges differ from one call",
+                   cas_tensor_type_name(t), a);
+        }
+        cas_free(wq);
+    }
+    cas_free(x);
+    cas_free(w);
+    cas_free(wd);
+    cas_free(y);
+    cas_free(y2);
+    cas_free(b0);
+    cas_free(b1);
+}
+
 static void test_bad_input(void) {
     float x[64] = {0}, y[4] = {0}, f[64] = {0};
     uint8_t w[4 * 40] = {0};
@@ -467,5 +580,7 @@ int main(int argc, char **argv) {
     RUN(test_bad_input);
     RUN(test_workspace_and_env);
     RUN(test_kernels);
+    RUN(test_all_token_counts);
+    RUN(test_in_region_api);
     return check_summary();
 }

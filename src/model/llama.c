@@ -91,6 +91,12 @@ struct cas_model {
     int32_t *logit_rows; /* [max_seqs] default rows */
     void *work;   /* matmul workspace */
     size_t work_bytes;
+    /* single-token forward: per-thread normed x and its quantized form */
+    int nt;          /* threads of every parallel region */
+    int avx2;        /* kernels' instruction set (1 AVX2, 0 portable) */
+    float *tx;       /* [nt][tx_stride] */
+    uint8_t *tq;     /* [nt][tq_stride] */
+    size_t tx_stride, tq_stride;
     cas_attn_plan *plan;
     cas_attn_shape plan_shape; /* the KV geometry the plan was created for */
 };
@@ -235,6 +241,8 @@ void cas_model_destroy(cas_model *m) {
     cas_free(m->seq_of);
     cas_free(m->logit_rows);
     cas_free(m->work);
+    cas_free(m->tx);
+    cas_free(m->tq);
     cas_attn_plan_destroy(m->plan);
     cas_gguf_close(m->owned_g);
     free(m);
@@ -378,6 +386,20 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     if (!m->work) {
         st = cas_error(CAS_ERR_NOMEM, "model: matmul workspace of %zu bytes", m->work_bytes);
         goto fail;
+    }
+    m->nt = nt;
+    m->avx2 = cas_q_resolve_avx2(o.portable_kernels ? CAS_Q_SIMD_GENERIC : CAS_Q_SIMD_AUTO);
+    {
+        int64_t mx = E > QD ? E : QD;
+        if (F > mx) mx = F;
+        m->tx_stride = ((size_t)mx + 15) & ~(size_t)15;
+        m->tq_stride = cas_q_xvec_bytes(mx);
+        m->tx = cas_alloc_array((size_t)nt * m->tx_stride, sizeof(float));
+        m->tq = cas_alloc_array((size_t)nt, m->tq_stride);
+        if (!m->tx || !m->tq) {
+            st = cas_error(CAS_ERR_NOMEM, "model: per-thread scratch");
+            goto fail;
+        }
     }
     *out = m;
     return CAS_OK;
@@ -535,6 +557,76 @@ static void store_row(cas_dtype dt, void *dst, const float *src, int64_t n) {
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* One layer for a batch of one token (single-sequence decode), in two
+ * parallel regions around the attention instead of one region per matrix:
+ * every thread normalizes and quantizes the (small) input vector itself,
+ * computes its own rows of each matrix and the elementwise work on them
+ * (residual adds, SwiGLU), and threads meet only where a full vector is
+ * needed next. Bit-identical to the batched path with T = 1 (same kernels,
+ * same per-row arithmetic). Needs the fused QKV and gate/up copies. */
+static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache *kv, int32_t l,
+                                  size_t kv_at) {
+    const cas_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
+                  KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff, W = QD + 2 * KD;
+    const float eps = c->rms_eps;
+    const int avx2 = m->avx2;
+    const size_t rb_qkv = L->wqkv.bytes / (size_t)W, rb_o = L->wo.bytes / (size_t)E,
+                 rb_gu = L->w_gu.bytes / (size_t)(2 * F), rb_d = L->w_down.bytes / (size_t)E;
+    uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
+    uint8_t *vpool = (uint8_t *)kv->v + (size_t)l * kv->layer_bytes;
+    float *qkv = m->fout; /* [q | k | v] of the token */
+#pragma omp parallel num_threads(m->nt)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        float *xf = m->tx + (size_t)tid * m->tx_stride;
+        uint8_t *xq = m->tq + (size_t)tid * m->tq_stride;
+        int64_t r0, r1;
+        rmsnorm_rows(xf, m->x, L->attn_norm, 1, E, eps);
+        cas_q_xvec_quantize(L->wqkv.type, xf, E, xq, avx2);
+        cas_q_thread_rows(W, tid, nth, &r0, &r1);
+        cas_q_matvec_range(L->wqkv.type, L->wqkv.data, rb_qkv, E, r0, r1, xf, xq, qkv, avx2);
+#pragma omp barrier
+#pragma omp single nowait
+        {
+            rope_rows(qkv, 1, c->n_head, c->head_dim, c->n_rot, m->rope);
+            rope_rows(qkv + QD, 1, c->n_head_kv, c->head_dim, c->n_rot, m->rope);
+            store_row(kv->dtype, kpool + kv_at, qkv + QD, KD);
+            store_row(kv->dtype, vpool + kv_at, qkv + QD + KD, KD);
+        }
+    }
+    cas_kv_pool pool = {kpool, vpool, kv->num_pages};
+    cas_status st = cas_attn_plan_run(m->plan, &pool, qkv, m->att, NULL);
+    if (st) return st;
+#pragma omp parallel num_threads(m->nt)
+    {
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        float *xf = m->tx + (size_t)tid * m->tx_stride;
+        uint8_t *xq = m->tq + (size_t)tid * m->tq_stride;
+        int64_t r0, r1;
+        /* attention output projection and residual, own rows */
+        cas_q_xvec_quantize(L->wo.type, m->att, QD, xq, avx2);
+        cas_q_thread_rows(E, tid, nth, &r0, &r1);
+        cas_q_matvec_range(L->wo.type, L->wo.data, rb_o, QD, r0, r1, m->att, xq, m->proj, avx2);
+        for (int64_t i = r0; i < r1; i++) m->x[i] += m->proj[i];
+#pragma omp barrier
+        /* gate and up rows [r0, r1) of this thread, then SwiGLU on them */
+        rmsnorm_rows(xf, m->x, L->ffn_norm, 1, E, eps);
+        cas_q_xvec_quantize(L->w_gu.type, xf, E, xq, avx2);
+        cas_q_thread_rows(F, tid, nth, &r0, &r1);
+        cas_q_matvec_range(L->w_gu.type, L->w_gu.data, rb_gu, E, r0, r1, xf, xq, m->fout, avx2);
+        cas_q_matvec_range(L->w_gu.type, L->w_gu.data, rb_gu, E, F + r0, F + r1, xf, xq, m->fout, avx2);
+        for (int64_t i = r0; i < r1; i++) m->gate[i] = silu(m->fout[i]) * m->fout[F + i];
+#pragma omp barrier
+        /* down projection and residual, own rows */
+        cas_q_xvec_quantize(L->w_down.type, m->gate, F, xq, avx2);
+        cas_q_thread_rows(E, tid, nth, &r0, &r1);
+        cas_q_matvec_range(L->w_down.type, L->w_down.data, rb_d, F, r0, r1, m->gate, xq, m->proj, avx2);
+        for (int64_t i = r0; i < r1; i++) m->x[i] += m->proj[i];
+    }
+    return CAS_OK;
+}
+
 cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_batch *b,
                              float *logits) {
     const cas_model_config *c = &m->cfg;
@@ -629,6 +721,13 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
     const size_t pbytes = (size_t)ps * (size_t)KD * es;
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
+        if (T == 1 && L->fused) {
+            int32_t p = m->pos[0];
+            int32_t page = b->kv_indices[b->kv_indptr[0] + p / ps];
+            size_t at = (size_t)page * pbytes + (size_t)(p % ps) * (size_t)KD * es;
+            if ((st = layer_one_token(m, L, kv, l, at))) return st;
+            continue;
+        }
         rmsnorm_rows(m->xb, m->x, L->attn_norm, T, E, c->rms_eps);
         if (L->fused) {
             if ((st = matmul(m, &L->wqkv, m->xb, T, m->fout))) return st;

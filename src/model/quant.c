@@ -235,23 +235,6 @@ static void quantize_x_row(const float *x, int64_t nb, cas_q8x_block *xq, float 
     }
 }
 
-/* Block b of token group g (gb = g * nb + b) into the token-lane layout. */
-static void transpose_x8(const cas_q8x_block *xq, int64_t m, int64_t nb, int64_t gb, cas_q8x8_block *o) {
-    int64_t g = gb / nb, b = gb % nb;
-    for (int t = 0; t < 8; t++) {
-        int64_t i = 8 * g + t;
-        if (i < m) {
-            const cas_q8x_block *s = xq + i * nb + b;
-            for (int k = 0; k < 8; k++) memcpy(o->q[k][t], s->q + 4 * k, 4);
-            o->d[t] = s->d;
-            o->s[t] = s->s;
-        } else {
-            for (int k = 0; k < 8; k++) memset(o->q[k][t], 0, 4);
-            o->d[t] = o->s[t] = 0;
-        }
-    }
-}
-
 /* ---- portable kernels ---------------------------------------------------- */
 
 /* Dot product of one weight row with one token (x as f32 for float types,
@@ -415,12 +398,20 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
 
 #pragma omp parallel num_threads(nt)
     {
-        if (quant) {
+        if (quant && lanes) {
+            /* straight into the token-lane layout, one (group, block) at a time */
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < m; i++) quantize_x_row(x + i * n, nb, xq + i * nb, sx + i * nb);
-            if (lanes) {
+            for (int64_t gb = 0; gb < (m + 7) / 8 * nb; gb++) {
+                int64_t g = gb / nb, k = m - 8 * g < 8 ? m - 8 * g : 8;
+                cas_q_avx2_quantize_x8(x + 8 * g * n, n, k, gb % nb, x8 + gb);
+            }
+        } else if (quant) {
 #pragma omp for schedule(static)
-                for (int64_t gb = 0; gb < (m + 7) / 8 * nb; gb++) transpose_x8(xq, m, nb, gb, x8 + gb);
+            for (int64_t i = 0; i < m; i++) {
+                if (avx2)
+                    cas_q_avx2_quantize_x(x + i * n, nb, xq + i * nb, sx + i * nb);
+                else
+                    quantize_x_row(x + i * n, nb, xq + i * nb, sx + i * nb);
             }
         }
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -452,6 +443,46 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
     }
     cas_free(owned);
     return CAS_OK;
+}
+
+/* ---- matrix-vector inside the caller's parallel region ------------------- */
+
+size_t cas_q_xvec_bytes(int64_t n) {
+    size_t nb = (size_t)(n / 32);
+    return align64(nb * sizeof(cas_q8x_block)) + align64(nb * 4);
+}
+
+int cas_q_resolve_avx2(cas_q_simd s) { return pick_avx2(s); }
+
+void cas_q_xvec_quantize(int t, const float *x, int64_t n, void *buf, int avx2) {
+    if (!is_quant(t)) return;
+    int64_t nb = n / 32;
+    cas_q8x_block *xq = buf;
+    float *sx = (float *)(void *)((uint8_t *)buf + align64((size_t)nb * sizeof(cas_q8x_block)));
+    if (avx2)
+        cas_q_avx2_quantize_x(x, nb, xq, sx);
+    else
+        quantize_x_row(x, nb, xq, sx);
+}
+
+void cas_q_matvec_range(int t, const void *w, size_t rb, int64_t n, int64_t r0, int64_t r1,
+                        const float *x, const void *buf, float *y, int avx2) {
+    int64_t nb = is_quant(t) ? n / 32 : 0;
+    const cas_q8x_block *xq = buf;
+    const float *sx = (const float *)(const void *)((const uint8_t *)buf +
+                                                    align64((size_t)nb * sizeof(cas_q8x_block)));
+    if (avx2)
+        cas_q_avx2_matvec_rows(t, w, rb, r0, r1, n, x, xq, sx, y);
+    else
+        for (int64_t r = r0; r < r1; r++) y[r] = dot_row_generic(t, (const uint8_t *)w + (size_t)r * rb, n, x, xq);
+}
+
+void cas_q_thread_rows(int64_t rows, int tid, int nth, int64_t *r0, int64_t *r1) {
+    int64_t groups = (rows + CAS_Q_TILE_ROWS - 1) / CAS_Q_TILE_ROWS;
+    *r0 = groups * tid / nth * CAS_Q_TILE_ROWS;
+    *r1 = groups * (tid + 1) / nth * CAS_Q_TILE_ROWS;
+    if (*r1 > rows) *r1 = rows;
+    if (*r0 > rows) *r0 = rows;
 }
 
 /* ---- benchmarks ------------------------------------------------------------ */

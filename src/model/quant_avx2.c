@@ -85,6 +85,81 @@ static inline float ld_w1(int t, const uint8_t *row, int64_t i) {
     return v;
 }
 
+/* ---- activation quantization -------------------------------------------- */
+
+/* One block of 32 floats to 8 bits, exactly as quantize_x_row in quant.c
+ * (d = amax / 127, q = round-to-nearest-even(x * 127 / amax) clamped to
+ * +-127, s = d * sum(q)): the same f32 operations in the same order, so the
+ * portable and AVX2 paths see bit-identical quantized x. Returns q in a
+ * register (element order) and d, s through pointers. */
+static inline __m256i quant_block_x(const float *x, float *d_out, float *s_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16),
+           v3 = _mm256_loadu_ps(x + 24);
+    __m256 am = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float amax = _mm_cvtss_f32(h);
+    float d = amax / 127.0f, id = d != 0 ? 127.0f / amax : 0.0f;
+    __m256 iv = _mm256_set1_ps(id);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    __m256i q0 = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, iv)), lo), hi);
+    __m256i q1 = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v1, iv)), lo), hi);
+    __m256i q2 = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, iv)), lo), hi);
+    __m256i q3 = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v3, iv)), lo), hi);
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *d_out = d;
+    *s_out = d * (float)_mm_cvtsi128_si32(s4);
+    /* packs work within 128-bit lanes: [q0 0-3, q1 0-3, q2 0-3, q3 0-3 | q0 4-7, ...] */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void cas_q_avx2_quantize_x(const float *x, int64_t nb, cas_q8x_block *xq, float *sx) {
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i q = quant_block_x(x + 32 * b, &xq[b].d, &xq[b].s);
+        _mm256_storeu_si256((__m256i *)(void *)xq[b].q, q);
+        sx[b] = xq[b].s;
+    }
+}
+
+void cas_q_avx2_quantize_x8(const float *x, int64_t n, int64_t ntok, int64_t b, cas_q8x8_block *o) {
+    __m256i r[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) {
+        if (t < ntok) {
+            r[t] = quant_block_x(x + t * n + 32 * b, &o->d[t], &o->s[t]);
+        } else {
+            r[t] = _mm256_setzero_si256();
+            o->d[t] = o->s[t] = 0;
+        }
+    }
+    /* 8 x 8 transpose of 32-bit elements: vector k gets element group k
+     * (x[4k .. 4k+3]) of every token */
+    __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    __m256i *q = (__m256i *)(void *)o->q;
+    _mm256_store_si256(q + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_store_si256(q + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_store_si256(q + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_store_si256(q + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_store_si256(q + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_store_si256(q + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_store_si256(q + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_store_si256(q + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+}
+
 /* ---- matrix-vector ------------------------------------------------------ */
 
 /* The weight scale d (Q8_0, Q4_0) or scale and minimum [d, m] (Q4_1) of a
@@ -375,34 +450,31 @@ static inline __attribute__((always_inline)) void mm_lanes(const int t, const qt
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const cas_q8x8_block *xb = xg + b;
-        __m256i a[R];
-        /* Row by row (the x vectors come from L1 as memory operands): with
-         * the chunk loop outside, the compiler keeps all 32 products live
-         * and spills them. */
+        /* The block's x for all eight tokens stays in eight registers while
+         * the R rows use it: per row and block, 8 broadcasts (loads) and 8
+         * maddubs, 7 adds, then one widening, convert and scale. */
+        __m256i xk[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) xk[k] = _mm256_load_si256((const __m256i *)(const void *)xb->q[k]);
+        const __m256 dx = _mm256_load_ps(xb->d);
 #pragma GCC unroll 4
         for (int j = 0; j < R; j++) {
             const uint8_t *wq = q->wq + (size_t)j * n + 32 * b;
-            const int8_t *ws = q->ws + (size_t)j * n + 32 * b;
+            __m256i s32;
+            if (t == CAS_T_Q8_0) {
+                const int8_t *ws = q->ws + (size_t)j * n + 32 * b;
+                s32 = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                __m256i xk = _mm256_load_si256((const __m256i *)(const void *)xb->q[k]);
-                if (t == CAS_T_Q8_0) {
-                    __m256i p = _mm256_maddubs_epi16(bcast4(wq + 4 * k), _mm256_sign_epi8(xk, bcast4(ws + 4 * k)));
-                    p = _mm256_madd_epi16(p, ones);
-                    a[j] = k ? _mm256_add_epi32(a[j], p) : p;
-                } else {
-                    __m256i p = _mm256_maddubs_epi16(bcast4(wq + 4 * k), xk);
-                    a[j] = k ? _mm256_add_epi16(a[j], p) : p;
+                for (int k = 0; k < 8; k++) {
+                    __m256i p = _mm256_maddubs_epi16(bcast4(wq + 4 * k), _mm256_sign_epi8(xk[k], bcast4(ws + 4 * k)));
+                    s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(p, ones));
                 }
-                /* Keep the chain in order: GCC otherwise reassociates the
-                 * sums into a tree of 32 live products and spills them. */
-                __asm__("" : "+x"(a[j]));
+            } else {
+                __m256i a = _mm256_maddubs_epi16(bcast4(wq), xk[0]);
+#pragma GCC unroll 8
+                for (int k = 1; k < 8; k++) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(bcast4(wq + 4 * k), xk[k]));
+                s32 = _mm256_madd_epi16(a, ones);
             }
-        }
-        __m256 dx = _mm256_load_ps(xb->d);
-#pragma GCC unroll 4
-        for (int j = 0; j < R; j++) {
-            __m256i s32 = t == CAS_T_Q8_0 ? a[j] : _mm256_madd_epi16(a[j], ones);
             __m256 sc = _mm256_mul_ps(_mm256_broadcast_ss(q->dw + j * nb + b), dx);
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), sc, acc[j]);
             if (t != CAS_T_Q8_0)

@@ -110,6 +110,34 @@ cas_status cas_q_matvec(int t, const void *w, int64_t rows, int64_t n, const flo
 cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const float *x, int64_t m,
                         float *y, const cas_q_opts *opt);
 
+/* ---- matrix-vector inside the caller's parallel region -------------------
+ * For a forward pass that runs one OpenMP region over many matrices (single-
+ * sequence decode), so that threads meet at a few barriers instead of
+ * forking and joining per matrix: every thread quantizes x itself into its
+ * own buffer (cheap: n values) and computes a range of rows. The results are
+ * bit-identical to cas_q_matvec with the same instruction set. */
+
+/* Bytes of one quantized x of n elements (any supported type; for float
+ * types nothing is stored). */
+size_t cas_q_xvec_bytes(int64_t n);
+
+/* The instruction set `s` resolves to: 1 AVX2, 0 portable, -1 (error
+ * recorded) when AVX2 is asked for but missing. */
+int cas_q_resolve_avx2(cas_q_simd s);
+
+/* x[n] quantized for weights of type t into buf (cas_q_xvec_bytes(n), 64-byte
+ * aligned); nothing for float types. */
+void cas_q_xvec_quantize(int t, const float *x, int64_t n, void *buf, int avx2);
+
+/* y[r] = W[r] . x for r in [r0, r1), with x given both as floats (for float
+ * types) and quantized in buf by cas_q_xvec_quantize. rb = row bytes of W. */
+void cas_q_matvec_range(int t, const void *w, size_t rb, int64_t n, int64_t r0, int64_t r1,
+                        const float *x, const void *buf, float *y, int avx2);
+
+/* The rows [*r0, *r1) thread tid of nth takes of a matrix of `rows` rows:
+ * contiguous whole 4-row groups, as cas_q_matmul splits them. */
+void cas_q_thread_rows(int64_t rows, int tid, int nth, int64_t *r0, int64_t *r1);
+
 /* ---- benchmarks ----------------------------------------------------------- */
 
 typedef struct {
@@ -166,6 +194,11 @@ typedef struct {
 void cas_q_avx2_matvec_rows(int t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
                             int64_t n, const float *xf, const cas_q8x_block *xq, const float *sx,
                             float *y);
+/* x of one token (nb blocks) quantized as quantize_x_row does, bit for bit. */
+void cas_q_avx2_quantize_x(const float *x, int64_t nb, cas_q8x_block *xq, float *sx);
+/* Block b of ntok <= 8 tokens (rows of x, n floats apart) quantized straight
+ * into the token-lane layout; tokens past ntok are zero. */
+void cas_q_avx2_quantize_x8(const float *x, int64_t n, int64_t ntok, int64_t b, cas_q8x8_block *o);
 /* One tile of nr <= CAS_Q_TILE_ROWS rows starting at r0, all m tokens; y is
  * Y[m][rows]. tile is 64-byte aligned scratch of CAS_Q_TILE_ROWS * n floats
  * (the tile's weights decoded once, then used by every token). */
