@@ -60,6 +60,7 @@ static int run_case(const case_t *c, uint64_t seed) {
     size_t no = (size_t)s.total_q * Hq * D, nl = (size_t)s.total_q * Hq;
     double *oref = malloc(sizeof(double) * (no + 1)), *lref = malloc(sizeof(double) * (nl + 1));
     float *o = malloc(sizeof(float) * (no + 1)), *lse = malloc(sizeof(float) * (nl + 1));
+    float *o2 = malloc(sizeof(float) * (no + 1)), *lse2 = malloc(sizeof(float) * (nl + 1));
     int fails = 0;
     st = cas_attn_reference(&c->shape, &pool, &b, &c->params, s.q, oref, lref);
     if (st) {
@@ -94,6 +95,20 @@ static int run_case(const case_t *c, uint64_t seed) {
                         if (fails == 0) cas_attn_plan_print(plan, stdout);
                         fails++;
                     }
+                    if (k > 0) {
+                        /* the decode path computes the blocked kernel's bits */
+                        int keep = cas_attn_decode_rows;
+                        cas_attn_decode_rows = 0;
+                        poison(o2, no);
+                        poison(lse2, nl);
+                        cas_status st2 = cas_attn_plan_run(plan, &pool, s.q, o2, lse2);
+                        cas_attn_decode_rows = keep;
+                        if (st2 || memcmp(o, o2, sizeof(float) * no) || memcmp(lse, lse2, sizeof(float) * nl)) {
+                            printf("  %s [%s, mode %d, %d threads]: decode path and blocked kernel differ\n",
+                                   c->desc, simds[k], m, threads);
+                            fails++;
+                        }
+                    }
                     if (m == 1) {
                         cas_attn_plan_info info;
                         cas_attn_plan_get_info(plan, &info);
@@ -109,7 +124,7 @@ static int run_case(const case_t *c, uint64_t seed) {
     }
     cas_attn_simd_override(NULL);
 done:
-    free(oref), free(lref), free(o), free(lse);
+    free(oref), free(lref), free(o), free(lse), free(o2), free(lse2);
     cas_attn_synth_destroy(&s);
     return fails;
 }

@@ -137,6 +137,12 @@ void cas_attn_item_avx512(const struct cas_attn_plan *plan, const cas_attn_item 
  * For tests; not thread-safe against concurrent runs. */
 int cas_attn_simd_override(const char *name);
 
+/* Most query rows per KV head for which the SIMD kernels take their decode
+ * path (default 8, its maximum; 0 turns it off). The decode path computes the
+ * blocked kernel's bits, so this changes speed only; for tests and benchmarks,
+ * not thread-safe against concurrent runs. */
+extern int cas_attn_decode_rows;
+
 /* floats of per-thread workspace the kernels need for a head_dim */
 int64_t cas_attn_work_floats(int32_t head_dim);
 
