@@ -133,9 +133,11 @@ double cas_measure_fma_flops_generic(int threads) {
         float total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
         {
-            float a[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+            float a[8] = {1.0f, 1.01f, 1.02f, 1.03f, 1.04f, 1.05f, 1.06f, 1.07f}; /* distinct: no merged chains */
+            volatile float mv = 0.9999999f, cv = 1e-7f; /* opaque: no folding at compile time */
+            const float m = mv, c = cv;
             for (long i = 0; i < iters; i++)
-                for (int k = 0; k < 8; k++) a[k] = a[k] * 0.9999999f + 1e-7f;
+                for (int k = 0; k < 8; k++) a[k] = a[k] * m + c;
             for (int k = 0; k < 8; k++) total += a[k];
         }
         double dt = cas_now_s() - t0;
