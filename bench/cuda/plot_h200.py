@@ -27,6 +27,21 @@ with open(sys.argv[4], "w") as f:
             c["roofline_ms"], "%.3f" % a["flat_ms"] if a else "-", "%.3f" % a["cascade_fa2_ms"] if a else "-",
             "%.2fx faster" % (bf / ours) if bf else "-", c["cascade_ms"] / c["roofline_ms"]))
 
+# the issue-5 targets, counted over the grid
+n = len(rows)
+beat_best = sum(1 for c, a, bf, ours in rows if bf and ours < bf)
+two_x = sum(1 for c, a, bf, ours in rows if a and a["cascade_fa2_ms"] >= 2 * c["cascade_ms"])
+big = [r for r in rows if r[0]["P"] >= 16384 and r[0]["B"] >= 64]
+within = sum(1 for c, *_ in big if c["cascade_ms"] <= 1.25 * c["roofline_ms"])
+pl = [r for r in rows if r[0].get("planned_ms")]
+pl5 = sum(1 for c, *_ in pl if c["planned_ms"] <= 1.05 * min(c["flat_ms"], c["cascade_ms"]))
+summary = ("better of flat/cascade faster than FlashInfer's best: %d/%d; cascade >= 2x FlashInfer fa2 cascade: %d/%d; "
+           "cascade within 25%% of roofline (P >= 16384, B >= 64): %d/%d; planned within 5%% of the better: %d/%d"
+           % (beat_best, n, two_x, n, within, len(big), pl5, len(pl)))
+with open(sys.argv[4], "a") as f:
+    f.write("\n" + summary + "\n")
+print(summary)
+
 try:
     import matplotlib
     matplotlib.use("Agg")

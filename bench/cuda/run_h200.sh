@@ -8,13 +8,17 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test kinds bench cli sanitize grid (default: test bench cli grid)
+#   steps: test bench cli ncu grid sanitize (default: test bench cli grid)
+# The grid runs with the many-rows kernel kind that was fastest in `bench`
+# among those whose tests passed (or GRID_WIDE).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # at most 8 files come back from the device tool: the small ones go into all.tgz
 W=/tmp/cascade-h200; rm -rf "$W"; mkdir -p "$W"
 steps=${*:-"test bench cli grid"}
 has() { [[ " $steps " == *" $1 "* ]]; }
+DEADLINE=${DEADLINE:-560}   # seconds; the device tool stops a command at 600
+left() { echo $((DEADLINE - SECONDS)); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$W/gpu.txt"
 CARRY=${CARRY:-.devcarry}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -34,39 +38,70 @@ if [ -z "$T" ]; then
 fi
 command -v cuobjdump >/dev/null && echo "HGMMA in the test binary: $(cuobjdump --dump-sass "$T" 2>/dev/null | grep -c HGMMA)"
 if has test; then
-  echo "== test-cuda (kinds ${CASCADE_TEST_KINDS:-3,1})"
-  timeout 240 "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
+  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-3,4,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
+  timeout 200 "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi
 if has bench; then
-  echo "== bench: headline and prefill, wgmma (default) vs mma.sync (CASCADE_CUDA_WIDE=1)"
-  for k in 3 1; do
-    CASCADE_CUDA_WIDE=$k timeout 100 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k$k.json" 2>&1 | tail -2
-    CASCADE_CUDA_WIDE=$k timeout 100 "$BB" --unshared --prefill 16384 --json "$W/up_k$k.json" 2>&1 | grep -E "unshared|prefill"
+  echo "== bench: headline, B256 and prefill: wgmma (kind 3), wgmma-overlap (4), mma.sync (1); split rule off (s0)"
+  for k in 3 4 1; do
+    CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
+    CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 256 --prefix 32768 --suffix 512 --json "$W/b256_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
+    CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --unshared --prefill 16384 --json "$W/up_k$k.json" 2>&1 | grep -E "unshared|prefill" | sed "s/^/k$k /"
   done
+  CASCADE_CUDA_SPLIT=0 CASCADE_CUDA_WIDE=3 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k3_s0.json" 2>&1 | tail -1 | sed "s/^/k3 s0 /"
+  # the kind for the grid: fastest headline + B256 cascade among kinds whose tests passed
+  GRID_WIDE=$(python3 - "$W" <<'PY'
+import json, re, sys, os
+w = sys.argv[1]
+log = open(os.path.join(w, "test_cuda.log")).read() if os.path.exists(os.path.join(w, "test_cuda.log")) else ""
+bad = set()
+cur = None
+for line in log.splitlines():
+    m = re.search(r"CASCADE_CUDA_WIDE=(\d)", line)
+    if line.startswith("=="):
+        cur = m.group(1) if m else None
+    elif line.startswith("FAIL") and cur:
+        bad.add(cur)
+best, bt = "1", 1e9
+for k in "341":
+    try:
+        t = sum(json.load(open(os.path.join(w, f))).get("cases", [{}])[0]["cascade_ms"] for f in ("one_k%s.json" % k, "b256_k%s.json" % k))
+    except Exception:
+        continue
+    if (k in bad) or (not log):
+        continue
+    if t < bt:
+        best, bt = k, t
+print(best)
+PY
+)
+  echo "kind for the grid: $GRID_WIDE"
 fi
 if has cli && [ -n "$CAS" ]; then
   echo "== cascade attn-bench --backend cuda"
-  timeout 120 "$CAS" attn-bench --backend cuda --batch 64 --prefix 32768 --suffix 512 --repeats 30 --warmup 5 --json > "$W/cli_headline.json" 2> "$W/cli.err"; echo "cli rc=$?"
-  timeout 120 "$CAS" attn-bench --backend cuda --tree '32*8192(16*2048)+32*4096' --suffix 256 --repeats 30 --warmup 5 2>&1 | tee "$W/cli_tree.txt" | tail -6
+  CASCADE_CUDA_WIDE=${GRID_WIDE:-} timeout 90 "$CAS" attn-bench --backend cuda --batch 64 --prefix 32768 --suffix 512 --repeats 30 --warmup 5 --json > "$W/cli_headline.json" 2> "$W/cli.err"; echo "cli rc=$?"
+  CASCADE_CUDA_WIDE=${GRID_WIDE:-} timeout 90 "$CAS" attn-bench --backend cuda --tree '32*8192(16*2048)+32*4096' --suffix 256 --repeats 30 --warmup 5 2>&1 | tee "$W/cli_tree.txt" | tail -6
   python3 -c "import json;d=json.load(open('$W/cli_headline.json'));print({k:d[k] for k in ['device','kernel','flat_ms','cascade_ms','cascade_all_ms','max_abs_err_cascade','peak_GBps','peak_GFLOPs']})" 2>&1 | tail -2
   tail -2 "$W/cli.err"
 fi
 if has ncu; then
   echo "== ncu: the many-rows kernel of the headline cascade"
-  timeout 150 ncu --clock-control none -k regex:"attn_wgmma|attn_kernel" --launch-skip 0 --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis "$BB" --batch 64 --prefix 32768 --suffix 512 --iters 1 > "$W/ncu.txt" 2>&1; echo "ncu rc=$?"
+  # flat mode launches the wide kernel 13 times (run, 6 graph, 6 eager at --iters 1): skip them
+  CASCADE_CUDA_WIDE=${NCU_WIDE:-3} timeout 150 ncu --clock-control none -k regex:attn_wgmma --launch-skip 13 --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats "$BB" --batch 64 --prefix 32768 --suffix 512 --iters 1 > "$W/ncu.txt" 2>&1; echo "ncu rc=$?"
   grep -E "attn_|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Executed Ipc A|Tensor|L2 Hit|DRAM Throughput" "$W/ncu.txt" | head -60
 fi
-if has sanitize; then
-  echo "== memcheck / racecheck (quick)"
-  CASCADE_TEST_QUICK=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$T" > "$W/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$W/memcheck.log" | head -3
-  CASCADE_TEST_QUICK=2 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" > "$W/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$W/racecheck.log" | head -3
-fi
 if has grid; then
-  echo "== grid"
-  timeout 400 "$BB" --grid --json "$OUT/h200-attention.json" > "$OUT/grid.txt" 2> "$OUT/grid.err"; echo "grid rc=$?"; head -1 "$OUT/grid.err"
+  echo "== grid (CASCADE_CUDA_WIDE=${GRID_WIDE:-default}), $(left) s left"
+  CASCADE_CUDA_WIDE=${GRID_WIDE:-} timeout $(( $(left) - 20 )) "$BB" --grid --json "$OUT/h200-attention.json" > "$OUT/grid.txt" 2> "$OUT/grid.err"; echo "grid rc=$?"; head -1 "$OUT/grid.err"
   [ -f "$OUT/h200-attention.json" ] && python3 bench/cuda/plot_h200.py "$OUT/h200-attention.json" bench/cuda/anchor-flashinfer-grid.json "$OUT/h200-attention.png" "$OUT/table.md" 2>&1 | tail -1
   cat "$OUT/grid.txt"
+fi
+if has sanitize && [ $(left) -gt 60 ]; then
+  echo "== memcheck / racecheck (quick, kind ${GRID_WIDE:-3}), $(left) s left"
+  export CASCADE_TEST_KINDS=${GRID_WIDE:-3}
+  CASCADE_TEST_QUICK=1 timeout $(( $(left) / 2 )) compute-sanitizer --tool memcheck --error-exitcode 9 "$T" > "$W/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$W/memcheck.log" | head -3
+  CASCADE_TEST_QUICK=2 timeout $(( $(left) - 5 )) compute-sanitizer --tool racecheck --error-exitcode 9 "$T" > "$W/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$W/racecheck.log" | head -3
 fi
 tar czf "$OUT/all.tgz" -C "$W" . 2>/dev/null
 cp "$W/test_cuda.log" "$OUT/" 2>/dev/null

@@ -30,6 +30,7 @@ struct cas_cuda_attn {
     cas_cuda_attn_caps caps;
     cas_cuda_geom geom;
     int device, num_sms, occ_wide, occ_narrow;
+    int wide_grid; /* CTAs of the many-rows kernel's persistent grid */
     int wide_kind, wide_rows; /* kernel kind of the many-rows tasks and its rows per CTA */
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
@@ -131,7 +132,8 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     {
         /* The many-rows kernel: CAS_CUDA_DEFAULT_WIDE (wgmma needs compute
          * capability 9.0 and head_dim 64 or 128), else mma.sync. CASCADE_CUDA_WIDE=1
-         * (mma.sync, 64 rows), 2 (mma.sync, 2 m-tiles) or 3 (wgmma) forces a
+         * (mma.sync, 64 rows), 2 (mma.sync, 2 m-tiles), 3 (wgmma) or 4 (wgmma,
+         * next S during this softmax) forces a
          * kind (benchmarks, tests); a kind the device lacks falls back to 1. */
         int major = 0, minor = 0;
         TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a->device));
@@ -139,7 +141,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || kind > 3 || (kind == 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || kind > 4 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
     }
@@ -151,6 +153,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
                            cas_cuda_error_string(e1 ? e1 : e2));
             goto fail;
         }
+        a->wide_grid = a->num_sms * a->occ_wide;
     }
     {
         const int32_t group = shape->num_qo_heads / shape->num_kv_heads;
@@ -204,6 +207,26 @@ static int cmp_task(const void *x, const void *y) {
     return a->pad < b->pad ? -1 : a->pad > b->pad;
 }
 
+/* Tasks of the many-rows kernel (passes of more than CAS_CUDA_NARROW_ROWS
+ * rows) when passes are split into chunks of about L keys, as the planner
+ * below splits them; *maxch: the longest chunk. */
+static int64_t wide_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
+                          int32_t group, int64_t L, int64_t *maxch) {
+    int64_t n = 0;
+    *maxch = 0;
+    for (int32_t i = 0; i < n_passes; i++) {
+        int64_t rows = (int64_t)passes[i].n_tok * group, len = passes[i].len;
+        if (rows <= CAS_CUDA_NARROW_ROWS || len <= 0) continue;
+        int64_t ns = (len + L - 1) / L;
+        if (ns > a->caps.max_split) ns = a->caps.max_split;
+        int64_t ch = ((len + ns - 1) / ns + 63) / 64 * 64;
+        ns = (len + ch - 1) / ch;
+        if (ch > *maxch) *maxch = ch < len ? ch : len;
+        n += (rows + a->wide_rows - 1) / a->wide_rows * a->shape.num_kv_heads * ns;
+    }
+    return n;
+}
+
 cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *params,
                                      int32_t num_pages, int32_t n_passes,
                                      const cas_attn_pass *passes, const int32_t *pages,
@@ -255,6 +278,31 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     int64_t L = work / (slots > 0 ? slots : 1);
     if (L < 512) L = 512;
     L = (L + 63) / 64 * 64;
+    /* When the many-rows kernel gets only a few waves of tasks (a shared
+     * prefix over a decode batch), its time is waves x chunk: a split that
+     * leaves a last wave nearly empty costs a whole chunk. Pick the chunk
+     * length that minimises that (CASCADE_CUDA_SPLIT=0: the rule above only). */
+    if (a->wide_grid > 0 && !(getenv("CASCADE_CUDA_SPLIT") && atoi(getenv("CASCADE_CUDA_SPLIT")) == 0)) {
+        int64_t maxch = 0, nt = wide_tasks(a, n_passes, passes, group, L, &maxch);
+        if (nt > 0 && nt < 8 * (int64_t)a->wide_grid) {
+            int64_t best_l = L;
+            double best = (double)((nt + a->wide_grid - 1) / a->wide_grid) * (double)(maxch + 128);
+            int64_t lo = L / 2 < 512 ? 512 : (L / 2 + 63) / 64 * 64;
+            int64_t maxlen = 0;
+            for (int32_t i = 0; i < n_passes; i++)
+                if ((int64_t)passes[i].n_tok * group > CAS_CUDA_NARROW_ROWS && passes[i].len > maxlen)
+                    maxlen = passes[i].len;
+            for (int64_t c = lo; c <= 4 * L && c <= maxlen + 63; c += 64) {
+                int64_t mc = 0, n = wide_tasks(a, n_passes, passes, group, c, &mc);
+                double cost = (double)((n + a->wide_grid - 1) / a->wide_grid) * (double)(mc + 128);
+                if (cost < best * 0.999) {
+                    best = cost;
+                    best_l = c;
+                }
+            }
+            L = best_l;
+        }
+    }
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
         n_tasks = 0;
@@ -536,7 +584,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_join, a->side));
     e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
-                             a->num_sms * a->occ_wide, stream);
+                             a->wide_grid, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));
@@ -564,6 +612,7 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     if (!a) return "none";
     switch (a->wide_kind) {
+    case 4: return "wgmma-overlap";
     case 3: return "wgmma";
     case 2: return "mma.sync-2mtile";
     default: return "mma.sync";

@@ -76,7 +76,7 @@ typedef struct {
 
 /* Rows one CTA of the narrow kernel holds; cas_cuda_wide_rows(D, kind) gives
  * those of a kernel kind (0 narrow, 1 wide: 64 rows, 2 wide2: 2 m-tiles per
- * warp, 128 rows for D <= 128; 3 wgmma: two warpgroups, 128 rows). */
+ * warp, 128 rows for D <= 128; 3 and 4 wgmma: two warpgroups, 128 rows). */
 int cas_cuda_wide_rows(int D, int kind);
 #define CAS_CUDA_NARROW_ROWS 16
 
@@ -102,13 +102,14 @@ int cas_cuda_launch_merge2(float *o_out, float *lse_out, const float *o_a, const
                            void *stream);
 const char *cas_cuda_error_string(int err);
 
-/* The Hopper wgmma kernel (cuda_attn_wgmma.cu, sm_90a), kind 3: head_dim 64
- * and 128 only; the launch and occupancy calls of kind 3 forward here. */
+/* The Hopper wgmma kernel (cuda_attn_wgmma.cu, sm_90a), kinds 3 (plain) and
+ * 4 (the next tile's S overlaps this tile's softmax): head_dim 64 and 128
+ * only; the launch and occupancy calls of those kinds forward here. */
 int cas_cuda_wgmma_supported(int D);
 int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,
-                               int grid, void *stream);
-int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int *ctas_per_sm);
+                               int kind, int grid, void *stream);
+int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm);
 
 #ifdef __cplusplus
 }

@@ -515,7 +515,7 @@ template <typename T, typename C> static int occ_one(int *ctas) {
     else { typedef narrow_cfg<DD> C_; CALL; }
 
 extern "C" int cas_cuda_wide_rows(int D, int kind) {
-    if (kind == 3) return 128;
+    if (kind >= 3) return 128;
     if (kind == 2) return D <= 128 ? 128 : 64;
     return kind ? 64 : CAS_CUDA_NARROW_ROWS;
 }
@@ -523,7 +523,7 @@ extern "C" int cas_cuda_wide_rows(int D, int kind) {
 extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
                                     const void *v, const void *q, float *o, float *lse,
                                     float *scratch, int wide, int grid, void *stream) {
-    if (wide == 3) return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, grid, stream);
+    if (wide >= 3) return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, wide, grid, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
                  rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide, grid,
@@ -532,7 +532,7 @@ extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, co
 }
 
 extern "C" int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm) {
-    if (wide == 3) return cas_cuda_wgmma_occupancy(g, ctas_per_sm);
+    if (wide >= 3) return cas_cuda_wgmma_occupancy(g, wide, ctas_per_sm);
     int rc = (int)cudaErrorInvalidValue;
     *ctas_per_sm = 0;
     CAS_DISPATCH(g, wide, rc = (occ_one<T_, C_>(ctas_per_sm)));

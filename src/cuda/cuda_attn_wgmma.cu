@@ -111,10 +111,12 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32
 
 /* ---- configuration ------------------------------------------------------ */
 
-template <int D_> struct wg_cfg {
+/* OVL: S of the next tile is issued before the softmax of this one (one
+ * more S in registers, one more stage in flight). */
+template <int D_, bool OVL> struct wg_cfg {
     static constexpr int D = D_;
     static constexpr int NWG = 2, NT = 128 * NWG, ROWS = 64 * NWG, KEYS = 64;
-    static constexpr int STAGES = D <= 64 ? 4 : 3;
+    static constexpr int STAGES = D <= 64 ? 4 : (OVL ? 4 : 3);
     static constexpr int LD = D + 8;  /* Q staging pitch (ldmatrix, no conflicts) */
     static constexpr int CPR = D / 8; /* 16-byte chunks per K or V row */
     static constexpr size_t Q_BYTES = (size_t)ROWS * LD * 2;
@@ -125,13 +127,13 @@ template <int D_> struct wg_cfg {
 
 /* ---- the kernel --------------------------------------------------------- */
 
-template <typename T, int D>
+template <typename T, int D, bool OVL>
 __global__ void __launch_bounds__(256, 1)
     attn_wgmma_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                       const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                       float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P) {
 #if CAS_WGMMA_OK
-    typedef wg_cfg<D> C;
+    typedef wg_cfg<D, OVL> C;
     constexpr int NT = C::NT, ROWS = C::ROWS, KEYS = C::KEYS, STAGES = C::STAGES, LD = C::LD,
                   CPR = C::CPR;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -218,29 +220,53 @@ __global__ void __launch_bounds__(256, 1)
         uint32_t qf[D / 16][4];
         const int lrow8 = ((lane >> 3) & 1) * 8 + (lane & 7), lcol8 = (lane >> 4) * 8;
 
-        for (int i = 0; i < ntiles; i++) {
-            cp_async_wait<STAGES - 2>();
-            fence_proxy_async();
-            __syncthreads();
-            if (i + STAGES - 1 < ntiles) load_tile(i + STAGES - 1);
-            cp_async_commit();
-            if (i == 0) {
-#pragma unroll
-                for (int ks = 0; ks < D / 16; ks++) ldsm_x4(qf[ks], sQ + (wrow + lrow8) * LD + ks * 16 + lcol8);
-            }
-            const uint32_t ks_addr = kv_s + (uint32_t)((i % STAGES) * 2 * C::TILE);
-            const uint32_t vs_addr = ks_addr + (uint32_t)C::TILE;
-
-            /* S = Q K^T: 64 rows x 64 keys per warpgroup */
-            float s[KEYS / 2];
+        float s[KEYS / 2], sn[OVL ? KEYS / 2 : 1];
+        /* issues S = Q K^T of one tile (64 rows x 64 keys per warpgroup) into dst */
+        auto issue_qk = [&](float *dst, int tile) {
+            const uint32_t ka = kv_s + (uint32_t)((tile % STAGES) * 2 * C::TILE);
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++)
                 wg_mma<T, KEYS>::template run<0>(
-                    s, qf[ks], wg_desc(ks_addr + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
+                    dst, qf[ks], wg_desc(ka + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
             wg_commit();
+        };
+        if (OVL && ntiles > 0) {
+            cp_async_wait<STAGES - 2>();
+            fence_proxy_async();
+            __syncthreads();
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) ldsm_x4(qf[ks], sQ + (wrow + lrow8) * LD + ks * 16 + lcol8);
+            issue_qk(s, 0);
             wg_wait<0>();
             wg_fence_regs<KEYS / 2>(s);
+        }
+
+        for (int i = 0; i < ntiles; i++) {
+            if (OVL) {
+                /* tile i + 1 must be in; S of tile i + 1 runs on the tensor
+                 * cores while this warpgroup does the softmax of tile i */
+                cp_async_wait<STAGES - 3>();
+                fence_proxy_async();
+                __syncthreads();
+                if (i + STAGES - 1 < ntiles) load_tile(i + STAGES - 1);
+                cp_async_commit();
+                if (i + 1 < ntiles) issue_qk(sn, i + 1);
+            } else {
+                cp_async_wait<STAGES - 2>();
+                fence_proxy_async();
+                __syncthreads();
+                if (i + STAGES - 1 < ntiles) load_tile(i + STAGES - 1);
+                cp_async_commit();
+                if (i == 0) {
+#pragma unroll
+                    for (int ks = 0; ks < D / 16; ks++) ldsm_x4(qf[ks], sQ + (wrow + lrow8) * LD + ks * 16 + lcol8);
+                }
+                issue_qk(s, i);
+                wg_wait<0>();
+                wg_fence_regs<KEYS / 2>(s);
+            }
+            const uint32_t vs_addr = kv_s + (uint32_t)((i % STAGES) * 2 * C::TILE) + (uint32_t)C::TILE;
 
             /* scale, soft cap, masks; s[4 * nt + e]: row (lane / 4) + 8 * (e / 2), key 8 nt + 2 (lane % 4) + e % 2 */
             const int kb = t.kv0 + i * KEYS;
@@ -307,6 +333,11 @@ __global__ void __launch_bounds__(256, 1)
             wg_commit();
             wg_wait<0>();
             wg_fence_regs<D / 2>(oacc);
+            if (OVL) {
+                wg_fence_regs<KEYS / 2>(sn);
+#pragma unroll
+                for (int j = 0; j < KEYS / 2; j++) s[j] = sn[j];
+            }
         }
         cp_async_wait<0>();
 #pragma unroll
@@ -340,41 +371,49 @@ __global__ void __launch_bounds__(256, 1)
 
 /* ---- launchers ---------------------------------------------------------- */
 
-template <typename T, int D>
+template <typename T, int D, bool OVL>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                      const void *q, float *o, float *lse, float *scratch, int grid, cudaStream_t st) {
-    attn_wgmma_kernel<T, D><<<grid, wg_cfg<D>::NT, wg_cfg<D>::SMEM, st>>>(
+    typedef wg_cfg<D, OVL> C;
+    attn_wgmma_kernel<T, D, OVL><<<grid, C::NT, C::SMEM, st>>>(
         (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq, g->Hkv,
         g->page_size);
     return (int)cudaGetLastError();
 }
 
-template <typename T, int D> static int wg_occ(int *ctas) {
-    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_cfg<D>::SMEM);
+template <typename T, int D, bool OVL> static int wg_occ(int *ctas) {
+    typedef wg_cfg<D, OVL> C;
+    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, D, OVL>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
     if (e != cudaSuccess) return (int)e;
-    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, attn_wgmma_kernel<T, D>,
-                                                              wg_cfg<D>::NT, wg_cfg<D>::SMEM);
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, attn_wgmma_kernel<T, D, OVL>, C::NT,
+                                                              C::SMEM);
 }
 
 extern "C" int cas_cuda_wgmma_supported(int D) { return D == 64 || D == 128; }
 
+/* Calls F<T, D, OVL> for the geometry's dtype and head_dim; kind 4 overlaps */
+#define CAS_WG_DISPATCH(g, kind, F, ...)                                                          \
+    do {                                                                                          \
+        const bool ovl_ = (kind) == 4;                                                            \
+        if ((g)->dtype == 2 && (g)->D == 64)                                                      \
+            return ovl_ ? F<__nv_bfloat16, 64, true>(__VA_ARGS__) : F<__nv_bfloat16, 64, false>(__VA_ARGS__); \
+        if ((g)->dtype == 2 && (g)->D == 128)                                                     \
+            return ovl_ ? F<__nv_bfloat16, 128, true>(__VA_ARGS__) : F<__nv_bfloat16, 128, false>(__VA_ARGS__); \
+        if ((g)->dtype == 1 && (g)->D == 64)                                                      \
+            return ovl_ ? F<__half, 64, true>(__VA_ARGS__) : F<__half, 64, false>(__VA_ARGS__);   \
+        if ((g)->dtype == 1 && (g)->D == 128)                                                     \
+            return ovl_ ? F<__half, 128, true>(__VA_ARGS__) : F<__half, 128, false>(__VA_ARGS__); \
+        return (int)cudaErrorInvalidValue;                                                        \
+    } while (0)
+
 extern "C" int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,
                                           const void *v, const void *q, float *o, float *lse,
-                                          float *scratch, int grid, void *stream) {
-    cudaStream_t st = (cudaStream_t)stream;
-    if (g->dtype == 2 && g->D == 64) return wg_launch<__nv_bfloat16, 64>(g, plan, k, v, q, o, lse, scratch, grid, st);
-    if (g->dtype == 2 && g->D == 128) return wg_launch<__nv_bfloat16, 128>(g, plan, k, v, q, o, lse, scratch, grid, st);
-    if (g->dtype == 1 && g->D == 64) return wg_launch<__half, 64>(g, plan, k, v, q, o, lse, scratch, grid, st);
-    if (g->dtype == 1 && g->D == 128) return wg_launch<__half, 128>(g, plan, k, v, q, o, lse, scratch, grid, st);
-    return (int)cudaErrorInvalidValue;
+                                          float *scratch, int kind, int grid, void *stream) {
+    CAS_WG_DISPATCH(g, kind, wg_launch, g, plan, k, v, q, o, lse, scratch, grid, (cudaStream_t)stream);
 }
 
-extern "C" int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int *ctas_per_sm) {
+extern "C" int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm) {
     *ctas_per_sm = 0;
-    if (g->dtype == 2 && g->D == 64) return wg_occ<__nv_bfloat16, 64>(ctas_per_sm);
-    if (g->dtype == 2 && g->D == 128) return wg_occ<__nv_bfloat16, 128>(ctas_per_sm);
-    if (g->dtype == 1 && g->D == 64) return wg_occ<__half, 64>(ctas_per_sm);
-    if (g->dtype == 1 && g->D == 128) return wg_occ<__half, 128>(ctas_per_sm);
-    return (int)cudaErrorInvalidValue;
+    CAS_WG_DISPATCH(g, kind, wg_occ, ctas_per_sm);
 }
