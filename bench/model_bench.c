@@ -112,6 +112,19 @@ int main(int argc, char **argv) {
     double p1, d1, pm, dm;
     run(m, 1, PREFILL, 3, &p1, &d1);
     run(m, many, MPREFILL, 2, &pm, &dm);
+    /* compute ceilings for the many-sequence decode, same run: the int8 multiply-add
+     * instruction's peak, f32 FMA's, and the batched Q4_1 kernel on a cache-resident
+     * 1536 x 576 matrix (the model's gate/up shape) with `many` tokens */
+    double i8 = 0, f32 = 0;
+    cas_q_bench_peak(threads, 1.0, &i8, &f32);
+    cas_q_bench_result kr;
+    memset(&kr, 0, sizeof kr);
+    cas_q_bench(CAS_T_Q4_1, 1536, 576, many, threads, 0, 1.0, &kr);
+    /* matrix multiply-adds per token: every projection of every layer, and the logits */
+    const double E = c->n_embd, F = c->n_ff, QD = (double)c->n_head * c->head_dim,
+                 KD = (double)c->n_head_kv * c->head_dim;
+    double macs = c->n_layers * (E * (QD + 2 * KD) + QD * E + 3 * E * F) + (double)c->n_vocab * E;
+    double step_gflop = 2 * macs * many * 1e-9, step_s = many / dm, need_s = many / (8 * d1);
     /* bandwidth again after the runs, so a noisy neighbour shows as a spread */
     double bw2 = 0;
     cas_q_bench_read_bw(threads, (size_t)512 << 20, 1.0, &bw2);
@@ -126,11 +139,19 @@ int main(int argc, char **argv) {
     printf("  \"batch\": {\"sequences\": %d, \"prompt_tokens_each\": %d, \"prefill_tokens_per_s\": %.1f, "
            "\"decode_steps\": %d, \"decode_tokens_per_s\": %.1f, \"decode_speedup_over_single\": %.2f},\n",
            many, MPREFILL, pm, DECODE, dm, dm / d1);
+    printf("  \"ceilings\": {\"int8_maddubs_gops\": %.0f, \"f32_fma_gflops\": %.0f, "
+           "\"q4_1_matmul_1536x576_%dtok_gflops\": %.1f},\n",
+           i8, f32, many, kr.gflops);
+    printf("  \"batch_compute\": {\"matrix_gflop_per_step\": %.2f, \"step_ms\": %.1f, \"achieved_gflops\": %.1f, "
+           "\"step_ms_for_8x\": %.1f, \"gflops_needed_for_8x\": %.1f},\n",
+           step_gflop, 1e3 * step_s, step_gflop / step_s, 1e3 * need_s, step_gflop / need_s);
     printf("  \"targets\": {\"single_decode_ge_60pct_roofline\": %s, \"batch_decode_ge_8x_single\": %s}\n}\n",
            d1 >= 0.6 * roof ? "true" : "false", dm >= 8 * d1 ? "true" : "false");
     fprintf(stderr, "bandwidth %.1f GB/s, roofline %.0f tok/s; single: prefill %.0f, decode %.1f tok/s (%.0f%%); "
-            "%d seqs: prefill %.0f, decode %.0f tok/s (%.1fx)\n",
-            bw, roof, p1, d1, 100 * d1 / roof, many, pm, dm, dm / d1);
+            "%d seqs: prefill %.0f, decode %.0f tok/s (%.1fx); int8 peak %.0f GOP/s, f32 peak %.0f GFLOP/s, "
+            "q4_1 kernel %.0f GFLOP/s, step %.0f GFLOP/s (8x needs %.0f)\n",
+            bw, roof, p1, d1, 100 * d1 / roof, many, pm, dm, dm / d1, i8, f32, kr.gflops, step_gflop / step_s,
+            step_gflop / need_s);
     cas_model_destroy(m);
     return 0;
 }

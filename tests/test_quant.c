@@ -530,6 +530,12 @@ static void test_bad_input(void) {
     CHECK(cas_q_quantize_rows(CAS_T_Q8_0, f, w, -1, 32) == CAS_ERR_INVALID);
     CHECK(cas_q_work_bytes(CAS_T_Q4_1, 1, 33, 1, 1) == 0);
     CHECK(cas_q_work_bytes(CAS_T_Q4_1, 0, 32, 1, 1) == 0);
+    double i8 = -1, f32 = -1;
+    CHECK(cas_q_bench_peak(1, 0, NULL, &f32) == CAS_ERR_INVALID);
+    if (have_avx2()) {
+        CHECK(cas_q_bench_peak(1, 0, &i8, &f32) == CAS_OK);
+        CHECK(i8 > 0 && f32 > 0);
+    }
 }
 
 /* ---- benchmark mode --------------------------------------------------------- */

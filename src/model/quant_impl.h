@@ -160,6 +160,13 @@ cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, 
  * min_seconds; the best pass is reported. */
 cas_status cas_q_bench_read_bw(int nthreads, size_t bytes, double min_seconds, double *gbs);
 
+/* Instruction-throughput ceilings of this machine with nthreads threads
+ * (each runs independent chains for about min_seconds in all): int8 GOP/s
+ * (2 ops per multiply-add) of _mm256_maddubs_epi16, the instruction the
+ * quantized kernels are built on, and f32 GFLOP/s of _mm256_fmadd_ps.
+ * CAS_ERR_UNSUPPORTED without AVX2. */
+cas_status cas_q_bench_peak(int nthreads, double min_seconds, double *int8_gops, double *f32_gflops);
+
 /* ---- internal: shared by quant.c and quant_avx2.c ------------------------ */
 
 /* x quantized to 8 bits per block: x[i] ~= d * q[i]; s = d * sum(q). */
@@ -209,5 +216,9 @@ void cas_q_avx2_matmul_tile(int t, const uint8_t *w, size_t row_bytes, int64_t r
 void cas_q_avx2_matmul_tile_lanes(int t, const uint8_t *w, size_t row_bytes, int64_t r0,
                                   int64_t nr, int64_t rows, int64_t n, const cas_q8x8_block *x8,
                                   int64_t m, float *y, void *tile);
+
+/* Instructions per second of one thread (quant_avx2.c). */
+double cas_q_avx2_peak_maddubs(long iters);
+double cas_q_avx2_peak_fma(long iters);
 
 #endif
