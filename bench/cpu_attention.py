@@ -7,7 +7,7 @@ same run), draws bench/results/cpu-attention.png (cascade speedup over flat
 against the shared prefix length, one line per batch size) and rewrites the
 table between the cpu-attention markers in README.md.
 
-Usage: python3 bench/cpu_attention.py [--quick] [--threads N]
+Usage: python3 bench/cpu_attention.py [--quick] [--threads N] [--cascade PATH]
 """
 import argparse
 import json
@@ -18,11 +18,12 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASCADE = os.path.join(ROOT, "build", "cascade")
+CASCADE_BIN = CASCADE
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 
 def run(args, threads):
-    cmd = [CASCADE, "attn-bench", "--json", "--check", "4", "--threads", str(threads)] + [str(a) for a in args]
+    cmd = [CASCADE_BIN, "attn-bench", "--json", "--check", "4", "--threads", str(threads)] + [str(a) for a in args]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"attn-bench failed: {' '.join(cmd)}\n{out.stderr}")
@@ -48,7 +49,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a smaller grid")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--cascade", default=CASCADE, help="the cascade binary (default build/cascade)")
     a = ap.parse_args()
+    global CASCADE_BIN
+    CASCADE_BIN = a.cascade
     base = ["--heads", "32:8", "--head-dim", "128", "--page-size", "16", "--qlen", "1", "--repeats", "5"]
     prefixes = [512, 2048, 8192] if not a.quick else [512, 2048]
     batches = [1, 4, 16, 32] if not a.quick else [4, 16]
@@ -111,14 +115,15 @@ def make_table(doc):
     m = doc["machine"]
     lines = [f"Measured on {m['cpu']} ({m['cores']} cores, {m['threads']} threads, {m['simd']}); "
              "ceilings measured in the same run.", "",
-             "| case | flat ms | cascade ms | speedup | flat GB/s (peak) | cascade GFLOP/s (peak) |",
+             "| case | flat ms | cascade ms | speedup | flat GB/s of peak | cascade GFLOP/s of peak |",
              "| --- | --- | --- | --- | --- | --- |"]
     rows = [(r["args"], r) for r in doc["grid"]] + [(k, r) for k, r in doc["cases"].items()]
     for name, r in rows:
         if name == r.get("args"):
             name = f"B={r['batch']} P={r['prefix']} S={r['suffix']} {r['dtype']}"
         lines.append(f"| {name} | {r['flat_ms']:.3f} | {r['cascade_ms']:.3f} | {r['speedup']:.2f}x | "
-                     f"{r['flat_GBps']:.1f} ({r['peak_GBps']:.1f}) | {r['cascade_GFLOPs']:.1f} ({r['peak_GFLOPs']:.1f}) |")
+                     f"{r['flat_GBps']:.1f} of {r['peak_GBps']:.1f} ({100 * r['flat_GBps'] / r['peak_GBps']:.0f}%) | "
+                     f"{r['cascade_GFLOPs']:.1f} of {r['peak_GFLOPs']:.1f} ({100 * r['cascade_GFLOPs'] / r['peak_GFLOPs']:.0f}%) |")
     return "\n".join(lines)
 
 
