@@ -3,8 +3,12 @@
  * sequence and many sequences, against the roofline of single-sequence
  * decode: every decode step reads every weight matrix once, so it cannot be
  * faster than (weight bytes per token) / (read bandwidth). The bandwidth is
- * measured in the same run with the same thread count. Built and run by
- * bench/model_bench.sh, which writes bench/results/cpu-model.json.
+ * measured in the same run with the same thread count. For the many-sequence
+ * decode, which is compute-bound, the same run also measures the int8
+ * (vpmaddubsw) and f32 (FMA) instruction peaks and the batched Q4_1 kernel, and
+ * reports the step's matrix GFLOP/s next to what 8x the single-sequence rate
+ * would need. Built and run by bench/model_bench.sh, which writes
+ * bench/results/cpu-model.json.
  *
  * usage: model_bench MODEL THREADS [SEQS] > result.json
  */
