@@ -277,6 +277,12 @@ cas_status cas_attn_synth_create(cas_attn_synth *out, const cas_attn_shape *shap
                                  int32_t batch, int32_t prefix, int32_t suffix, int32_t qlen,
                                  uint64_t seed);
 void cas_attn_synth_destroy(cas_attn_synth *s);
+/* on != 0: the K and V pools of later cas_attn_synth_create calls are asked
+ * for transparent huge pages (madvise). Each key row of one KV head sits on
+ * its own 4 KB page, so a pass over one head misses the TLB on every key; in
+ * a VM each miss is a two-level page walk. For benchmarks; not thread-safe
+ * against concurrent synth_create calls. */
+void cas_attn_synth_huge_pages(int on);
 /* Views of a synthetic batch as the contract's structs. */
 cas_attn_batch cas_attn_synth_batch(const cas_attn_synth *s);
 cas_kv_pool cas_attn_synth_pool(const cas_attn_synth *s);

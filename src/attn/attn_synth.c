@@ -5,6 +5,8 @@
  * them out, so the planner sees real page sharing.
  */
 #include <ctype.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,6 +150,10 @@ static int32_t tree_depth_pages(const tnode *t, int32_t P) {
     return best + t->tokens / P + 1;
 }
 
+static int synth_huge;
+
+void cas_attn_synth_huge_pages(int on) { synth_huge = on != 0; }
+
 cas_status cas_attn_synth_create(cas_attn_synth *out, const cas_attn_shape *shape, const char *tree,
                                  int32_t batch, int32_t prefix, int32_t suffix, int32_t qlen,
                                  uint64_t seed) {
@@ -228,6 +234,13 @@ cas_status cas_attn_synth_create(cas_attn_synth *out, const cas_attn_shape *shap
     }
     cas_rng_seed(&rng, seed ^ 0x5eedULL);
     void *pools[2] = {out->k, out->v};
+    if (synth_huge) /* before the first touch, so the fill below faults huge pages in */
+        for (int which = 0; which < 2; which++) {
+            size_t bytes = elems * cas_dtype_size(shape->kv_dtype);
+            uintptr_t a = ((uintptr_t)pools[which] + 4095) & ~(uintptr_t)4095;
+            uintptr_t e = ((uintptr_t)pools[which] + bytes) & ~(uintptr_t)4095;
+            if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+        }
     for (int which = 0; which < 2; which++) {
         for (size_t i = 0; i < elems; i++) {
             float x = (float)cas_rng_normal(&rng);

@@ -32,7 +32,7 @@ typedef struct {
     float soft_cap;
     cas_dtype dtype;
     const char *tree, *dump, *backend;
-    int json, print_plan, calibrate, dtype_set;
+    int json, print_plan, calibrate, dtype_set, huge_pages;
     uint64_t seed;
 } bench_opts;
 
@@ -61,6 +61,7 @@ static void usage(FILE *f) {
             "  --warmup N         untimed runs first (default 2)\n"
             "  --check N          requests checked against the float64 reference (default 8, 0 = none)\n"
             "  --seed N           random seed (default 1)\n"
+            "  --huge-pages       K and V pools in transparent huge pages (default: 4 KB pages)\n"
             "  --plan             print the cascade plan\n"
             "  --calibrate        measure the cost model's numbers for this shape and print them\n"
             "  --json             print one JSON object\n"
@@ -163,6 +164,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--backend")) {
             NEEDV;
             o->backend = v;
+        } else if (!strcmp(a, "--huge-pages")) {
+            o->huge_pages = 1;
         } else if (!strcmp(a, "--calibrate")) {
             o->calibrate = 1;
         } else if (!strcmp(a, "--plan")) {
@@ -585,6 +588,7 @@ int cmd_attn_bench(int argc, char **argv) {
     memset(&s, 0, sizeof s);
     cas_attn_plan *flat = NULL, *casc = NULL;
     float *o_flat = NULL, *o_casc = NULL, *lse = NULL;
+    cas_attn_synth_huge_pages(o.huge_pages);
     cas_status st = cas_attn_synth_create(&s, &shape, o.tree, o.batch, o.prefix, o.suffix, o.qlen, o.seed);
     if (st) {
         fprintf(stderr, "attn-bench: %s\n", cas_last_error());
@@ -655,7 +659,7 @@ int cmd_attn_bench(int argc, char **argv) {
     int ok = (o.check_requests == 0) || (err_flat <= tol && err_casc <= tol);
     if (o.json) {
         char ef[32], ec[32];
-        printf("{\"backend\": \"cpu\", \"simd\": \"%s\", \"threads\": %d, \"batch\": %d, \"prefix\": %d, "
+        printf("{\"backend\": \"cpu\", \"huge_pages\": %d, \"simd\": \"%s\", \"threads\": %d, \"batch\": %d, \"prefix\": %d, "
                "\"suffix\": %d, \"qlen\": %d, \"tree\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, "
                "\"head_dim\": %d, \"page_size\": %d, \"dtype\": \"%s\", \"total_q\": %d, "
                "\"flat_ms\": %.6f, \"cascade_ms\": %.6f, \"speedup\": %.4f, "
@@ -665,7 +669,7 @@ int cmd_attn_bench(int argc, char **argv) {
                "\"peak_GFLOPs\": %.3f, \"tree_nodes\": %d, \"shared_passes\": %d, \"passes\": %d, "
                "\"work_items\": %d, \"est_cascade_ms\": %.6f, \"est_flat_ms\": %.6f, \"plan_ms\": %.4f, "
                "\"plan_flat_ms\": %.4f, \"checked_requests\": %d}\n",
-               cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
+               o.huge_pages, cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
                o.tree ? o.tree : "", o.hq, o.hkv, o.head_dim, o.page_size, cas_dtype_name(o.dtype),
                s.total_q, t_flat * 1e3, t_casc * 1e3, t_flat / t_casc, num_or_null(ef, err_flat),
                num_or_null(ec, err_casc), bytes_flat,
