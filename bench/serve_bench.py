@@ -271,6 +271,20 @@ def plot(results, path):
     print(f"wrote {path}")
 
 
+def update_readme(md, meta):
+    """Rewrites the table between the cpu-serve markers of README.md."""
+    path = os.path.join(os.path.dirname(HERE), "README.md")
+    s = open(path).read()
+    m0, m1 = "<!-- cpu-serve-table -->", "<!-- /cpu-serve-table -->"
+    if m0 not in s or m1 not in s:
+        return
+    head = f"Measured on {meta['cpu_model'] or 'an unknown CPU'} ({meta['cpus']} cores), {meta['time']}.\n\n"
+    s = s[:s.index(m0) + len(m0)] + "\n" + head + md + s[s.index(m1):]
+    with open(path, "w") as f:
+        f.write(s)
+    print(f"rewrote the table in {path}")
+
+
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -341,6 +355,8 @@ def main():
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--percentiles", default="50,90,99")
+    ap.add_argument("--readme", action=argparse.BooleanOptionalAction, default=None,
+                    help="rewrite the README table (default: when writing the default --out)")
     ap.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
                     help="also run offline `cascade bench` on the same workload (default: with --launch)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu-serve.json"))
@@ -349,6 +365,8 @@ def main():
     args.percentiles = [float(p) for p in args.percentiles.split(",")]
     if args.offline is None:
         args.offline = args.launch
+    if args.readme is None:
+        args.readme = os.path.abspath(args.out) == os.path.join(HERE, "results", "cpu-serve.json")
 
     def make_prompts(seed):
         rng = random.Random(seed)
@@ -398,6 +416,8 @@ def main():
     print(md)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write(md)
+    if args.readme:
+        update_readme(md, meta)
     plot(results, args.plot)
 
 
