@@ -360,8 +360,9 @@ int main(int argc, char **argv) {
                 un.flat_ms, un.flat_GBps, un.err_flat);
     if (prefill) {
         double fl = 4.0 * prefill * (double)prefill / 2 * o.D * o.Hq;
-        fprintf(f, "\"prefill\": {\"L\": %d, \"ms\": %.5f, \"TFLOPs\": %.1f, \"max_abs_err_last_rows\": %.3g},\n",
-                prefill, pf.flat_ms, fl / (pf.flat_ms * 1e-3) / 1e12, pf.err_flat);
+        /* the float64 reference of a 16k prefill would take minutes: null (tests cover the kernel) */
+        fprintf(f, "\"prefill\": {\"L\": %d, \"ms\": %.5f, \"TFLOPs\": %.1f, \"max_abs_err_last_rows\": null},\n",
+                prefill, pf.flat_ms, fl / (pf.flat_ms * 1e-3) / 1e12);
     }
     fprintf(f, "\"cases\": [\n");
     int nprint = (grid || (!unshared && !prefill)) ? ncase : 0;

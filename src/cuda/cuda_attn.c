@@ -21,7 +21,7 @@
 
 /* The default many-rows kernel kind where the device has wgmma (3) or not
  * (then 1 regardless). */
-#define CAS_CUDA_DEFAULT_WIDE 1
+#define CAS_CUDA_DEFAULT_WIDE 3
 
 #define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
 
@@ -131,7 +131,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     TRY(cudaDeviceGetAttribute(&a->num_sms, cudaDevAttrMultiProcessorCount, a->device));
     {
         /* The many-rows kernel: CAS_CUDA_DEFAULT_WIDE (wgmma needs compute
-         * capability 9.0 and head_dim 64 or 128), else mma.sync. CASCADE_CUDA_WIDE=1
+         * capability 9.0 and head_dim 128), else mma.sync. CASCADE_CUDA_WIDE=1
          * (mma.sync, 64 rows), 2 (mma.sync, 2 m-tiles), 3 (wgmma) or 4 (wgmma,
          * next S during this softmax) forces a
          * kind (benchmarks, tests); a kind the device lacks falls back to 1. */

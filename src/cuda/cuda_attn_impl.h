@@ -103,8 +103,9 @@ int cas_cuda_launch_merge2(float *o_out, float *lse_out, const float *o_a, const
 const char *cas_cuda_error_string(int err);
 
 /* The Hopper wgmma kernel (cuda_attn_wgmma.cu, sm_90a), kinds 3 (plain) and
- * 4 (the next tile's S overlaps this tile's softmax): head_dim 64 and 128
- * only; the launch and occupancy calls of those kinds forward here. */
+ * 4 (the next tile's S overlaps this tile's softmax): head_dim 128 only
+ * (cas_cuda_wgmma_supported); the launch and occupancy calls of those kinds
+ * forward here. */
 int cas_cuda_wgmma_supported(int D);
 int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,

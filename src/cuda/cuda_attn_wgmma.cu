@@ -23,8 +23,9 @@
  * fence.proxy.async before the barrier that hands a stage over.
  *
  * Compiled for sm_90a only; other targets get a stub that traps, and the
- * host selects this kernel only on compute capability 9.0 with head_dim 64
- * or 128 (CASCADE_CUDA_WIDE=1 or 2 falls back to mma.sync).
+ * host selects this kernel only on compute capability 9.0 with head_dim 128
+ * (the 64 instance is built but disabled: it failed the reference test on
+ * the H200; CASCADE_CUDA_WIDE=1 or 2 selects mma.sync).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -390,7 +391,9 @@ template <typename T, int D, bool OVL> static int wg_occ(int *ctas) {
                                                               C::SMEM);
 }
 
-extern "C" int cas_cuda_wgmma_supported(int D) { return D == 64 || D == 128; }
+/* head_dim 64 compiles but failed the float64 reference on the H200 (bench/NOTES.md):
+ * only 128 is enabled until that is understood */
+extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
 
 /* Calls F<T, D, OVL> for the geometry's dtype and head_dim; kind 4 overlaps */
 #define CAS_WG_DISPATCH(g, kind, F, ...)                                                          \

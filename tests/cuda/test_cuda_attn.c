@@ -219,6 +219,11 @@ static void test_flat_grid(void) {
         {CAS_F16, 256, 8, 8, 3, 2, {3, 33}, {40, 33}, 1, 5, 0},
         {CAS_BF16, 96, 6, 3, 64, 2, {1, 8}, {4096, 130}, 0, -1, 0},
         {CAS_F16, 64, 16, 2, 128, 3, {1, 1, 1}, {9000, 129, 128}, 1, -1, 50.0f},
+        /* many-rows tasks at head_dim 128 (the wgmma kernel): group 1 and 8,
+         * pages of 5 (keys straddle pages), partial tiles, window, soft cap */
+        {CAS_BF16, 128, 8, 8, 5, 2, {150, 33}, {301, 33}, 1, -1, 0},
+        {CAS_F16, 128, 32, 4, 16, 2, {70, 19}, {333, 1000}, 1, 40, 20.0f},
+        {CAS_BF16, 128, 16, 8, 1, 2, {130, 9}, {130, 77}, 0, -1, 0},
     };
     int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     cas_rng rng;
@@ -316,6 +321,7 @@ static void test_cascade_passes(void) {
     if (!quick) {
         run_cascade_case(CAS_F16, 64, 8, 1, 5, -1, 300, "cascade f16 D64 8:1 P5 prefix 1500");
         run_cascade_case(CAS_BF16, 256, 4, 4, 64, -1, 20, "cascade bf16 D256 4:4 P64 prefix 1280");
+        run_cascade_case(CAS_F16, 128, 32, 4, 5, -1, 301, "cascade f16 D128 32:4 P5 prefix 1505");
     }
 }
 
@@ -552,11 +558,11 @@ int main(void) {
     RUN(test_rejects);
     RUN(test_merge);
     /* every many-rows kernel kind the device has (CASCADE_CUDA_WIDE, see
-     * cuda_attn.h): 3 wgmma (Hopper), 1 mma.sync; CASCADE_TEST_KINDS=3,1,2
+     * cuda_attn.h): 3 wgmma (Hopper), 1 mma.sync; CASCADE_TEST_KINDS=3,4,1,2
      * picks others. A kind the device lacks falls back to 1 (then skipped). */
     const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "3,1";
     for (const char *k = kinds; *k; k++) {
-        if (*k < '1' || *k > '3') continue;
+        if (*k < '1' || *k > '4') continue;
         char env[2] = {*k, 0};
         setenv("CASCADE_CUDA_WIDE", env, 1);
         cas_attn_shape probe = {32, 8, 128, 16, CAS_BF16};
