@@ -53,7 +53,7 @@ def main():
     a = ap.parse_args()
     global CASCADE_BIN
     CASCADE_BIN = a.cascade
-    base = ["--heads", "32:8", "--head-dim", "128", "--page-size", "16", "--qlen", "1", "--repeats", "5"]
+    base = ["--heads", "32:8", "--head-dim", "128", "--page-size", "16", "--qlen", "1", "--repeats", "7"]
     prefixes = [512, 2048, 8192] if not a.quick else [512, 2048]
     batches = [1, 4, 16, 32] if not a.quick else [4, 16]
     grid = []
