@@ -4,7 +4,8 @@
  * Differential over a random grid: flat (cascade off), cascade on every
  * shared run, and cascade by the cost model, each with every SIMD kernel the
  * CPU has, must equal the reference on fresh random inputs; outputs are
- * poisoned with NaN first, so an unwritten element fails. Merge laws, plan
+ * poisoned with NaN first, so an unwritten element fails. The SIMD kernels'
+ * decode path must give the blocked kernel's bits (memcmp, every case). Merge laws, plan
  * reuse across layers and batches, cost-model decisions and every kind of
  * malformed batch description are checked too.
  */
