@@ -8,7 +8,7 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench bench2 cli ncu grid sanitize (default: test bench cli grid)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
 set -u
@@ -80,6 +80,14 @@ print(best)
 PY
 )
   echo "kind for the grid: $GRID_WIDE"
+fi
+if has bench2; then
+  echo "== split rule 1 (chunks >= 512 keys) vs 2 (>= 128) on small shared passes, wgmma"
+  for c in "1024 16 512" "4096 16 512" "4096 64 128" "32768 64 512"; do set -- $c
+    for r in 1 2; do
+      CASCADE_CUDA_SPLIT=$r timeout 60 "$BB" --prefix $1 --batch $2 --suffix $3 --json "$W/split${r}_$1_$2_$3.json" 2>&1 | tail -1 | sed "s/^/rule $r /"
+    done
+  done
 fi
 if has cli && [ -n "$CAS" ]; then
   echo "== cascade attn-bench --backend cuda"

@@ -281,13 +281,18 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     /* When the many-rows kernel gets only a few waves of tasks (a shared
      * prefix over a decode batch), its time is waves x chunk: a split that
      * leaves a last wave nearly empty costs a whole chunk. Pick the chunk
-     * length that minimises that (CASCADE_CUDA_SPLIT=0: the rule above only). */
-    if (a->wide_grid > 0 && !(getenv("CASCADE_CUDA_SPLIT") && atoi(getenv("CASCADE_CUDA_SPLIT")) == 0)) {
+     * length that minimises that (CASCADE_CUDA_SPLIT=0: the rule above only,
+     * 1: chunks of at least 512 keys, 2 (default): at least 128). */
+    int64_t Lw = L; /* chunk length of many-rows passes (L: of the others) */
+    const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
+    if (a->wide_grid > 0 && split_rule != 0) {
         int64_t maxch = 0, nt = wide_tasks(a, n_passes, passes, group, L, &maxch);
         if (nt > 0 && nt < 8 * (int64_t)a->wide_grid) {
             int64_t best_l = L;
             double best = (double)((nt + a->wide_grid - 1) / a->wide_grid) * (double)(maxch + 128);
-            int64_t lo = L / 2 < 512 ? 512 : (L / 2 + 63) / 64 * 64;
+            /* rule 2: a small shared pass (few tasks) may go down to 128-key
+             * chunks, so that it spreads over more SMs; rule 1: 512 */
+            int64_t lo = split_rule >= 2 ? 128 : (L / 2 < 512 ? 512 : (L / 2 + 63) / 64 * 64);
             int64_t maxlen = 0;
             for (int32_t i = 0; i < n_passes; i++)
                 if ((int64_t)passes[i].n_tok * group > CAS_CUDA_NARROW_ROWS && passes[i].len > maxlen)
@@ -300,7 +305,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                     best_l = c;
                 }
             }
-            L = best_l;
+            Lw = best_l;
         }
     }
     int64_t n_tasks = 0, n_states = 0;
@@ -309,7 +314,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         n_states = 0;
         for (int32_t i = 0; i < n_passes; i++) {
             int32_t len = passes[i].len;
-            int32_t ns = (int32_t)((len + L - 1) / L);
+            const int64_t Li = (int64_t)passes[i].n_tok * group > CAS_CUDA_NARROW_ROWS ? Lw : L;
+            int32_t ns = (int32_t)((len + Li - 1) / Li);
             if (ns < 1) ns = 1;
             if (ns > cp->max_split) ns = cp->max_split;
             int32_t ch = (int32_t)(((int64_t)(len + ns - 1) / ns + 63) / 64 * 64);
@@ -328,6 +334,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             return cas_error(CAS_ERR_NOMEM, "cuda attn plan: %lld tasks / %lld states exceed capacity",
                              (long long)n_tasks, (long long)n_states);
         L *= 2;
+        Lw *= 2;
     }
 
     /* contributions per token, direct passes */
