@@ -107,7 +107,9 @@ clean:
 # `make CUDA=1 test-cuda` builds and runs tests/cuda/test_cuda_attn.c on the
 # GPU (against the float64 reference); `make CUDA=1 cuda-build-check` only
 # compiles the backend, its test and its benchmark (works without a GPU: CI);
-# `make CUDA=1 cuda-bench` builds bench/cuda/attn_bench_cuda.
+# `make CUDA=1 cuda-bench` builds bench/cuda/attn_bench_cuda; `make CUDA=1`
+# builds `cascade` with `attn-bench --backend cuda` (cuda-build-check compiles
+# that command's object too, which needs none of the higher layers' libraries).
 CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_attn
 CUDA_BENCH_BIN := $(BUILD)/bench/cuda/attn_bench_cuda
 CUDA_PLANNER_DEF := $(if $(wildcard src/attn/attn_plan.c),-DCAS_HAVE_CPU_PLANNER=1,)
@@ -129,8 +131,8 @@ $(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
 ifeq ($(CUDA),1)
 test-cuda: $(CUDA_TEST_BIN)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN)
-cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN)
-	@echo "CUDA backend, test and benchmark compiled"
+cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o
+	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled"
 cuda-bench: $(CUDA_BENCH_BIN)
 else
 test-cuda cuda-build-check cuda-bench:
