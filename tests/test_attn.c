@@ -241,28 +241,6 @@ static void test_all_shared_and_single_page(void) {
     CHECK(fails == 0);
 }
 
-/* A shared pass with one KV head per item, cut into chunks of 64 keys (the
- * planner cuts long ones so that the items of a chunk share its pages' TLB
- * entries): its states merge back to the reference. */
-static void test_shared_pass_chunks(void) {
-    int32_t keep = cas_attn_shared_chunk;
-    cas_attn_shared_chunk = 64;
-    case_t c;
-    memset(&c, 0, sizeof c);
-    c.shape = (cas_attn_shape){8, 2, 64, 16, CAS_F32};
-    c.params = cas_attn_params_default();
-    c.tree = "40*300(10*70)";
-    c.suffix = -20;
-    c.qlen = 1;
-    snprintf(c.desc, sizeof c.desc, "shared pass in chunks");
-    int fails = run_case(&c, 11);
-    c.shape.kv_dtype = CAS_BF16;
-    c.qlen = -3;
-    fails += run_case(&c, 12);
-    cas_attn_shared_chunk = keep;
-    CHECK(fails == 0);
-}
-
 static void test_decode_beside_long_prefill(void) {
     /* one unified call: a 2000-token prefill chunk next to decode rows */
     cas_attn_shape shape = {8, 2, 64, 16, CAS_F16};
@@ -626,7 +604,6 @@ int main(void) {
     RUN(test_features);
     RUN(test_plan_reuse_layers_and_batches);
     RUN(test_decode_beside_long_prefill);
-    RUN(test_shared_pass_chunks);
     RUN(test_rows_batch_invariant);
     RUN(test_differential_grid);
     return check_summary();

@@ -143,10 +143,6 @@ int cas_attn_simd_override(const char *name);
  * not thread-safe against concurrent runs. */
 extern int cas_attn_decode_rows;
 
-/* Most keys per job of a shared pass whose items hold one KV head (default
- * 1024, 0: no limit); read by cas_attn_plan_build. For tests and benchmarks. */
-extern int32_t cas_attn_shared_chunk;
-
 /* floats of per-thread workspace the kernels need for a head_dim */
 int64_t cas_attn_work_floats(int32_t head_dim);
 

@@ -437,25 +437,6 @@ static int cmp_items_cost(const void *x, const void *y) {
     return a->row0 < b->row0 ? -1 : (a->row0 > b->row0);
 }
 
-/* Keys per job of a pass: `chunk` (the split that fills the threads), and
- * for a shared pass whose items hold one KV head each, at most
- * cas_attn_shared_chunk. Each key's row of one head lies on its own 4 KB
- * page, so an item misses the TLB on every key; with the pass cut into
- * chunks, the items of one chunk (one per head, in a row in the item order)
- * reuse the chunk's translations. */
-int32_t cas_attn_shared_chunk = 1024;
-
-static int64_t pass_chunk(const cas_attn_plan *p, const cas_attn_pass *ps, int64_t chunk) {
-    if (ps->node < 0 || cas_attn_shared_chunk <= 0) return chunk;
-    const int32_t G = p->shape.num_qo_heads / p->shape.num_kv_heads, Hkv = p->shape.num_kv_heads;
-    const int64_t rows = (int64_t)ps->n_tok * G;
-    const int64_t padded = rows <= 4 ? 4 : (rows + 5) / 6 * 6;
-    if (Hkv == 1 || padded * Hkv <= CAS_ATTN_ROW_BLOCK) return chunk; /* items span every head */
-    int64_t c = (int64_t)cas_attn_shared_chunk / CAS_ATTN_TILE * CAS_ATTN_TILE;
-    if (c < CAS_ATTN_TILE) c = CAS_ATTN_TILE;
-    return c < chunk ? c : chunk;
-}
-
 cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_t num_pages,
                                const cas_attn_params *params) {
     if (!p) return cas_error(CAS_ERR_INVALID, "attn plan: NULL plan");
@@ -567,15 +548,13 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
     for (int32_t t = 0; t <= total_q; t++) p->contrib_indptr[t] = 0;
     for (int32_t i = 0; i < p->n_passes; i++) {
         const cas_attn_pass *ps = &p->passes[i];
-        const int64_t pc = pass_chunk(p, ps, chunk);
-        int32_t nj = ps->len > pc ? (int32_t)((ps->len + pc - 1) / pc) : 1;
+        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
         for (int32_t t = 0; t < ps->n_tok; t++) p->contrib_indptr[p->tok_ids[ps->tok_off + t] + 1] += nj;
     }
     int64_t scratch = 0;
     for (int32_t i = 0; i < p->n_passes; i++) {
         const cas_attn_pass *ps = &p->passes[i];
-        const int64_t pc = pass_chunk(p, ps, chunk);
-        int32_t nj = ps->len > pc ? (int32_t)((ps->len + pc - 1) / pc) : 1;
+        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
         int direct = nj == 1 && ps->node < 0 && ps->n_tok > 0 &&
                      p->contrib_indptr[p->tok_ids[ps->tok_off] + 1] == 1;
         for (int32_t c = 0; c < nj; c++) {
