@@ -38,7 +38,7 @@ if [ -z "$T" ]; then
 fi
 command -v cuobjdump >/dev/null && echo "HGMMA in the test binary: $(cuobjdump --dump-sass "$T" 2>/dev/null | grep -c HGMMA)"
 if has test; then
-  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-3,4,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
+  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
   timeout 200 "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi

@@ -22,6 +22,12 @@
 /* The default many-rows kernel kind where the device has wgmma (3) or not
  * (then 1 regardless). */
 #define CAS_CUDA_DEFAULT_WIDE 3
+/* Passes of at most this many rows per KV head (tokens x group heads) run on
+ * the 64-row mma.sync kernel next to wgmma (see mid_rows below); 0: off.
+ * Off by default: on the H200 with 64 it was slower than wgmma in 23 of the
+ * 24 grid cases with 32-64 rows per KV head (1.10x in geometric mean, same
+ * run; bench/NOTES.md, v4d). CASCADE_CUDA_MID_ROWS=64 turns it on. */
+#define CAS_CUDA_DEFAULT_MID_ROWS 0
 
 #define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
 
@@ -32,17 +38,22 @@ struct cas_cuda_attn {
     int device, num_sms, occ_wide, occ_narrow;
     int wide_grid; /* CTAs of the many-rows kernel's persistent grid */
     int wide_kind, wide_rows; /* kernel kind of the many-rows tasks and its rows per CTA */
+    /* passes of more than CAS_CUDA_NARROW_ROWS and at most mid_rows rows per
+     * KV head go to the 64-row mma.sync kernel (mid task list) when the
+     * many-rows kernel is wgmma, whose 128-row CTA would be mostly padding;
+     * 0: no mid list (every such pass on the many-rows kernel) */
+    int mid_rows, occ_mid, mid_grid;
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
     /* pinned staging and its device copy */
     char *stage;
     char *dplan;
     float *dscratch;
-    cudaEvent_t upload_done, ev_fork, ev_join;
-    cudaStream_t side;
+    cudaEvent_t upload_done, ev_fork, ev_join, ev_join2;
+    cudaStream_t side, side2;
 
     /* host work arrays (allocated at create) */
-    cas_cuda_task *tw, *tn;  /* [cap_tasks] */
+    cas_cuda_task *tw, *tn, *tm; /* [cap_tasks] wide, narrow, mid */
     int32_t *cnt, *fill;     /* [max_total_q] */
     int32_t *direct_tok;     /* [max_total_q] */
     int32_t *nsplit, *chunk; /* [max_passes] */
@@ -58,7 +69,7 @@ static int64_t plan_bytes_cap(const cas_cuda_attn_caps *c, int64_t cap_tasks, in
     b += ALIGN16((int64_t)c->max_passes * (int64_t)sizeof(cas_cuda_pass));
     b += ALIGN16(c->max_page_ids * 4);
     b += 2 * ALIGN16((int64_t)c->max_tok_rows * 4);
-    b += 2 * ALIGN16(cap_tasks * (int64_t)sizeof(cas_cuda_task));
+    b += 3 * ALIGN16(cap_tasks * (int64_t)sizeof(cas_cuda_task));
     b += ALIGN16((int64_t)c->max_total_q * 4) + ALIGN16(((int64_t)c->max_total_q + 1) * 4);
     b += 2 * ALIGN16(cap_states * 8);
     return b + 64;
@@ -72,9 +83,12 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     if (a->upload_done) cudaEventDestroy(a->upload_done);
     if (a->ev_fork) cudaEventDestroy(a->ev_fork);
     if (a->ev_join) cudaEventDestroy(a->ev_join);
+    if (a->ev_join2) cudaEventDestroy(a->ev_join2);
     if (a->side) cudaStreamDestroy(a->side);
+    if (a->side2) cudaStreamDestroy(a->side2);
     free(a->tw);
     free(a->tn);
+    free(a->tm);
     free(a->cnt);
     free(a->fill);
     free(a->direct_tok);
@@ -144,6 +158,12 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         if (kind < 1 || kind > 4 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
+        /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
+         * (every many-rows pass on wgmma, as in v4c), another value moves the
+         * threshold (rows per KV head of a pass) */
+        const char *menv = getenv("CASCADE_CUDA_MID_ROWS");
+        a->mid_rows = kind >= 3 ? (menv && *menv ? atoi(menv) : CAS_CUDA_DEFAULT_MID_ROWS) : 0;
+        if (a->mid_rows <= CAS_CUDA_NARROW_ROWS) a->mid_rows = 0;
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
@@ -154,6 +174,15 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
             goto fail;
         }
         a->wide_grid = a->num_sms * a->occ_wide;
+        if (a->mid_rows > 0) {
+            int e3 = cas_cuda_attn_occupancy(&a->geom, 1, &a->occ_mid);
+            if (e3 || a->occ_mid < 1) {
+                st = cas_error(CAS_ERR_INTERNAL, "cuda attn: kernel occupancy query failed: %s",
+                               cas_cuda_error_string(e3));
+                goto fail;
+            }
+            a->mid_grid = a->num_sms * a->occ_mid;
+        }
     }
     {
         const int32_t group = shape->num_qo_heads / shape->num_kv_heads;
@@ -173,9 +202,14 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     TRY(cudaEventCreateWithFlags(&a->ev_fork, cudaEventDisableTiming));
     TRY(cudaEventCreateWithFlags(&a->ev_join, cudaEventDisableTiming));
     TRY(cudaStreamCreateWithFlags(&a->side, cudaStreamNonBlocking));
+    if (a->mid_rows > 0) {
+        TRY(cudaEventCreateWithFlags(&a->ev_join2, cudaEventDisableTiming));
+        TRY(cudaStreamCreateWithFlags(&a->side2, cudaStreamNonBlocking));
+    }
 #undef TRY
     a->tw = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
     a->tn = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
+    a->tm = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
     a->cnt = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->fill = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->direct_tok = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
@@ -185,7 +219,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->flat_passes = malloc(sizeof(cas_attn_pass) * (size_t)caps->max_passes);
     a->flat_ids = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->flat_pos = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
-    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tn || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
+    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tn || !a->tm || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
         !a->job_off) {
         st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
         goto fail;
@@ -207,24 +241,69 @@ static int cmp_task(const void *x, const void *y) {
     return a->pad < b->pad ? -1 : a->pad > b->pad;
 }
 
-/* Tasks of the many-rows kernel (passes of more than CAS_CUDA_NARROW_ROWS
- * rows) when passes are split into chunks of about L keys, as the planner
- * below splits them; *maxch: the longest chunk. */
-static int64_t wide_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
-                          int32_t group, int64_t L, int64_t *maxch) {
+/* Which kernel a pass of `rows` rows per KV head goes to: 0 narrow, 1 the
+ * many-rows kernel, 2 the mid list (64-row mma.sync next to wgmma). */
+enum { CLS_NARROW = 0, CLS_WIDE = 1, CLS_MID = 2 };
+static int pass_class(const cas_cuda_attn *a, int64_t rows) {
+    if (rows <= CAS_CUDA_NARROW_ROWS) return CLS_NARROW;
+    return rows <= a->mid_rows ? CLS_MID : CLS_WIDE;
+}
+static int class_rows(const cas_cuda_attn *a, int cls) {
+    return cls == CLS_WIDE ? a->wide_rows
+                           : cls == CLS_MID ? cas_cuda_wide_rows(a->shape.head_dim, 1)
+                                            : CAS_CUDA_NARROW_ROWS;
+}
+
+/* Tasks of class cls (1: the many-rows kernel, 2: the mid list) when passes
+ * are split into chunks of about L keys, as the planner below splits them;
+ * *maxch: the longest chunk. */
+static int64_t class_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
+                           int32_t group, int cls, int64_t L, int64_t *maxch) {
     int64_t n = 0;
+    const int rblk = class_rows(a, cls);
     *maxch = 0;
     for (int32_t i = 0; i < n_passes; i++) {
         int64_t rows = (int64_t)passes[i].n_tok * group, len = passes[i].len;
-        if (rows <= CAS_CUDA_NARROW_ROWS || len <= 0) continue;
+        if (pass_class(a, rows) != cls || len <= 0) continue;
         int64_t ns = (len + L - 1) / L;
         if (ns > a->caps.max_split) ns = a->caps.max_split;
         int64_t ch = ((len + ns - 1) / ns + 63) / 64 * 64;
         ns = (len + ch - 1) / ch;
         if (ch > *maxch) *maxch = ch < len ? ch : len;
-        n += (rows + a->wide_rows - 1) / a->wide_rows * a->shape.num_kv_heads * ns;
+        n += (rows + rblk - 1) / rblk * a->shape.num_kv_heads * ns;
     }
     return n;
+}
+
+/* When a many-rows kernel gets only a few waves of tasks (a shared prefix
+ * over a decode batch), its time is waves x chunk: a split that leaves a last
+ * wave nearly empty costs a whole chunk. The chunk length for the passes of
+ * class cls on a persistent grid of `grid` CTAs that minimises that
+ * (split_rule 1: chunks of at least 512 keys, 2: at least 128); L if the
+ * class has no passes or many waves. */
+static int64_t pick_chunk(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
+                          int32_t group, int cls, int64_t grid, int64_t L, int split_rule) {
+    if (grid <= 0 || split_rule == 0) return L;
+    int64_t maxch = 0, nt = class_tasks(a, n_passes, passes, group, cls, L, &maxch);
+    if (nt <= 0 || nt >= 8 * grid) return L;
+    int64_t best_l = L;
+    double best = (double)((nt + grid - 1) / grid) * (double)(maxch + 128);
+    /* rule 2: a small shared pass (few tasks) may go down to 128-key chunks,
+     * so that it spreads over more SMs; rule 1: 512 */
+    int64_t lo = split_rule >= 2 ? 128 : (L / 2 < 512 ? 512 : (L / 2 + 63) / 64 * 64);
+    int64_t maxlen = 0;
+    for (int32_t i = 0; i < n_passes; i++)
+        if (pass_class(a, (int64_t)passes[i].n_tok * group) == cls && passes[i].len > maxlen)
+            maxlen = passes[i].len;
+    for (int64_t c = lo; c <= 4 * L && c <= maxlen + 63; c += 64) {
+        int64_t mc = 0, n = class_tasks(a, n_passes, passes, group, cls, c, &mc);
+        double cost = (double)((n + grid - 1) / grid) * (double)(mc + 128);
+        if (cost < best * 0.999) {
+            best = cost;
+            best_l = c;
+        }
+    }
+    return best_l;
 }
 
 cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *params,
@@ -270,51 +349,30 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     int64_t work = 0; /* CTA x keys */
     for (int32_t i = 0; i < n_passes; i++) {
         int64_t rows = (int64_t)passes[i].n_tok * group;
-        int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + a->wide_rows - 1) / a->wide_rows
-                                                 : (rows > 0 ? 1 : 0);
-        work += rb * Hkv * passes[i].len;
+        int64_t rblk = class_rows(a, pass_class(a, rows));
+        work += (rows + rblk - 1) / rblk * Hkv * passes[i].len;
     }
-    const int64_t slots = 2 * (int64_t)a->num_sms * (a->occ_wide > a->occ_narrow ? a->occ_wide : a->occ_narrow);
+    int occ_max = a->occ_wide > a->occ_narrow ? a->occ_wide : a->occ_narrow;
+    if (a->occ_mid > occ_max) occ_max = a->occ_mid;
+    const int64_t slots = 2 * (int64_t)a->num_sms * occ_max;
     int64_t L = work / (slots > 0 ? slots : 1);
     if (L < 512) L = 512;
     L = (L + 63) / 64 * 64;
-    /* When the many-rows kernel gets only a few waves of tasks (a shared
-     * prefix over a decode batch), its time is waves x chunk: a split that
-     * leaves a last wave nearly empty costs a whole chunk. Pick the chunk
-     * length that minimises that (CASCADE_CUDA_SPLIT=0: the rule above only,
-     * 1: chunks of at least 512 keys, 2 (default): at least 128). */
-    int64_t Lw = L; /* chunk length of many-rows passes (L: of the others) */
+    /* chunk lengths of the many-rows passes (Lw) and the mid passes (Lm),
+     * each picked for its kernel's grid by pick_chunk (CASCADE_CUDA_SPLIT=0:
+     * L only, 1: chunks of at least 512 keys, 2 (default): at least 128); L
+     * is that of the narrow passes */
     const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
-    if (a->wide_grid > 0 && split_rule != 0) {
-        int64_t maxch = 0, nt = wide_tasks(a, n_passes, passes, group, L, &maxch);
-        if (nt > 0 && nt < 8 * (int64_t)a->wide_grid) {
-            int64_t best_l = L;
-            double best = (double)((nt + a->wide_grid - 1) / a->wide_grid) * (double)(maxch + 128);
-            /* rule 2: a small shared pass (few tasks) may go down to 128-key
-             * chunks, so that it spreads over more SMs; rule 1: 512 */
-            int64_t lo = split_rule >= 2 ? 128 : (L / 2 < 512 ? 512 : (L / 2 + 63) / 64 * 64);
-            int64_t maxlen = 0;
-            for (int32_t i = 0; i < n_passes; i++)
-                if ((int64_t)passes[i].n_tok * group > CAS_CUDA_NARROW_ROWS && passes[i].len > maxlen)
-                    maxlen = passes[i].len;
-            for (int64_t c = lo; c <= 4 * L && c <= maxlen + 63; c += 64) {
-                int64_t mc = 0, n = wide_tasks(a, n_passes, passes, group, c, &mc);
-                double cost = (double)((n + a->wide_grid - 1) / a->wide_grid) * (double)(mc + 128);
-                if (cost < best * 0.999) {
-                    best = cost;
-                    best_l = c;
-                }
-            }
-            Lw = best_l;
-        }
-    }
+    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, a->wide_grid, L, split_rule);
+    int64_t Lm = pick_chunk(a, n_passes, passes, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
         n_tasks = 0;
         n_states = 0;
         for (int32_t i = 0; i < n_passes; i++) {
             int32_t len = passes[i].len;
-            const int64_t Li = (int64_t)passes[i].n_tok * group > CAS_CUDA_NARROW_ROWS ? Lw : L;
+            const int cls = pass_class(a, (int64_t)passes[i].n_tok * group);
+            const int64_t Li = cls == CLS_WIDE ? Lw : cls == CLS_MID ? Lm : L;
             int32_t ns = (int32_t)((len + Li - 1) / Li);
             if (ns < 1) ns = 1;
             if (ns > cp->max_split) ns = cp->max_split;
@@ -323,10 +381,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             ns = len > 0 ? (len + ch - 1) / ch : 1;
             a->nsplit[i] = ns;
             a->chunk[i] = ch;
-            int64_t rows = (int64_t)passes[i].n_tok * group;
-            int64_t rb = rows > CAS_CUDA_NARROW_ROWS ? (rows + a->wide_rows - 1) / a->wide_rows
-                                                     : (rows > 0 ? 1 : 0);
-            n_tasks += rb * Hkv * ns;
+            int64_t rows = (int64_t)passes[i].n_tok * group, rblk = class_rows(a, cls);
+            n_tasks += (rows + rblk - 1) / rblk * Hkv * ns;
             n_states += (int64_t)ns * passes[i].n_tok;
         }
         if (n_tasks <= a->cap_tasks && n_states <= a->cap_states) break;
@@ -335,6 +391,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                              (long long)n_tasks, (long long)n_states);
         L *= 2;
         Lw *= 2;
+        Lm *= 2;
     }
 
     /* contributions per token, direct passes */
@@ -393,14 +450,14 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     }
 
     /* tasks */
-    int32_t nw = 0, nn = 0;
+    int32_t nw = 0, nn = 0, nmid = 0;
     int64_t kv_read = 0;
     for (int32_t i = 0; i < n_passes; i++) {
         const cas_attn_pass *p = &passes[i];
         const int32_t rows = p->n_tok * group;
         if (rows == 0) continue;
-        const int wide = rows > CAS_CUDA_NARROW_ROWS;
-        const int32_t rblk = wide ? a->wide_rows : CAS_CUDA_NARROW_ROWS;
+        const int cls = pass_class(a, rows);
+        const int32_t rblk = class_rows(a, cls);
         for (int32_t c = 0; c < a->nsplit[i]; c++) {
             int32_t c0 = c * a->chunk[i], c1 = c0 + a->chunk[i];
             if (c1 > p->len) c1 = p->len;
@@ -437,9 +494,12 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                         t.lse_off = job + (int64_t)p->n_tok * Hq * D;
                     }
                     kv_read += k1 - k0;
-                    if (wide) {
+                    if (cls == CLS_WIDE) {
                         t.pad = nw;
                         a->tw[nw++] = t;
+                    } else if (cls == CLS_MID) {
+                        t.pad = nmid;
+                        a->tm[nmid++] = t;
                     } else {
                         t.pad = nn;
                         a->tn[nn++] = t;
@@ -450,14 +510,19 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     }
     qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
+    qsort(a->tm, (size_t)nmid, sizeof(cas_cuda_task), cmp_task);
     for (int32_t i = 0; i < nw; i++) a->tw[i].pad = 0;
     for (int32_t i = 0; i < nn; i++) a->tn[i].pad = 0;
+    for (int32_t i = 0; i < nmid; i++) a->tm[i].pad = 0;
     h->off_tasks_wide = off;
     memcpy(S + off, a->tw, (size_t)nw * sizeof(cas_cuda_task));
     off = ALIGN16(off + (int64_t)nw * (int64_t)sizeof(cas_cuda_task));
     h->off_tasks_narrow = off;
     memcpy(S + off, a->tn, (size_t)nn * sizeof(cas_cuda_task));
     off = ALIGN16(off + (int64_t)nn * (int64_t)sizeof(cas_cuda_task));
+    h->off_tasks_mid = off;
+    memcpy(S + off, a->tm, (size_t)nmid * sizeof(cas_cuda_task));
+    off = ALIGN16(off + (int64_t)nmid * (int64_t)sizeof(cas_cuda_task));
 
     /* merge lists */
     int32_t nm = 0;
@@ -504,6 +569,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->n_passes = n_passes;
     h->n_tasks_wide = nw;
     h->n_tasks_narrow = nn;
+    h->n_tasks_mid = nmid;
     h->total_q = total_q;
     h->n_merge_tok = nm;
     h->causal = params->causal ? 1 : 0;
@@ -517,6 +583,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     a->info.passes = n_passes;
     a->info.tasks_wide = nw;
     a->info.tasks_narrow = nn;
+    a->info.tasks_mid = nmid;
     a->info.merge_tokens = nm;
     a->info.contribs = ncontrib;
     a->info.plan_bytes = off;
@@ -590,11 +657,23 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_join, a->side));
+    /* mid tasks (a few rows per KV head, 64-row mma.sync) on a second side
+     * stream: launched whenever the context has the list, so that a graph
+     * captured once stays valid for every plan */
+    if (a->mid_rows > 0) {
+        CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side2, a->ev_fork, 0));
+        e = cas_cuda_launch_attn_mid(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->mid_grid,
+                                     a->side2);
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: mid attention launch: %s", __FILE__,
+                                __LINE__, cas_cuda_error_string(e));
+        CAS_CUDA_CHECK(cudaEventRecord(a->ev_join2, a->side2));
+    }
     e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
                              a->wide_grid, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));
+    if (a->mid_rows > 0) CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join2, 0));
     e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
@@ -605,9 +684,13 @@ cas_attn_cost cas_cuda_attn_cost(void) {
     cas_attn_cost c;
     c.bytes_per_s = 4.0e12;        /* flat decode streams KV at ~3.7-4.8 TB/s (L2 helps) */
     c.pack_bytes_per_s = 10e12;    /* re-reads of a run that stays in L2 */
-    c.flops_per_s = 200e12;        /* shared pass, mma.sync kernel */
+    c.flops_per_s = 300e12;        /* shared pass, wgmma kernel (B 256: ~300 TFLOP/s) */
     c.cache_bytes = 8.0 * 1024 * 1024;
-    c.pass_overhead_s = 3e-6;      /* an extra pass and the merge launch */
+    /* an extra pass: the run launches the same kernels (narrow, many-rows,
+     * mid, merge) whether or not it has one, so it adds only a share of a
+     * wave and the merge of its rows (row_merge_s); 3 us made the planner
+     * pick flat at P 1024, B 8 where the cascade was 3-7 us faster */
+    c.pass_overhead_s = 1e-6;
     c.row_merge_s = 5e-12;         /* per row x head x D element merged */
     return c;
 }

@@ -104,6 +104,7 @@ cas_attn_cost cas_cuda_attn_cost(void);
 /* What the last plan does. */
 typedef struct {
     int32_t passes, tasks_wide, tasks_narrow, merge_tokens, contribs;
+    int32_t tasks_mid; /* tasks of few-row passes on mma.sync next to wgmma */
     int64_t plan_bytes;     /* bytes uploaded */
     int64_t kv_tokens_read; /* per KV head, over all tasks (each row block reads its range) */
 } cas_cuda_attn_info;

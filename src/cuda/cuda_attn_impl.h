@@ -62,9 +62,10 @@ typedef struct {
     float soft_cap;         /* 0: off */
     float scale;            /* sm_scale */
     int32_t group;          /* Hq / Hkv */
-    int32_t pad;
+    int32_t n_tasks_mid;    /* tasks of passes with few rows per KV head for the 64-row
+                               mma.sync kernel when the many-rows kernel is wgmma */
     int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,
-        off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse;
+        off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse, off_tasks_mid;
     int64_t block_bytes;    /* bytes of the whole block */
 } cas_cuda_plan_hdr;
 
@@ -84,10 +85,14 @@ int cas_cuda_wide_rows(int D, int kind);
  * block. Grids are persistent (fixed size derived from the device), so the
  * launches are identical for every plan: graph capture safe. `wide` is the
  * kernel kind (0 narrow, 1 wide, 2 wide2) and selects the task list. Return a
- * cudaError_t as int. */
+ * cudaError_t as int. cas_cuda_launch_attn_mid runs the mid task list with
+ * the 64-row mma.sync kernel (kind 1's occupancy). */
 int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                          const void *q, float *o, float *lse, float *scratch, int wide,
                          int grid, void *stream);
+int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const void *k,
+                             const void *v, const void *q, float *o, float *lse, float *scratch,
+                             int grid, void *stream);
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,
                           const float *scratch, int grid, void *stream);
 /* CTAs per SM the attention kernel reaches (occupancy), for the grid size.

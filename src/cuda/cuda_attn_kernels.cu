@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(C::NT)
     attn_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                 const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                 float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
-                int wide) {
+                int list) {
     constexpr int D = C::D, WN = C::WN, MT = C::MT, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
     constexpr int ROWS = C::ROWS, KEYS = C::KEYS, LD = C::LD, CPR = C::CPR;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -76,9 +76,11 @@ __global__ void __launch_bounds__(C::NT)
     __shared__ long long s_qrow[ROWS], s_oo[ROWS], s_lo[ROWS];
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    const int ntask = wide ? h->n_tasks_wide : h->n_tasks_narrow;
-    const cas_cuda_task *tasks =
-        reinterpret_cast<const cas_cuda_task *>(plan + (wide ? h->off_tasks_wide : h->off_tasks_narrow));
+    /* list: 0 narrow tasks, 1 many-rows tasks, 2 mid tasks (few rows per KV
+     * head while the many-rows list runs on wgmma) */
+    const int ntask = list == 2 ? h->n_tasks_mid : list ? h->n_tasks_wide : h->n_tasks_narrow;
+    const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(
+        plan + (list == 2 ? h->off_tasks_mid : list ? h->off_tasks_wide : h->off_tasks_narrow));
     const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
     const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
     const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
@@ -473,11 +475,11 @@ __global__ void merge2_kernel(float *o_out, float *lse_out, const float *o_a, co
 
 template <typename T, typename C>
 static int launch_one(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                      const void *q, float *o, float *lse, float *scratch, int wide, int grid,
+                      const void *q, float *o, float *lse, float *scratch, int list, int grid,
                       cudaStream_t st) {
     attn_kernel<T, C><<<grid, C::NT, C::SMEM, st>>>(
         (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq,
-        g->Hkv, g->page_size, wide != 0);
+        g->Hkv, g->page_size, list);
     return (int)cudaGetLastError();
 }
 
@@ -526,7 +528,17 @@ extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, co
     if (wide >= 3) return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, wide, grid, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
-                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide, grid,
+                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide != 0, grid,
+                                          (cudaStream_t)stream)));
+    return rc;
+}
+
+extern "C" int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const void *k,
+                                        const void *v, const void *q, float *o, float *lse,
+                                        float *scratch, int grid, void *stream) {
+    int rc = (int)cudaErrorInvalidValue;
+    CAS_DISPATCH(g, 1,
+                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, 2, grid,
                                           (cudaStream_t)stream)));
     return rc;
 }

@@ -249,9 +249,9 @@ static void test_flat_grid(void) {
         char what[128];
         cas_cuda_attn_info info;
         cas_cuda_attn_get_info(a, &info);
-        snprintf(what, sizeof what, "flat %s D%d %d:%d P%d B%d c%d w%d cap%g (tasks %d+%d)",
+        snprintf(what, sizeof what, "flat %s D%d %d:%d P%d B%d c%d w%d cap%g (tasks %d+%d+%d)",
                  cas_dtype_name(f->dt), f->D, f->Hq, f->Hkv, f->P, f->B, f->causal, f->window,
-                 (double)f->cap, info.tasks_wide, info.tasks_narrow);
+                 (double)f->cap, info.tasks_wide, info.tasks_mid, info.tasks_narrow);
         compare(&c, what, tol_o(f->dt), 2e-2);
         cas_cuda_attn_destroy(a);
         tcase_free(&c);
@@ -558,13 +558,17 @@ int main(void) {
     RUN(test_rejects);
     RUN(test_merge);
     /* every many-rows kernel kind the device has (CASCADE_CUDA_WIDE, see
-     * cuda_attn.h): 3 wgmma (Hopper), 1 mma.sync; CASCADE_TEST_KINDS=3,4,1,2
-     * picks others. A kind the device lacks falls back to 1 (then skipped). */
-    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "3,1";
+     * cuda_attn.h): 3 wgmma (Hopper), 5 wgmma with passes of <= 64 rows per
+     * KV head on the 64-row mma.sync kernel (CASCADE_CUDA_MID_ROWS=64), 1
+     * mma.sync; CASCADE_TEST_KINDS=3,5,4,1,2 picks others. A kind the device
+     * lacks falls back to 1 (then skipped). */
+    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "3,5,1";
     for (const char *k = kinds; *k; k++) {
-        if (*k < '1' || *k > '4') continue;
-        char env[2] = {*k, 0};
+        if (*k < '1' || *k > '5') continue;
+        char env[2] = {*k == '5' ? '3' : *k, 0};
         setenv("CASCADE_CUDA_WIDE", env, 1);
+        if (*k == '5') setenv("CASCADE_CUDA_MID_ROWS", "64", 1);
+        else unsetenv("CASCADE_CUDA_MID_ROWS");
         cas_attn_shape probe = {32, 8, 128, 16, CAS_BF16};
         cas_cuda_attn *a = ctx_for(&probe, 4, 4, 64);
         if (!a) {
@@ -578,7 +582,8 @@ int main(void) {
             printf("skip kind %s: not on this device\n", env);
             continue;
         }
-        printf("== many-rows kernel %s (CASCADE_CUDA_WIDE=%s)\n", name, env);
+        printf("== many-rows kernel %s (CASCADE_CUDA_WIDE=%s%s)\n", name, env,
+               *k == '5' ? ", CASCADE_CUDA_MID_ROWS=64" : "");
         RUN(test_flat_grid);
         RUN(test_cascade_passes);
         if (quick < 2) {
@@ -587,5 +592,6 @@ int main(void) {
         }
     }
     unsetenv("CASCADE_CUDA_WIDE");
+    unsetenv("CASCADE_CUDA_MID_ROWS");
     return check_summary();
 }
