@@ -132,15 +132,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->geom.dtype = (int32_t)shape->kv_dtype;
     a->device = caps->device;
     cas_status st = CAS_OK;
-#define TRY(call)                                                                          \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            st = cas_error(CAS_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,  \
-                           cudaGetErrorString(e_));                                        \
-            goto fail;                                                                     \
-        }                                                                                  \
-    } while (0)
+#define TRY(call) CAS_CUDA_TRY(call, fail)
     TRY(cudaSetDevice(a->device));
     TRY(cudaDeviceGetAttribute(&a->num_sms, cudaDevAttrMultiProcessorCount, a->device));
     {

@@ -29,15 +29,7 @@ cas_status cas_cuda_measure_copy(int device, double *gbps) {
     float ts[20];
     cas_status st = CAS_OK;
     *gbps = 0;
-#define TRY(call)                                                                             \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            st = cas_error(CAS_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,     \
-                           cudaGetErrorString(e_));                                           \
-            goto out;                                                                         \
-        }                                                                                     \
-    } while (0)
+#define TRY(call) CAS_CUDA_TRY(call, out)
     TRY(cudaSetDevice(device));
     TRY(cudaMalloc(&a, bytes));
     TRY(cudaMalloc(&b, bytes));
