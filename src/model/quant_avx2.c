@@ -606,10 +606,10 @@ void cas_q_avx2_matmul_tile(int t, const uint8_t *w, size_t rb, int64_t r0, int6
 
 /* ---- ceilings ------------------------------------------------------------ */
 
-/* Twelve independent chains of one instruction, so the loop runs at the
- * instruction's throughput: _mm256_maddubs_epi16 (32 int8 multiply-adds
- * each, the core of the quantized kernels) or _mm256_fmadd_ps (8 f32
- * multiply-adds). Returns instructions per second of the calling thread. */
+/* Twelve independent chains of _mm256_maddubs_epi16 (32 int8 multiply-adds
+ * each, the core of the quantized kernels), so the loop runs at the
+ * instruction's throughput. Returns instructions per second of the calling
+ * thread. (The f32 FMA peak is the attention core's cas_measure_fma_flops.) */
 #define CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 double cas_q_avx2_peak_maddubs(long iters) {
     const __m256i b = _mm256_set1_epi8(1);
@@ -634,26 +634,4 @@ double cas_q_avx2_peak_maddubs(long iters) {
     return 12.0 * (double)iters / dt;
 }
 
-double cas_q_avx2_peak_fma(long iters) {
-    const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-#define DECL(i) __m256 c##i = _mm256_set1_ps((float)(i + 1));
-#define STEP(i) c##i = _mm256_fmadd_ps(a, c##i, b);
-#define SUM(i) acc = _mm256_add_ps(acc, c##i);
-    CHAINS(DECL)
-    double t0 = cas_now_s();
-    for (long it = 0; it < iters; it++) {
-        CHAINS(STEP)
-        __asm__("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5), "+x"(c6), "+x"(c7),
-                "+x"(c8), "+x"(c9), "+x"(c10), "+x"(c11));
-    }
-    double dt = cas_now_s() - t0;
-    __m256 acc = _mm256_setzero_ps();
-    CHAINS(SUM)
-    volatile float sink = _mm256_cvtss_f32(acc);
-    (void)sink;
-#undef DECL
-#undef STEP
-#undef SUM
-    return 12.0 * (double)iters / dt;
-}
 #undef CHAINS

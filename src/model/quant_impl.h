@@ -163,7 +163,8 @@ cas_status cas_q_bench_read_bw(int nthreads, size_t bytes, double min_seconds, d
 /* Instruction-throughput ceilings of this machine with nthreads threads
  * (each runs independent chains for about min_seconds in all): int8 GOP/s
  * (2 ops per multiply-add) of _mm256_maddubs_epi16, the instruction the
- * quantized kernels are built on, and f32 GFLOP/s of _mm256_fmadd_ps.
+ * quantized kernels are built on, and f32 GFLOP/s of FMA (the attention
+ * core's cas_measure_fma_flops, the same ceiling attn-bench reports).
  * CAS_ERR_UNSUPPORTED without AVX2. */
 cas_status cas_q_bench_peak(int nthreads, double min_seconds, double *int8_gops, double *f32_gflops);
 
@@ -219,6 +220,5 @@ void cas_q_avx2_matmul_tile_lanes(int t, const uint8_t *w, size_t row_bytes, int
 
 /* Instructions per second of one thread (quant_avx2.c). */
 double cas_q_avx2_peak_maddubs(long iters);
-double cas_q_avx2_peak_fma(long iters);
 
 #endif
