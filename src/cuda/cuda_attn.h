@@ -39,6 +39,19 @@
 extern "C" {
 #endif
 
+/* Host code: evaluates a CUDA runtime call; on failure stores a cas_error
+ * naming the call, file and line in `st` (a cas_status in scope) and jumps
+ * to `label`. */
+#define CAS_CUDA_TRY(call, label)                                                             \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            st = cas_error(CAS_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,     \
+                           cudaGetErrorString(e_));                                           \
+            goto label;                                                                       \
+        }                                                                                     \
+    } while (0)
+
 /* Reports a failed CUDA runtime call as a cas_status with file and line. */
 #define CAS_CUDA_CHECK(call)                                                              \
     do {                                                                                  \

@@ -367,15 +367,7 @@ static double useful_flops(const cas_attn_shape *shape, const cas_attn_synth *s,
 #if CAS_WITH_CUDA
 /* ---- --backend cuda ------------------------------------------------------ */
 
-#define CUDA_OK(call)                                                                         \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            st = cas_error(CAS_ERR_INTERNAL, "%s:%d: %s: %s", __FILE__, __LINE__, #call,     \
-                           cudaGetErrorString(e_));                                           \
-            goto out;                                                                         \
-        }                                                                                     \
-    } while (0)
+#define CUDA_OK(call) CAS_CUDA_TRY(call, out)
 
 /* The same batch, plans and checks as the CPU path, run by the CUDA backend.
  * q is rounded to the storage type first (the tensor cores take it so), and
