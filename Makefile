@@ -5,7 +5,8 @@
 #
 # Sources are found by wildcard: every src/<layer>/*.c goes into the library
 # (src/tools/*.c into the command), every tests/test_*.c is one test program.
-# Files named *_avx2.c and *_avx512.c are compiled with those instruction sets;
+# Files named *_avx2.c, *_avx512.c and *_amx.c (AVX-512 + AMX-INT8) are compiled
+# with those instruction sets;
 # the code calling them checks the CPU at run time.
 
 BUILD   ?= build
@@ -71,6 +72,10 @@ $(BUILD)/%_avx2.o: %_avx2.c
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -c $< -o $@
+
+$(BUILD)/%_amx.o: %_amx.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mamx-tile -mamx-int8 -c $< -o $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -31,7 +31,7 @@ static const int k_types[] = {CAS_T_F32, CAS_T_F16, CAS_T_BF16, CAS_T_Q8_0, CAS_
 static int is_q(int t) { return t == CAS_T_Q8_0 || t == CAS_T_Q4_0 || t == CAS_T_Q4_1; }
 
 static int have_avx2(void) {
-    cas_q_opts o = {1, CAS_Q_SIMD_AVX2, NULL, 0};
+    cas_q_opts o = {1, CAS_Q_SIMD_AVX2, NULL, 0, NULL};
     float w = 1, x = 1, y = 0;
     return cas_q_matvec(CAS_T_F32, &w, 1, 1, &x, &y, &o) == CAS_OK;
 }
@@ -176,7 +176,7 @@ static void test_layout(void) {
         REQUIRE(cas_q_dequantize_row(types[v], blocks[v], d, 32) == CAS_OK);
         for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
             if (path == CAS_Q_SIMD_AVX2 && !have_avx2()) continue;
-            cas_q_opts o = {1, (cas_q_simd)path, NULL, 0};
+            cas_q_opts o = {1, (cas_q_simd)path, NULL, 0, NULL};
             for (int k = 0; k < 32; k++) {
                 float x[32] = {0}, y = NAN;
                 x[k] = 1;
@@ -266,7 +266,7 @@ static void run_case(int t, int64_t rows, int64_t n, const int64_t *ms, int nm, 
         for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
             if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
             for (int nt = 1; nt <= 2; nt++) {
-                cas_q_opts o = {nt, (cas_q_simd)path, NULL, 0};
+                cas_q_opts o = {nt, (cas_q_simd)path, NULL, 0, NULL};
                 poison(y, m * rows);
                 cas_status st = m == 1 ? cas_q_matvec(t, wq, rows, n, x, y, &o)
                                        : cas_q_matmul(t, wq, rows, n, x, m, y, &o);
@@ -361,7 +361,7 @@ static void test_workspace_and_env(void) {
         size_t need = cas_q_work_bytes(t, rows, n, m, 2);
         CHECK(need > 0);
         void *work = cas_alloc(need);
-        cas_q_opts own = {2, CAS_Q_SIMD_AUTO, work, need}, dflt = {2, CAS_Q_SIMD_AUTO, NULL, 0};
+        cas_q_opts own = {2, CAS_Q_SIMD_AUTO, work, need, NULL}, dflt = {2, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
         poison(y, m * rows);
         poison(y2, m * rows);
         CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &own) == CAS_OK);
@@ -373,7 +373,7 @@ static void test_workspace_and_env(void) {
         CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, NULL) == CAS_OK);
         /* CASCADE_SIMD=generic makes AUTO the portable path: bit-identical
          * to asking for GENERIC. */
-        cas_q_opts gen = {1, CAS_Q_SIMD_GENERIC, NULL, 0}, aut = {1, CAS_Q_SIMD_AUTO, NULL, 0};
+        cas_q_opts gen = {1, CAS_Q_SIMD_GENERIC, NULL, 0, NULL}, aut = {1, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
         setenv("CASCADE_SIMD", "generic", 1);
         CHECK(strcmp(cas_q_simd_name(), "generic") == 0);
         poison(y, m * rows);
@@ -418,7 +418,7 @@ static void test_all_token_counts(void) {
         reference(t, wd, rows, n, x, M, yref, tol, ftol);
         for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
             if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
-            cas_q_opts o = {2, (cas_q_simd)path, NULL, 0};
+            cas_q_opts o = {2, (cas_q_simd)path, NULL, 0, NULL};
             CHECK(cas_q_matmul(t, wq, rows, n, x, M, yall, &o) == CAS_OK);
             for (int64_t m = 1; m <= M; m++) {
                 poison(y, m * rows);
@@ -440,6 +440,104 @@ static void test_all_token_counts(void) {
     cas_free(yref);
     cas_free(tol);
     cas_free(ftol);
+}
+
+/* The AMX-INT8 kernels (batched calls on packed quantized weights) against
+ * the reference and against the AVX2 kernels on random inputs: shapes with
+ * rows that are not a multiple of the 16-row panel and odd block counts,
+ * token counts around the 16-token groups; 1 and 2 threads give the same
+ * bits, and a token's outputs do not depend on the other tokens of the
+ * call. On a machine without AMX (or where the OS refuses the tile state)
+ * the test says so and checks only that asking for AMX fails cleanly. */
+static void test_amx(void) {
+    static const int qt[3] = {CAS_T_Q8_0, CAS_T_Q4_0, CAS_T_Q4_1};
+    float x1[64] = {0}, y1[4];
+    uint8_t w1[2 * 34] = {0};
+    CHECK(cas_q_packed_bytes(CAS_T_F32, 4, 32) == 0 && cas_q_packed_bytes(CAS_T_Q4_1, 4, 33) == 0);
+    CHECK(cas_q_packed_bytes(CAS_T_Q4_1, 17, 64) == 2 * 2 * 320);
+    CHECK(cas_q_packed_bytes(CAS_T_Q8_0, 16, 32) == 544 && cas_q_packed_bytes(CAS_T_Q4_0, 1, 32) == 288);
+    CHECK(cas_q_pack(CAS_T_F16, w1, 1, 32, w1) == CAS_ERR_UNSUPPORTED);
+    CHECK(cas_q_pack(CAS_T_Q8_0, NULL, 1, 32, w1) == CAS_ERR_INVALID);
+    if (!cas_q_amx_available()) {
+        printf("note: AMX-INT8 is not available here (CPU or OS): AMX kernels NOT tested, "
+               "only that asking for them fails\n");
+        cas_q_opts o = {1, CAS_Q_SIMD_AMX, NULL, 0, w1};
+        if (have_avx2()) CHECK(cas_q_matmul(CAS_T_Q8_0, w1, 1, 32, x1, 2, y1, &o) == CAS_ERR_UNSUPPORTED);
+        return;
+    }
+    printf("note: AMX-INT8 available: testing the AMX kernels against the reference and AVX2\n");
+    cas_rng rng;
+    cas_rng_seed(&rng, 99);
+    static const int64_t shapes[][2] = {{37, 576}, {16, 32}, {64, 96}, {5, 1536}, {200, 1536}};
+    static const int64_t ms[] = {2, 3, 15, 16, 17, 32, 33, 40};
+    const int64_t M = 40;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t rows = shapes[si][0], n = shapes[si][1];
+        float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+        float *x = cas_alloc_array((size_t)(M * n), 4), *y = cas_alloc_array((size_t)(M * rows), 4);
+        float *y2 = cas_alloc_array((size_t)(M * rows), 4), *yall = cas_alloc_array((size_t)(M * rows), 4);
+        double *yref = cas_alloc_array((size_t)(M * rows), 8), *tol = cas_alloc_array((size_t)(M * rows), 8);
+        double *ftol = cas_alloc_array((size_t)(M * rows), 8);
+        REQUIRE(w && wd && x && y && y2 && yall && yref && tol && ftol);
+        fill_weights(&rng, w, rows, n);
+        for (int64_t i = 0; i < M * n; i++) x[i] = (float)cas_rng_normal(&rng);
+        if (n >= 64) /* an all-zero x block (scale 0) and a tiny one */
+            for (int64_t k = 0; k < 32; k++) x[k] = 0, x[32 + k] *= 1e-6f;
+        for (int ti = 0; ti < 3; ti++) {
+            const int t = qt[ti];
+            uint8_t *wq = NULL;
+            make_matrix(t, w, rows, n, &wq, wd);
+            size_t pbytes = cas_q_packed_bytes(t, rows, n);
+            uint8_t *pk = cas_alloc(pbytes);
+            REQUIRE(pk && pbytes > 0);
+            memset(pk, 0xA5, pbytes); /* padding rows must be written too */
+            CHECK(cas_q_pack(t, wq, rows, n, pk) == CAS_OK);
+            reference(t, wd, rows, n, x, M, yref, tol, ftol);
+            cas_q_opts amx = {2, CAS_Q_SIMD_AMX, NULL, 0, pk}, av2 = {2, CAS_Q_SIMD_AVX2, NULL, 0, NULL};
+            cas_q_opts amx1 = {1, CAS_Q_SIMD_AMX, NULL, 0, pk}, aut = {2, CAS_Q_SIMD_AUTO, NULL, 0, pk};
+            poison(yall, M * rows);
+            CHECK(cas_q_matmul(t, wq, rows, n, x, M, yall, &amx) == CAS_OK);
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                const int64_t m = ms[mi];
+                poison(y, m * rows);
+                CHECKF(cas_q_matmul(t, wq, rows, n, x, m, y, &amx) == CAS_OK, "%s", cas_last_error());
+                check_result("amx", t, rows, n, m, y, yref, tol);
+                poison(y2, m * rows);
+                CHECK(cas_q_matmul(t, wq, rows, n, x, m, y2, &av2) == CAS_OK);
+                int bad = 0;
+                for (int64_t i = 0; i < m * rows && bad < 3; i++)
+                    if (!(fabs((double)y[i] - y2[i]) <= ftol[i])) {
+                        CHECKF(0, "%s amx vs avx2 rows %lld n %lld m %lld: y[%lld] %g vs %g", cas_tensor_type_name(t),
+                               (long long)rows, (long long)n, (long long)m, (long long)i, (double)y[i], (double)y2[i]);
+                        bad++;
+                    }
+                CHECKF(!memcmp(y, yall, (size_t)(m * rows) * 4), "%s amx: first %lld tokens of %lld differ",
+                       cas_tensor_type_name(t), (long long)m, (long long)M);
+                poison(y2, m * rows);
+                CHECK(cas_q_matmul(t, wq, rows, n, x, m, y2, &amx1) == CAS_OK);
+                CHECKF(!memcmp(y, y2, (size_t)(m * rows) * 4), "%s amx: 1 and 2 threads differ", cas_tensor_type_name(t));
+                if (strcmp(cas_q_batch_simd_name(), "amx") == 0) { /* AUTO takes AMX given the packed copy */
+                    poison(y2, m * rows);
+                    CHECK(cas_q_matmul(t, wq, rows, n, x, m, y2, &aut) == CAS_OK);
+                    CHECK(!memcmp(y, y2, (size_t)(m * rows) * 4));
+                }
+            }
+            /* no packed copy: AMX refuses, AUTO falls back to AVX2 */
+            amx.packed = NULL;
+            CHECK(cas_q_matmul(t, wq, rows, n, x, 2, y, &amx) == CAS_ERR_INVALID);
+            cas_free(pk);
+            cas_free(wq);
+        }
+        cas_free(w);
+        cas_free(wd);
+        cas_free(x);
+        cas_free(y);
+        cas_free(y2);
+        cas_free(yall);
+        cas_free(yref);
+        cas_free(tol);
+        cas_free(ftol);
+    }
 }
 
 /* The pieces a forward pass uses inside its own parallel region: x
@@ -479,7 +577,7 @@ static void test_in_region_api(void) {
         make_matrix(t, w, rows, n, &wq, wd);
         CHECK(cas_tensor_row_bytes(t, n, &rb) == CAS_OK);
         for (int a = 0; a <= avx2; a++) {
-            cas_q_opts o = {1, a ? CAS_Q_SIMD_AVX2 : CAS_Q_SIMD_GENERIC, NULL, 0};
+            cas_q_opts o = {1, a ? CAS_Q_SIMD_AVX2 : CAS_Q_SIMD_GENERIC, NULL, 0, NULL};
             CHECK(cas_q_matvec(t, wq, rows, n, x, y, &o) == CAS_OK);
             cas_q_xvec_quantize(t, x, n, b0, a);
             poison(y2, rows);
@@ -509,7 +607,7 @@ static void test_in_region_api(void) {
 static void test_bad_input(void) {
     float x[64] = {0}, y[4] = {0}, f[64] = {0};
     uint8_t w[4 * 40] = {0};
-    cas_q_opts o = {1, CAS_Q_SIMD_AUTO, NULL, 0};
+    cas_q_opts o = {1, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 33, x, y, &o) == CAS_ERR_INVALID);
     CHECK(strlen(cas_last_error()) > 0);
     CHECK(cas_q_matvec(CAS_T_Q8_0, w, 1, 48, x, y, &o) == CAS_ERR_INVALID);
@@ -520,7 +618,7 @@ static void test_bad_input(void) {
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 0, 32, x, y, &o) == CAS_ERR_INVALID);
     CHECK(cas_q_matmul(CAS_T_Q4_1, w, 1, 32, x, 0, y, &o) == CAS_ERR_INVALID);
     CHECK(cas_q_matvec(12 /* q4_k */, w, 1, 256, x, y, &o) == CAS_ERR_UNSUPPORTED);
-    cas_q_opts neg = {-1, CAS_Q_SIMD_AUTO, NULL, 0};
+    cas_q_opts neg = {-1, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 32, x, y, &neg) == CAS_ERR_INVALID);
     CHECK(cas_q_dequantize_row(CAS_T_Q4_0, w, f, 40) == CAS_ERR_INVALID);
     CHECK(cas_q_dequantize_row(CAS_T_Q4_0, NULL, f, 32) == CAS_ERR_INVALID);
@@ -588,5 +686,6 @@ int main(int argc, char **argv) {
     RUN(test_kernels);
     RUN(test_all_token_counts);
     RUN(test_in_region_api);
+    RUN(test_amx);
     return check_summary();
 }

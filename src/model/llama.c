@@ -42,6 +42,7 @@ typedef struct {
     int type; /* cas_ttype */
     int64_t rows, cols;
     size_t bytes;
+    const void *packed; /* the same matrix in the AMX kernels' layout (quant_impl.h), or NULL */
 } cas_mat;
 
 typedef struct {
@@ -59,6 +60,7 @@ typedef struct {
     cas_mat wqkv;     /* [(n_head + 2 n_head_kv) * head_dim][n_embd]: wq, wk, wv rows */
     cas_mat w_gu;     /* [2 n_ff][n_embd]: w_gate then w_up rows */
     void *fused;      /* owned storage of both, NULL when not fused */
+    void *packed;     /* owned storage of the packed copies of the matrices the batched forward uses */
 } cas_layer;
 
 struct cas_model {
@@ -69,6 +71,7 @@ struct cas_model {
 
     cas_mat tok_embd;  /* [n_vocab][n_embd] */
     cas_mat output;    /* [n_vocab][n_embd]; the embedding when tied */
+    void *out_packed;  /* owned packed copy of output, or NULL */
     float *out_norm;   /* [n_embd] */
     cas_layer *layers; /* [n_layers] */
     float *inv_freq;   /* [n_rot / 2] base^(-2i / n_rot) */
@@ -230,10 +233,12 @@ void cas_model_destroy(cas_model *m) {
             cas_free(m->layers[l].attn_norm);
             cas_free(m->layers[l].ffn_norm);
             cas_free(m->layers[l].fused);
+            cas_free(m->layers[l].packed);
         }
         free(m->layers);
     }
     cas_free(m->out_norm);
+    cas_free(m->out_packed);
     cas_free(m->inv_freq);
     float *bufs[] = {m->x, m->xb, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->rope, m->xl, m->fout};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cas_free(bufs[i]);
@@ -246,6 +251,35 @@ void cas_model_destroy(cas_model *m) {
     cas_attn_plan_destroy(m->plan);
     cas_gguf_close(m->owned_g);
     free(m);
+}
+
+/* Packed copies (cas_q_pack) of the quantized matrices among ms[k], in one
+ * owned allocation *store; the others keep packed = NULL. */
+static cas_status pack_mats(void **store, cas_mat *const *ms, int k) {
+    size_t total = 0;
+    for (int i = 0; i < k; i++) total += (cas_q_packed_bytes(ms[i]->type, ms[i]->rows, ms[i]->cols) + 63) & ~(size_t)63;
+    *store = NULL;
+    if (!total) return CAS_OK;
+    uint8_t *p = cas_alloc(total);
+    if (!p) return cas_error(CAS_ERR_NOMEM, "model: %zu bytes of packed weights", total);
+    *store = p;
+    for (int i = 0; i < k; i++) {
+        size_t b = cas_q_packed_bytes(ms[i]->type, ms[i]->rows, ms[i]->cols);
+        if (!b) continue;
+        cas_status st = cas_q_pack(ms[i]->type, ms[i]->data, ms[i]->rows, ms[i]->cols, p);
+        if (st) return st;
+        ms[i]->packed = p;
+        p += (b + 63) & ~(size_t)63;
+    }
+    return CAS_OK;
+}
+
+/* The matrices the batched forward multiplies by: the fused copies where
+ * they exist, else the parts. */
+static cas_status pack_layer(cas_layer *L) {
+    if (L->fused) return pack_mats(&L->packed, (cas_mat *[]){&L->wqkv, &L->w_gu, &L->wo, &L->w_down}, 4);
+    return pack_mats(&L->packed, (cas_mat *[]){&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down},
+                     7);
 }
 
 /* Largest matmul workspace over the model's matrices for m tokens. */
@@ -299,6 +333,9 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         goto fail;
     }
     int64_t wbytes = (int64_t)m->output.bytes;
+    /* packed copies for the AMX kernels of batched forwards, only where they will run */
+    const int pack = !o.portable_kernels && strcmp(cas_q_batch_simd_name(), "amx") == 0;
+    if (pack && (st = pack_mats(&m->out_packed, (cas_mat *[]){&m->output}, 1))) goto fail;
     for (int32_t l = 0; l < c->n_layers; l++) {
         cas_layer *L = &m->layers[l];
         char name[96];
@@ -327,9 +364,10 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
             memcpy(f + a, L->w_gate.data, L->w_gate.bytes);
             memcpy(f + a + L->w_gate.bytes, L->w_up.data, L->w_up.bytes);
             L->fused = f;
-            L->wqkv = (cas_mat){f, L->wq.type, QD + 2 * KD, E, a};
-            L->w_gu = (cas_mat){f + a, L->w_gate.type, 2 * F, E, b2};
+            L->wqkv = (cas_mat){f, L->wq.type, QD + 2 * KD, E, a, NULL};
+            L->w_gu = (cas_mat){f + a, L->w_gate.type, 2 * F, E, b2, NULL};
         }
+        if (pack && (st = pack_layer(L))) goto fail;
         wbytes += (int64_t)(L->wq.bytes + L->wk.bytes + L->wv.bytes + L->wo.bytes + L->w_gate.bytes +
                             L->w_up.bytes + L->w_down.bytes);
     }
@@ -538,6 +576,7 @@ static cas_status matmul(const cas_model *m, const cas_mat *w, const float *x, i
     if (m->opts.portable_kernels) o.simd = CAS_Q_SIMD_GENERIC;
     o.work = m->work;
     o.work_bytes = m->work_bytes;
+    o.packed = w->packed;
     if (rows == 1) return cas_q_matvec(w->type, w->data, w->rows, w->cols, x, y, &o);
     return cas_q_matmul(w->type, w->data, w->rows, w->cols, x, rows, y, &o);
 }

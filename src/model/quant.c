@@ -18,8 +18,14 @@
 
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* ---- type info ---------------------------------------------------------- */
 
@@ -305,9 +311,50 @@ static int env_forces_generic(void) {
     return e && strcmp(e, "generic") == 0;
 }
 
+static int env_forces_avx2(void) {
+    const char *e = getenv("CASCADE_SIMD");
+    return e && strcmp(e, "avx2") == 0;
+}
+
+/* AMX needs the CPU (AMX-TILE, AMX-INT8; AVX-512 for the scaling), the OS
+ * (XCR0 bits 17 and 18: tile configuration and data saved on context
+ * switches) and, on Linux, a per-process permission for the 8 KiB tile data
+ * state, asked once. Any refusal leaves the AVX2 kernels in use. */
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void) {
+#if defined(__x86_64__) && defined(__linux__)
+    unsigned a, b, c, d;
+    if (!cpu_has_avx2() || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+        return;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return; /* AMX-TILE, AMX-INT8 */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & (3u << 17)) != (3u << 17)) return;
+    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18) */
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return;
+    amx_ok = 1;
+#endif
+}
+
+int cas_q_amx_available(void) {
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
 const char *cas_q_simd_name(void) {
     return cpu_has_avx2() && !env_forces_generic() ? "avx2" : "generic";
 }
+
+/* AMX for a batched call under AUTO */
+static int auto_amx(void) { return !env_forces_generic() && !env_forces_avx2() && cas_q_amx_available(); }
+
+const char *cas_q_batch_simd_name(void) { return auto_amx() ? "amx" : cas_q_simd_name(); }
 
 /* 1 for AVX2, 0 for portable, -1 (error recorded) when AVX2 is asked for
  * but missing. */
@@ -315,6 +362,7 @@ static int pick_avx2(cas_q_simd s) {
     switch (s) {
     case CAS_Q_SIMD_GENERIC: return 0;
     case CAS_Q_SIMD_AVX2:
+    case CAS_Q_SIMD_AMX:
         if (!cpu_has_avx2()) {
             cas_error(CAS_ERR_UNSUPPORTED, "AVX2+FMA+F16C kernels requested; this CPU lacks them");
             return -1;
@@ -332,8 +380,12 @@ static int resolve_threads(int nthreads) {
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
 /* Workspace layout: xq[m][nb] | sx[m][nb] | x8[ceil(m/8)][nb] |
- * tile[nthreads] of tile_bytes. */
+ * tile[nthreads] of tile_bytes; for m > 1 on quantized types also
+ * x16[ceil(m/16)][nb] | amx scratch[nthreads]. */
 static size_t tile_bytes(int64_t n) { return align64((size_t)n * 4 * CAS_Q_TILE_ROWS); }
+static size_t x16_bytes(int64_t m, int64_t nb) {
+    return align64((size_t)((m + CAS_Q_PANEL - 1) / CAS_Q_PANEL) * (size_t)nb * sizeof(cas_q8x16_block));
+}
 
 size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads) {
     size_t rb;
@@ -344,6 +396,7 @@ size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads)
     size_t bytes = align64((size_t)m * nb * sizeof(cas_q8x_block)) + align64((size_t)m * nb * 4);
     bytes += align64((size_t)((m + 7) / 8) * nb * sizeof(cas_q8x8_block));
     if (m > 1) bytes += nt * tile_bytes(n);
+    if (m > 1 && nb) bytes += x16_bytes(m, (int64_t)nb) + nt * align64(cas_q_amx_scratch_bytes(n));
     return bytes + 64;
 }
 
@@ -365,7 +418,7 @@ cas_status cas_q_matvec(int t, const void *w, int64_t rows, int64_t n, const flo
 
 cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const float *x, int64_t m,
                         float *y, const cas_q_opts *opt) {
-    static const cas_q_opts defaults = {0, CAS_Q_SIMD_AUTO, NULL, 0};
+    static const cas_q_opts defaults = {0, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
     size_t rb;
     cas_status st = check_args(m == 1 ? "matvec" : "matmul", t, w, rows, n, x, m, y, &rb);
     if (st) return st;
@@ -391,16 +444,55 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
     float *sx = (float *)(void *)(work + align64((size_t)m * nb * sizeof(cas_q8x_block)));
     cas_q8x8_block *x8 = (cas_q8x8_block *)(void *)((uint8_t *)sx + align64((size_t)m * nb * 4));
     uint8_t *tiles = (uint8_t *)x8 + align64((size_t)((m + 7) / 8) * nb * sizeof(cas_q8x8_block));
-    const int lanes = avx2 && quant && m >= CAS_Q_LANE_MIN_M;
+    int amx = 0;
+    if (quant && m > 1) {
+        if (opt->simd == CAS_Q_SIMD_AMX) {
+            if (!cas_q_amx_available()) {
+                cas_free(owned);
+                return cas_error(CAS_ERR_UNSUPPORTED, "AMX-INT8 kernels requested; this CPU or OS lacks them");
+            }
+            if (!opt->packed) {
+                cas_free(owned);
+                return cas_error(CAS_ERR_INVALID, "matmul: AMX kernels need the packed weights (cas_q_pack)");
+            }
+            amx = 1;
+        } else if (opt->simd == CAS_Q_SIMD_AUTO && avx2 && opt->packed) {
+            amx = auto_amx();
+        }
+    }
+    const int lanes = !amx && avx2 && quant && m >= CAS_Q_LANE_MIN_M;
     const uint8_t *wb = w;
+    uint8_t *amx_base = tiles + (m > 1 ? (size_t)nt * tile_bytes(n) : 0);
+    cas_q8x16_block *x16 = (cas_q8x16_block *)(void *)amx_base;
+    uint8_t *amx_scratch = amx_base + (amx ? x16_bytes(m, nb) : 0);
+    const int64_t panels = (rows + CAS_Q_PANEL - 1) / CAS_Q_PANEL;
 
     /* Threads beyond the work only add start-up cost. */
     int64_t groups = (rows + CAS_Q_TILE_ROWS - 1) / CAS_Q_TILE_ROWS;
     if (nt > groups) nt = (int)groups;
+    if (amx && nt > panels) nt = (int)panels;
 
 #pragma omp parallel num_threads(nt)
     {
-        if (quant && lanes) {
+        if (amx) {
+            /* x into 16-token groups; the padding tokens of the last group are zero */
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < (m + CAS_Q_PANEL - 1) / CAS_Q_PANEL * CAS_Q_PANEL; i++) {
+                cas_q8x16_block *g = x16 + i / CAS_Q_PANEL * nb;
+                int k = (int)(i % CAS_Q_PANEL);
+                if (i < m) {
+                    cas_q_avx2_quantize_x16(x + i * n, nb, k, g);
+                } else {
+                    for (int64_t b = 0; b < nb; b++) {
+                        memset(g[b].q[k], 0, CAS_Q_BLOCK);
+                        g[b].d[k] = g[b].s[k] = 0;
+                    }
+                }
+            }
+            int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+            cas_q_amx_matmul_panels(t, opt->packed, panels * tid / nth, panels * (tid + 1) / nth, rows, n, x16,
+                                    m, y, amx_scratch + (size_t)tid * align64(cas_q_amx_scratch_bytes(n)));
+        } else if (quant && lanes) {
             /* straight into the token-lane layout, one (group, block) at a time */
 #pragma omp for schedule(static)
             for (int64_t gb = 0; gb < (m + 7) / 8 * nb; gb++) {
@@ -421,7 +513,9 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
         int64_t g0 = groups * tid / nth, g1 = groups * (tid + 1) / nth;
         int64_t r0 = g0 * CAS_Q_TILE_ROWS, r1 = g1 * CAS_Q_TILE_ROWS;
         if (r1 > rows) r1 = rows;
-        if (m == 1) {
+        if (amx) {
+            /* done above */
+        } else if (m == 1) {
             if (avx2)
                 cas_q_avx2_matvec_rows(t, wb, rb, r0, r1, n, x, xq, sx, y);
             else
@@ -444,6 +538,53 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
         }
     }
     cas_free(owned);
+    return CAS_OK;
+}
+
+/* ---- packed weights ----------------------------------------------------- */
+
+size_t cas_q_packed_block_bytes(int t) {
+    switch (t) {
+    case CAS_T_Q8_0: return 512 + 32;
+    case CAS_T_Q4_0: return 256 + 32;
+    case CAS_T_Q4_1: return 256 + 64;
+    default: return 0;
+    }
+}
+
+size_t cas_q_packed_bytes(int t, int64_t rows, int64_t n) {
+    size_t rb;
+    if (!is_quant(t) || rows <= 0 || cas_tensor_row_bytes(t, n, &rb) != CAS_OK) return 0;
+    size_t panels = (size_t)((rows + CAS_Q_PANEL - 1) / CAS_Q_PANEL);
+    return panels * (size_t)(n / 32) * cas_q_packed_block_bytes(t);
+}
+
+cas_status cas_q_pack(int t, const void *w, int64_t rows, int64_t n, void *dst) {
+    size_t rb;
+    if (!w || !dst) return cas_error(CAS_ERR_INVALID, "pack: NULL pointer");
+    if (!is_quant(t)) return cas_error(CAS_ERR_UNSUPPORTED, "pack: %s has no packed layout", cas_tensor_type_name(t));
+    if (rows <= 0) return cas_error(CAS_ERR_INVALID, "pack: %lld rows", (long long)rows);
+    cas_status st = cas_tensor_row_bytes(t, n, &rb);
+    if (st) return st;
+    const int64_t nb = n / 32, panels = (rows + CAS_Q_PANEL - 1) / CAS_Q_PANEL;
+    const size_t pb = cas_q_packed_block_bytes(t), bb = cas_tensor_block_bytes(t);
+    const int q8 = t == CAS_T_Q8_0;
+    const size_t qoff = t == CAS_T_Q4_1 ? 4 : 2, groups = q8 ? 8 : 4, dat = q8 ? 512 : 256;
+    const uint8_t *src = w;
+    uint8_t *out = dst;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = out + ((size_t)p * (size_t)nb + (size_t)b) * pb;
+            memset(o, 0, pb);
+            for (int64_t r = 0; r < CAS_Q_PANEL && p * CAS_Q_PANEL + r < rows; r++) {
+                const uint8_t *blk = src + (size_t)(p * CAS_Q_PANEL + r) * rb + (size_t)b * bb;
+                for (size_t k = 0; k < groups; k++) memcpy(o + 64 * k + 4 * (size_t)r, blk + qoff + 4 * k, 4);
+                memcpy(o + dat + 2 * r, blk, 2);                                  /* d */
+                if (t == CAS_T_Q4_1) memcpy(o + dat + 32 + 2 * r, blk + 2, 2); /* m */
+            }
+        }
+    }
     return CAS_OK;
 }
 
@@ -506,7 +647,7 @@ cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, 
     }
     int nt = resolve_threads(nthreads);
     size_t wsz = cas_q_work_bytes(t, rows, n, m, nt);
-    uint8_t *w = cas_alloc_array((size_t)copies, wbytes);
+    uint8_t *w = cas_alloc_array((size_t)copies, wbytes), *packed = NULL;
     float *src = cas_alloc_array((size_t)n, 4 * (size_t)(rows < 64 ? rows : 64));
     float *x = cas_alloc_array((size_t)m * (size_t)n, 4);
     float *y = cas_alloc_array((size_t)m * (size_t)rows, 4);
@@ -527,7 +668,18 @@ cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, 
         if ((st = cas_q_quantize_rows(t, src, w + (size_t)r * rb, k, n))) goto done;
     }
     for (int c = 1; c < copies; c++) memcpy(w + (size_t)c * wbytes, w, wbytes);
-    cas_q_opts o = {nt, CAS_Q_SIMD_AUTO, work, wsz};
+    /* batched calls run as a model runs them: on the packed copy where the
+     * AMX kernels will take it */
+    size_t pbytes = m > 1 && auto_amx() ? cas_q_packed_bytes(t, rows, n) : 0;
+    if (pbytes) {
+        if (!(packed = cas_alloc_array((size_t)copies, pbytes))) {
+            st = cas_error(CAS_ERR_NOMEM, "bench: %d packed copies of %zu bytes", copies, pbytes);
+            goto done;
+        }
+        if ((st = cas_q_pack(t, w, rows, n, packed))) goto done;
+        for (int c = 1; c < copies; c++) memcpy(packed + (size_t)c * pbytes, packed, pbytes);
+    }
+    cas_q_opts o = {nt, CAS_Q_SIMD_AUTO, work, wsz, packed};
     if ((st = cas_q_matmul(t, w, rows, n, x, m, y, &o))) goto done; /* warm-up */
     /* The best of several windows: other processes on a small machine only
      * ever slow a window down, so the best one is the kernel's own speed. */
@@ -537,9 +689,11 @@ cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, 
         double t0 = cas_now_s();
         int64_t k = 0;
         do {
-            for (int i = 0; i < 4; i++, k++, calls++)
+            for (int i = 0; i < 4; i++, k++, calls++) {
+                o.packed = packed ? packed + (size_t)(calls % copies) * pbytes : NULL;
                 if ((st = cas_q_matmul(t, w + (size_t)(calls % copies) * wbytes, rows, n, x, m, y, &o)))
                     goto done;
+            }
         } while (cas_now_s() - t0 < min_seconds / 8);
         double per = (cas_now_s() - t0) / (double)k;
         if (per < best) best = per;
@@ -551,6 +705,7 @@ cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, 
     out->copies = copies;
 done:
     cas_free(w);
+    cas_free(packed);
     cas_free(src);
     cas_free(x);
     cas_free(y);

@@ -128,6 +128,13 @@ void cas_q_avx2_quantize_x(const float *x, int64_t nb, cas_q8x_block *xq, float 
     }
 }
 
+void cas_q_avx2_quantize_x16(const float *x, int64_t nb, int t, cas_q8x16_block *g) {
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i q = quant_block_x(x + 32 * b, &g[b].d[t], &g[b].s[t]);
+        _mm256_store_si256((__m256i *)(void *)g[b].q[t], q);
+    }
+}
+
 void cas_q_avx2_quantize_x8(const float *x, int64_t n, int64_t ntok, int64_t b, cas_q8x8_block *o) {
     __m256i r[8];
 #pragma GCC unroll 8

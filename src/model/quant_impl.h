@@ -75,21 +75,66 @@ cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, i
 
 /* Instruction set of the kernels: AUTO picks AVX2+FMA when the CPU has it,
  * unless the environment variable CASCADE_SIMD=generic forces the portable
- * path. GENERIC forces the portable path. AVX2 asks for AVX2 and fails with
- * CAS_ERR_UNSUPPORTED when the CPU lacks it. */
-typedef enum { CAS_Q_SIMD_AUTO = 0, CAS_Q_SIMD_GENERIC = 1, CAS_Q_SIMD_AVX2 = 2 } cas_q_simd;
+ * path; for batched calls (m > 1) on quantized weights whose packed copy is
+ * given (cas_q_opts.packed) it picks the AMX-INT8 kernels when
+ * cas_q_amx_available() (CASCADE_SIMD=avx2 turns them off). GENERIC forces
+ * the portable path. AVX2 asks for AVX2 and fails with CAS_ERR_UNSUPPORTED
+ * when the CPU lacks it. AMX asks for the AMX kernels for m > 1 (AVX2 for
+ * m = 1) and fails with CAS_ERR_UNSUPPORTED when they cannot run, or with
+ * CAS_ERR_INVALID when a batched call on a quantized type has no packed
+ * copy. */
+typedef enum { CAS_Q_SIMD_AUTO = 0, CAS_Q_SIMD_GENERIC = 1, CAS_Q_SIMD_AVX2 = 2, CAS_Q_SIMD_AMX = 3 } cas_q_simd;
 
 /* Options of a kernel call; a NULL pointer means all defaults (zeroes). */
 typedef struct {
-    int nthreads;      /* OpenMP threads; 0 = omp_get_max_threads() */
-    cas_q_simd simd;   /* instruction set, see above */
-    void *work;        /* scratch of at least work_bytes, 64-byte aligned; NULL = allocate in the call */
-    size_t work_bytes; /* size of work */
+    int nthreads;       /* OpenMP threads; 0 = omp_get_max_threads() */
+    cas_q_simd simd;    /* instruction set, see above */
+    void *work;         /* scratch of at least work_bytes, 64-byte aligned; NULL = allocate in the call */
+    size_t work_bytes;  /* size of work */
+    const void *packed; /* the same W in the packed layout (cas_q_pack), or NULL: batched calls then
+                           may take the AMX kernels */
 } cas_q_opts;
 
-/* The name of the path AUTO resolves to on this machine now ("avx2" or
- * "generic"). */
+/* The name of the path AUTO resolves to on this machine now for a matrix-
+ * vector product ("avx2" or "generic"). */
 const char *cas_q_simd_name(void);
+
+/* The name of the path AUTO resolves to for a batched call on quantized
+ * weights with a packed copy: "amx", "avx2" or "generic". */
+const char *cas_q_batch_simd_name(void);
+
+/* ---- packed weights (the AMX kernels' layout) -----------------------------
+ * Rows go in panels of CAS_Q_PANEL (the last one padded with zero rows);
+ * panel p, block b is CAS_Q_PANEL rows x 32 elements at byte offset
+ * (p * nb + b) * cas_q_packed_block_bytes(t), nb = n / 32:
+ *   Q8_0: int8 q[8][16][4] (q[k][r][i] = element 4k+i of row r: the "VNNI"
+ *         layout of an AMX B tile of 8 rows x 64 bytes), f16 d[16]: 544 bytes.
+ *   Q4_0, Q4_1: uint8 qs[4][16][4], the same layout for elements 0..15 in
+ *         the low nibbles and 16..31 in the high nibbles (each 4-byte group
+ *         is 4 bytes of the row's own qs, so ggml's nibble order carries
+ *         over), f16 d[16], and for Q4_1 f16 m[16]: 288 / 320 bytes.
+ * The same bytes as the file's blocks, rearranged: a packed copy is as
+ * large as the matrix (plus the padding rows). */
+#define CAS_Q_PANEL 16
+
+/* 1 when the AMX-INT8 kernels can run in this process: the CPU has
+ * AMX-TILE, AMX-INT8 and AVX-512 F/BW/VL/DQ, the OS enables the tile state
+ * (XCR0) and grants this process its use (arch_prctl ARCH_REQ_XCOMP_PERM,
+ * asked once, on the first call); else 0 and the AVX2 kernels are used.
+ * Thread-safe. Ignores CASCADE_SIMD. */
+int cas_q_amx_available(void);
+
+/* Bytes of one packed panel block of type t; 0 for types without a packed
+ * layout (the float types). */
+size_t cas_q_packed_block_bytes(int t);
+
+/* Bytes of W[rows][n] of type t packed; 0 for types without a packed layout
+ * or invalid shapes. */
+size_t cas_q_packed_bytes(int t, int64_t rows, int64_t n);
+
+/* Packs W[rows][n] of type t (file layout) into dst (cas_q_packed_bytes,
+ * any alignment; 64 is best). Portable code, OpenMP over panels. */
+cas_status cas_q_pack(int t, const void *w, int64_t rows, int64_t n, void *dst);
 
 /* Bytes of scratch a call of cas_q_matmul with these arguments needs (m = 1
  * for cas_q_matvec); nthreads as in cas_q_opts. 0 if the arguments are
@@ -217,6 +262,27 @@ void cas_q_avx2_matmul_tile(int t, const uint8_t *w, size_t row_bytes, int64_t r
 void cas_q_avx2_matmul_tile_lanes(int t, const uint8_t *w, size_t row_bytes, int64_t r0,
                                   int64_t nr, int64_t rows, int64_t n, const cas_q8x8_block *x8,
                                   int64_t m, float *y, void *tile);
+
+/* x of 16 tokens for one block in the AMX layout: q[t] is token t's block
+ * (an AMX A tile of 16 rows x 32 bytes), d and s as in cas_q8x_block.
+ * Tokens past the call's m are zero. 640 bytes. */
+typedef struct {
+    int8_t q[CAS_Q_PANEL][CAS_Q_BLOCK];
+    float d[CAS_Q_PANEL];
+    float s[CAS_Q_PANEL];
+} cas_q8x16_block;
+
+/* Token t of a 16-token group, x[n] quantized as quantize_x_row does, bit
+ * for bit, into g[0..nb) (the group's blocks) (quant_avx2.c). */
+void cas_q_avx2_quantize_x16(const float *x, int64_t nb, int t, cas_q8x16_block *g);
+
+/* AMX kernels (quant_amx.c): Y[m][rows] for the panels [p0, p1) of the
+ * packed W, from x16[ceil(m/16)][nb]. scratch: cas_q_amx_scratch_bytes(n),
+ * 64-byte aligned, per thread (a panel's Q4 weights unpacked to bytes, and
+ * two int32 result tiles). The caller has checked cas_q_amx_available. */
+static inline size_t cas_q_amx_scratch_bytes(int64_t n) { return (size_t)(n / 32) * 512 + 2048; }
+void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p1, int64_t rows,
+                             int64_t n, const cas_q8x16_block *x16, int64_t m, float *y, void *scratch);
 
 /* Instructions per second of one thread (quant_avx2.c). */
 double cas_q_avx2_peak_maddubs(long iters);
