@@ -581,10 +581,13 @@ static cas_status matmul(const cas_model *m, const cas_mat *w, const float *x, i
     return cas_q_matmul(w->type, w->data, w->rows, w->cols, x, rows, y, &o);
 }
 
-/* Stores one token's K (or V) row of n f32 values in the pool's storage type. */
-static void store_row(cas_dtype dt, void *dst, const float *src, int64_t n) {
+/* Stores one token's K (or V) row of n f32 values in the pool's storage type
+ * (F16 with F16C where the kernels are SIMD: the same rounding). */
+static void store_row(cas_dtype dt, void *dst, const float *src, int64_t n, int avx2) {
     if (dt == CAS_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
+    } else if (dt == CAS_F16 && avx2) {
+        cas_q_avx2_f32_to_f16(src, dst, n);
     } else if (dt == CAS_F16) {
         uint16_t *d = dst;
         for (int64_t i = 0; i < n; i++) d[i] = cas_f32_to_f16(src[i]);
@@ -595,6 +598,23 @@ static void store_row(cas_dtype dt, void *dst, const float *src, int64_t n) {
 }
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* The elementwise steps shared by the single-token and batched forwards, so
+ * that both give the same bits: SIMD versions where the kernels are SIMD
+ * (quant_avx2.c), else the portable loops. */
+static void norm_row(const cas_model *m, float *out, const float *x, const float *w) {
+    if (m->avx2)
+        cas_q_avx2_rmsnorm(out, x, w, m->cfg.n_embd, m->cfg.rms_eps);
+    else
+        rmsnorm_rows(out, x, w, 1, m->cfg.n_embd, m->cfg.rms_eps);
+}
+
+static void silu_mul(const cas_model *m, const float *g, const float *u, float *h, int64_t n) {
+    if (m->avx2)
+        cas_q_avx2_silu_mul(g, u, h, n);
+    else
+        for (int64_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+}
 
 /* One layer for a batch of one token (single-sequence decode), in two
  * parallel regions around the attention instead of one region per matrix:
@@ -608,7 +628,6 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
     const cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff, W = QD + 2 * KD;
-    const float eps = c->rms_eps;
     const int avx2 = m->avx2;
     const size_t rb_qkv = L->wqkv.bytes / (size_t)W, rb_o = L->wo.bytes / (size_t)E,
                  rb_gu = L->w_gu.bytes / (size_t)(2 * F), rb_d = L->w_down.bytes / (size_t)E;
@@ -621,7 +640,7 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
         float *xf = m->tx + (size_t)tid * m->tx_stride;
         uint8_t *xq = m->tq + (size_t)tid * m->tq_stride;
         int64_t r0, r1;
-        rmsnorm_rows(xf, m->x, L->attn_norm, 1, E, eps);
+        norm_row(m, xf, m->x, L->attn_norm);
         cas_q_xvec_quantize(L->wqkv.type, xf, E, xq, avx2);
         cas_q_thread_rows(W, tid, nth, &r0, &r1);
         cas_q_matvec_range(L->wqkv.type, L->wqkv.data, rb_qkv, E, r0, r1, xf, xq, qkv, avx2);
@@ -630,8 +649,8 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
         {
             rope_rows(qkv, 1, c->n_head, c->head_dim, c->n_rot, m->rope);
             rope_rows(qkv + QD, 1, c->n_head_kv, c->head_dim, c->n_rot, m->rope);
-            store_row(kv->dtype, kpool + kv_at, qkv + QD, KD);
-            store_row(kv->dtype, vpool + kv_at, qkv + QD + KD, KD);
+            store_row(kv->dtype, kpool + kv_at, qkv + QD, KD, avx2);
+            store_row(kv->dtype, vpool + kv_at, qkv + QD + KD, KD, avx2);
         }
     }
     cas_kv_pool pool = {kpool, vpool, kv->num_pages};
@@ -650,12 +669,12 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
         for (int64_t i = r0; i < r1; i++) m->x[i] += m->proj[i];
 #pragma omp barrier
         /* gate and up rows [r0, r1) of this thread, then SwiGLU on them */
-        rmsnorm_rows(xf, m->x, L->ffn_norm, 1, E, eps);
+        norm_row(m, xf, m->x, L->ffn_norm);
         cas_q_xvec_quantize(L->w_gu.type, xf, E, xq, avx2);
         cas_q_thread_rows(F, tid, nth, &r0, &r1);
         cas_q_matvec_range(L->w_gu.type, L->w_gu.data, rb_gu, E, r0, r1, xf, xq, m->fout, avx2);
         cas_q_matvec_range(L->w_gu.type, L->w_gu.data, rb_gu, E, F + r0, F + r1, xf, xq, m->fout, avx2);
-        for (int64_t i = r0; i < r1; i++) m->gate[i] = silu(m->fout[i]) * m->fout[F + i];
+        silu_mul(m, m->fout + r0, m->fout + F + r0, m->gate + r0, r1 - r0);
 #pragma omp barrier
         /* down projection and residual, own rows */
         cas_q_xvec_quantize(L->w_down.type, m->gate, F, xq, avx2);
@@ -758,70 +777,91 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
 
     const size_t es = cas_dtype_size(kv->dtype);
     const size_t pbytes = (size_t)ps * (size_t)KD * es;
+    int normed = 0; /* m->xb holds layer l's normalized input already */
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
         if (T == 1 && L->fused) {
+            normed = 0;
             int32_t p = m->pos[0];
             int32_t page = b->kv_indices[b->kv_indptr[0] + p / ps];
             size_t at = (size_t)page * pbytes + (size_t)(p % ps) * (size_t)KD * es;
             if ((st = layer_one_token(m, L, kv, l, at))) return st;
             continue;
         }
-        rmsnorm_rows(m->xb, m->x, L->attn_norm, T, E, c->rms_eps);
+        /* The elementwise steps run over tokens in parallel regions of their own
+         * (the matrix kernels open theirs). */
+        const int nt = m->nt;
+        const int avx2 = m->avx2;
+        uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
+        uint8_t *vpool = (uint8_t *)kv->v + (size_t)l * kv->layer_bytes;
+        if (!normed) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (int64_t t = 0; t < T; t++) norm_row(m, m->xb + t * E, m->x + t * E, L->attn_norm);
+        }
+        float *kr = m->k, *vr = m->v; /* K and V rows of token 0, kw floats apart */
+        int64_t kw = KD;
         if (L->fused) {
-            if ((st = matmul(m, &L->wqkv, m->xb, T, m->fout))) return st;
             const int64_t W = QD + 2 * KD;
-            for (int64_t t = 0; t < T; t++) {
-                const float *r = m->fout + t * W;
-                memcpy(m->q + t * QD, r, sizeof(float) * (size_t)QD);
-                memcpy(m->k + t * KD, r + QD, sizeof(float) * (size_t)KD);
-                memcpy(m->v + t * KD, r + QD + KD, sizeof(float) * (size_t)KD);
-            }
+            if ((st = matmul(m, &L->wqkv, m->xb, T, m->fout))) return st;
+            kr = m->fout + QD, vr = m->fout + QD + KD, kw = W;
         } else {
             if ((st = matmul(m, &L->wq, m->xb, T, m->q))) return st;
             if ((st = matmul(m, &L->wk, m->xb, T, m->k))) return st;
             if ((st = matmul(m, &L->wv, m->xb, T, m->v))) return st;
         }
-        rope_rows(m->q, T, c->n_head, c->head_dim, c->n_rot, m->rope);
-        rope_rows(m->k, T, c->n_head_kv, c->head_dim, c->n_rot, m->rope);
-
-        /* K and V of the new tokens into their pages: position p of sequence r is slot
-         * p % page_size of its page p / page_size */
-        uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
-        uint8_t *vpool = (uint8_t *)kv->v + (size_t)l * kv->layer_bytes;
+        /* RoPE on q and k, then K and V of the new tokens into their pages: position p of
+         * sequence r is slot p % page_size of its page p / page_size */
+#pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t t = 0; t < T; t++) {
+            float *qt = m->q + t * QD, *kt = kr + t * kw;
+            const float *cs = m->rope + t * (int64_t)half * 2;
+            if (L->fused) memcpy(qt, m->fout + t * kw, sizeof(float) * (size_t)QD);
+            rope_rows(qt, 1, c->n_head, c->head_dim, c->n_rot, cs);
+            rope_rows(kt, 1, c->n_head_kv, c->head_dim, c->n_rot, cs);
             int32_t r = m->seq_of[t], p = m->pos[t];
             int32_t page = b->kv_indices[b->kv_indptr[r] + p / ps], off = p % ps;
             size_t at = (size_t)page * pbytes + (size_t)off * (size_t)KD * es;
-            store_row(kv->dtype, kpool + at, m->k + t * KD, KD);
-            store_row(kv->dtype, vpool + at, m->v + t * KD, KD);
+            store_row(kv->dtype, kpool + at, kt, KD, avx2);
+            store_row(kv->dtype, vpool + at, vr + t * kw, KD, avx2);
         }
         cas_kv_pool pool = {kpool, vpool, kv->num_pages};
         if ((st = cas_attn_plan_run(m->plan, &pool, m->q, m->att, NULL))) return st;
 
         if ((st = matmul(m, &L->wo, m->att, T, m->proj))) return st;
-        for (int64_t i = 0; i < T * E; i++) m->x[i] += m->proj[i];
-
-        rmsnorm_rows(m->xb, m->x, L->ffn_norm, T, E, c->rms_eps);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *xt = m->x + t * E;
+            const float *pt = m->proj + t * E;
+            for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
+            norm_row(m, m->xb + t * E, xt, L->ffn_norm);
+        }
         if (L->fused) {
             if ((st = matmul(m, &L->w_gu, m->xb, T, m->fout))) return st;
-            for (int64_t t = 0; t < T; t++) {
-                const float *g = m->fout + t * 2 * F, *u = g + F;
-                float *h = m->gate + t * F;
-                for (int64_t i = 0; i < F; i++) h[i] = silu(g[i]) * u[i];
-            }
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (int64_t t = 0; t < T; t++)
+                silu_mul(m, m->fout + t * 2 * F, m->fout + t * 2 * F + F, m->gate + t * F, F);
         } else {
             if ((st = matmul(m, &L->w_gate, m->xb, T, m->gate))) return st;
             if ((st = matmul(m, &L->w_up, m->xb, T, m->up))) return st;
-            for (int64_t i = 0; i < T * F; i++) m->gate[i] = silu(m->gate[i]) * m->up[i];
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (int64_t t = 0; t < T; t++) silu_mul(m, m->gate + t * F, m->up + t * F, m->gate + t * F, F);
         }
         if ((st = matmul(m, &L->w_down, m->gate, T, m->proj))) return st;
-        for (int64_t i = 0; i < T * E; i++) m->x[i] += m->proj[i];
+        /* residual, and the next layer's input norm in the same pass */
+        const float *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : NULL;
+        normed = next_norm != NULL;
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *xt = m->x + t * E;
+            const float *pt = m->proj + t * E;
+            for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
+            if (next_norm) norm_row(m, m->xb + t * E, xt, next_norm);
+        }
     }
 
     /* final norm and logits of the wanted rows only */
-    for (int32_t i = 0; i < NL; i++)
-        rmsnorm_rows(m->xl + (int64_t)i * E, m->x + (int64_t)lrows[i] * E, m->out_norm, 1, E, c->rms_eps);
+#pragma omp parallel for num_threads(m->nt) schedule(static) if (NL > 1)
+    for (int32_t i = 0; i < NL; i++) norm_row(m, m->xl + (int64_t)i * E, m->x + (int64_t)lrows[i] * E, m->out_norm);
     if (NL > 0 && (st = matmul(m, &m->output, m->xl, NL, logits))) return st;
     return CAS_OK;
 }

@@ -284,6 +284,16 @@ static inline size_t cas_q_amx_scratch_bytes(int64_t n) { return (size_t)(n / 32
 void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p1, int64_t rows,
                              int64_t n, const cas_q8x16_block *x16, int64_t m, float *y, void *scratch);
 
+/* Elementwise work of the forward pass, AVX2+FMA+F16C (quant_avx2.c):
+ * h[i] = silu(g[i]) * u[i] with a vector e^x within 2 ulp (inputs below
+ * -87.3 give silu = x * (1 + 2^-126)^-1 instead of x: the same in f32);
+ * f32 to f16 rounded to nearest even (as cas_f32_to_f16 for finite values);
+ * RMSNorm out = x / sqrt(mean(x^2) + eps) * w with the sum of squares in
+ * double, as the portable code does, in another order. */
+void cas_q_avx2_silu_mul(const float *g, const float *u, float *h, int64_t n);
+void cas_q_avx2_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
+void cas_q_avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+
 /* Instructions per second of one thread (quant_avx2.c). */
 double cas_q_avx2_peak_maddubs(long iters);
 
