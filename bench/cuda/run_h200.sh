@@ -9,6 +9,8 @@
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
 #   steps: test bench bench2 cli ncu grid sanitize (default: test bench cli grid)
+#   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "6 7 3 1"),
+#   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
 set -u
@@ -38,22 +40,23 @@ if [ -z "$T" ]; then
 fi
 command -v cuobjdump >/dev/null && echo "HGMMA in the test binary: $(cuobjdump --dump-sass "$T" 2>/dev/null | grep -c HGMMA)"
 if has test; then
-  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
+  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-6,7,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
   timeout 200 "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi
 if has bench; then
-  echo "== bench: headline, B256 and prefill: wgmma (kind 3), wgmma-overlap (4), mma.sync (1); split rule off (s0)"
-  for k in 3 4 1; do
+  BENCH_KINDS=${BENCH_KINDS:-6 7 3 1}
+  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (6 wgmma-ws, 7 wgmma-ws64, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
+  for k in $BENCH_KINDS; do
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 256 --prefix 32768 --suffix 512 --json "$W/b256_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --unshared --prefill 16384 --json "$W/up_k$k.json" 2>&1 | grep -E "unshared|prefill" | sed "s/^/k$k /"
   done
-  CASCADE_CUDA_SPLIT=0 CASCADE_CUDA_WIDE=3 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k3_s0.json" 2>&1 | tail -1 | sed "s/^/k3 s0 /"
+  [ -n "${BENCH_S0:-}" ] && CASCADE_CUDA_SPLIT=0 CASCADE_CUDA_WIDE=3 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k3_s0.json" 2>&1 | tail -1 | sed "s/^/k3 s0 /"
   # the kind for the grid: fastest headline + B256 cascade among kinds whose tests passed
-  GRID_WIDE=$(python3 - "$W" <<'PY'
+  GRID_WIDE=$(python3 - "$W" "$(echo $BENCH_KINDS | tr -d ' ')" <<'PY'
 import json, re, sys, os
-w = sys.argv[1]
+w, kinds = sys.argv[1], sys.argv[2]
 log = open(os.path.join(w, "test_cuda.log")).read() if os.path.exists(os.path.join(w, "test_cuda.log")) else ""
 bad, done = set(), set()
 cur = None
@@ -65,9 +68,9 @@ for line in log.splitlines():
         bad.add(cur)
     elif line.startswith("ok test_graph_replan") and cur:
         done.add(cur)
-bad |= set("341") - done
+bad |= set(kinds) - done
 best, bt = "1", 1e9
-for k in "341":
+for k in kinds:
     try:
         t = sum(json.load(open(os.path.join(w, f))).get("cases", [{}])[0]["cascade_ms"] for f in ("one_k%s.json" % k, "b256_k%s.json" % k))
     except Exception:

@@ -107,8 +107,9 @@ int cas_cuda_launch_merge2(float *o_out, float *lse_out, const float *o_a, const
                            void *stream);
 const char *cas_cuda_error_string(int err);
 
-/* The Hopper wgmma kernel (cuda_attn_wgmma.cu, sm_90a), kinds 3 (plain) and
- * 4 (the next tile's S overlaps this tile's softmax): head_dim 128 only
+/* The Hopper wgmma kernels (cuda_attn_wgmma.cu, sm_90a), kinds 3 (plain),
+ * 4 (the next tile's S overlaps this tile's softmax), 6 and 7
+ * (warp-specialized, 128- and 64-key tiles): head_dim 128 only
  * (cas_cuda_wgmma_supported); the launch and occupancy calls of those kinds
  * forward here. */
 int cas_cuda_wgmma_supported(int D);

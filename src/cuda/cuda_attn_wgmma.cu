@@ -33,6 +33,8 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "cuda_attn_impl.h"
 #include "cuda_attn_ptx.cuh"
 
@@ -370,43 +372,445 @@ __global__ void __launch_bounds__(256, 1)
 #endif
 }
 
-/* ---- launchers ---------------------------------------------------------- */
+/* ---- warp-specialized kernel (kinds 6 and 7) ------------------------------
+ *
+ * Three warpgroups: a producer (warpgroup 0) streams K and V tiles with
+ * cp.async into STAGES stages, each completing on its own mbarrier
+ * (cp.async.mbarrier.arrive.noinc: one arrival per producer thread when its
+ * copies land), K and V with separate full/empty barriers so that a K slot
+ * is refilled as soon as S = Q K^T of both consumers has read it. Two
+ * consumer warpgroups of 64 rows each run the same tiles; a pair of named
+ * barriers makes them take turns on the tensor cores (ping-pong): one issues
+ * O += P V of this tile and S of the next while the other does its softmax.
+ * No CTA-wide barrier after the start. setmaxnreg gives each producer
+ * thread 56 registers and each consumer thread 224. Kind 6: 128-key tiles, 2 stages;
+ * kind 7: 64-key tiles, 4 stages (same shared memory). */
 
-template <typename T, int D, bool OVL>
-static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                     const void *q, float *o, float *lse, float *scratch, int grid, cudaStream_t st) {
-    typedef wg_cfg<D, OVL> C;
-    attn_wgmma_kernel<T, D, OVL><<<grid, C::NT, C::SMEM, st>>>(
-        (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq, g->Hkv,
-        g->page_size);
-    return (int)cudaGetLastError();
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* arrives on bar when all prior cp.async of this thread have completed; the
+ * arrival is one of the count given at init (noinc) */
+__device__ __forceinline__ void mbar_arrive_cpasync(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nLAB_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void nbar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void nbar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+template <int R> __device__ __forceinline__ void reg_dealloc() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void reg_alloc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
-template <typename T, int D, bool OVL> static int wg_occ(int *ctas) {
-    typedef wg_cfg<D, OVL> C;
-    cudaError_t e = cudaFuncSetAttribute(attn_wgmma_kernel<T, D, OVL>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
+template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
+    static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
+    static constexpr int NT = 384, ROWS = 128;
+    static constexpr int LD = D + 8, CPR = D / 8;
+    static constexpr int KSTEP = 128 / CPR;   /* keys one pass of the producer's 128 threads covers */
+    static constexpr int NIT = KEYS / KSTEP;  /* 16-byte copies per producer thread per K or V tile */
+    static constexpr size_t TILE = (size_t)KEYS * D * 2;
+    static constexpr size_t Q_BYTES = (size_t)ROWS * LD * 2;
+    static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + Q_BYTES;
+    static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
+    static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0, "producer mapping");
+};
+/* registers per thread after setmaxnreg (128 x producer + 256 x consumer <= 64K) */
+#ifndef WS_PRODUCER_REGS
+#define WS_PRODUCER_REGS 56
+#endif
+#ifndef WS_CONSUMER_REGS
+#define WS_CONSUMER_REGS 224
+#endif
+/* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
+#define WS_BAR_TURN0 1
+#define WS_BAR_WG0 3
+
+template <typename T, int D, int KEYS, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
+                         const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
+                         float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P) {
+#if CAS_WGMMA_OK
+    typedef ws_cfg<D, KEYS, STAGES> C;
+    constexpr int LD = C::LD, CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    /* K/V stages first, 1024-byte aligned (the swizzle pattern repeats every 1024 bytes), then Q */
+    const uint32_t kv_s = (smem_u32(smem) + 1023u) & ~1023u;
+    T *sQ = reinterpret_cast<T *>(smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE);
+    __shared__ int s_qpos[128];
+    __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
+    __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
+
+    const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
+    const int ntask = h->n_tasks_wide;
+    const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide);
+    const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
+    const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
+
+    const int tid = threadIdx.x, lane = tid & 31;
+    const uint32_t bar0 = smem_u32(s_bar);
+#define FULL_K(s) (bar0 + 8u * (uint32_t)(s))
+#define FULL_V(s) (bar0 + 8u * (uint32_t)(STAGES + (s)))
+#define EMPTY_K(s) (bar0 + 8u * (uint32_t)(2 * STAGES + (s)))
+#define EMPTY_V(s) (bar0 + 8u * (uint32_t)(3 * STAGES + (s)))
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(FULL_K(s), 128);
+            mbar_init(FULL_V(s), 128);
+            mbar_init(EMPTY_K(s), 8);
+            mbar_init(EMPTY_V(s), 8);
+        }
+    }
+    __syncthreads();
+    const int64_t page_stride = (int64_t)P * Hkv * D;
+
+    /* the warpgroup index, warp-uniform for the compiler (wgmma on a path it
+     * thinks divergent gets serialized) */
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    if (wg == 0) {
+        /* ---- producer ---- */
+        reg_dealloc<WS_PRODUCER_REGS>();
+        const int ch = tid % CPR, key0 = tid / CPR;
+        const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
+        const int64_t row_stride = (int64_t)Hkv * D;
+        int it = 0;
+        for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
+            const cas_cuda_task t = tasks[ti];
+            const int32_t *pg_list = pages + passes[t.pass].page_off;
+            const int nkeys = t.kv1 - t.kv0;
+            const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
+            const T *kb = kpool + (int64_t)t.kv_head * D + ch * 8;
+            const T *vb = vpool + (int64_t)t.kv_head * D + ch * 8;
+            for (int j = 0; j < ntiles; j++, it++) {
+                const int s = it % STAGES;
+                const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
+                const uint32_t dk = kv_s + (uint32_t)(s * 2 * C::TILE) + soff0;
+                const int k0 = t.kv0 + j * KEYS + key0;
+                /* this thread's keys k0 + n KSTEP: page ids (all loads in
+                 * flight at once, before the wait for the slot) and rows */
+                int pg[NIT], pr[NIT];
+                if (P >= KSTEP) {
+                    int pi = k0 / P, r = k0 - pi * P;
+#pragma unroll
+                    for (int n = 0; n < NIT; n++) {
+                        const bool ok = k0 + n * KSTEP < t.kv1;
+                        pg[n] = pg_list[ok ? pi : 0];
+                        pr[n] = ok ? r : -1;
+                        r += KSTEP;
+                        const bool c = r >= P;
+                        r = c ? r - P : r;
+                        pi += c;
+                    }
+                } else {
+#pragma unroll
+                    for (int n = 0; n < NIT; n++) {
+                        const int kidx = k0 + n * KSTEP;
+                        const bool ok = kidx < t.kv1;
+                        const int pi = kidx / P;
+                        pg[n] = pg_list[ok ? pi : 0];
+                        pr[n] = ok ? kidx - pi * P : -1;
+                    }
+                }
+#pragma unroll
+                for (int kv = 0; kv < 2; kv++) {
+                    const T *base = kv ? vb : kb;
+                    mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+#pragma unroll
+                    for (int n = 0; n < NIT; n++) {
+                        const int64_t off = (int64_t)pg[n] * page_stride + (pr[n] > 0 ? (int64_t)pr[n] * row_stride : 0);
+                        cp_async16_s(dk + (uint32_t)(kv * C::TILE) + (uint32_t)(n * KSTEP * 128), base + off,
+                                     pr[n] >= 0 ? 16 : 0);
+                    }
+                    mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
+                }
+            }
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+    } else {
+        /* ---- consumers ---- */
+        reg_alloc<WS_CONSUMER_REGS>();
+        const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
+        const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
+        const int group = h->group, causal = h->causal, window = h->window_left;
+        const float scale_log2 = h->scale_log2, cap = h->soft_cap, scale = h->scale;
+        const int cw = wg - 1, ctid = tid & 127;
+        const int wrow = cw * 64 + (ctid >> 5) * 16; /* this warp's first row in the CTA */
+        const int my_turn = WS_BAR_TURN0 + cw, other_turn = WS_BAR_TURN0 + 1 - cw, bar_wg = WS_BAR_WG0 + cw;
+        const int lrow8 = ((lane >> 3) & 1) * 8 + (lane & 7), lcol8 = (lane >> 4) * 8;
+        if (cw == 1) nbar_arrive(WS_BAR_TURN0, 256); /* consumer 0 goes first */
+        int it = 0;
+        for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
+            const cas_cuda_task t = tasks[ti];
+            const cas_cuda_pass ps = passes[t.pass];
+            nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
+            if (ctid < 64) {
+                const int r0 = cw * 64 + ctid;
+                int r = r0 < t.nrows ? r0 : t.nrows - 1; /* padding rows repeat the last row */
+                int row = t.row0 + r;
+                int tk = row / group, g = row - tk * group;
+                int tokid = tok_ids[ps.tok_off + tk];
+                int hq = t.kv_head * group + g;
+                s_qpos[r0] = tok_pos[ps.tok_off + tk];
+                s_qrow[r0] = ((long long)tokid * Hq + hq) * D;
+                if (t.o_off < 0) {
+                    s_oo[r0] = ((long long)tokid * Hq + hq) * D;
+                    s_lo[r0] = (long long)tokid * Hq + hq;
+                } else {
+                    s_oo[r0] = t.o_off + ((long long)tk * Hq + hq) * D;
+                    s_lo[r0] = t.lse_off + (long long)tk * Hq + hq;
+                }
+            }
+            nbar_sync(bar_wg, 128);
+            for (int c = ctid; c < 64 * CPR; c += 128) {
+                const int r = cw * 64 + c / CPR, chq = c % CPR;
+                cp_async16(sQ + r * LD + chq * 8, q + s_qrow[r] + chq * 8, r < t.nrows ? 16 : 0);
+            }
+            cp_async_commit();
+            cp_async_wait<0>();
+            nbar_sync(bar_wg, 128);
+            uint32_t qf[D / 16][4];
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) ldsm_x4(qf[ks], sQ + (wrow + lrow8) * LD + ks * 16 + lcol8);
+
+            const int nkeys = t.kv1 - t.kv0;
+            const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
+            float oacc[D / 2];
+#pragma unroll
+            for (int i = 0; i < D / 2; i++) oacc[i] = 0.f;
+            float mrow[2] = {-CUDART_INF_F, -CUDART_INF_F}, lrow[2] = {0.f, 0.f};
+            const int qp[2] = {s_qpos[wrow + (lane >> 2)], s_qpos[wrow + (lane >> 2) + 8]};
+            float s[KEYS / 2];
+            /* S = Q K^T of the tile in stage st (64 rows x KEYS keys per warpgroup), no commit */
+            auto mma_qk = [&](int st) {
+                const uint32_t ka = kv_s + (uint32_t)(st * 2 * C::TILE);
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ks++)
+                    wg_mma<T, KEYS>::template run<0>(
+                        s, qf[ks], wg_desc(ka + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
+            };
+            if (ntiles > 0) {
+                const int s0 = it % STAGES;
+                mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
+                fence_proxy_async();
+                nbar_sync(my_turn, 256);
+                wg_fence();
+                mma_qk(s0);
+                wg_commit();
+                nbar_arrive(other_turn, 256);
+                wg_wait<0>();
+                wg_fence_regs<KEYS / 2>(s);
+                if (lane == 0) mbar_arrive(EMPTY_K(s0));
+            }
+            /* one tile: softmax of S (tile i), then O += P V (tile i) and, if
+             * MORE, S of tile i + 1 in the same commit group on this
+             * consumer's turn (two instances: wgmma under a run-time branch
+             * gets serialized by ptxas) */
+            auto step = [&](int i, auto more_c) {
+                constexpr bool more = decltype(more_c)::value;
+                /* scale, soft cap, masks; s[4 * nt + e]: row (lane / 4) + 8 * (e / 2), key 8 nt + 2 (lane % 4) + e % 2 */
+                const int kb = t.kv0 + i * KEYS;
+                const bool full = kb + KEYS <= t.kv1 && (!causal || ps.pos0 + kb + KEYS - 1 <= t.qpos_min) &&
+                                  (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
+                if (cap > 0.f) {
+#pragma unroll
+                    for (int j = 0; j < KEYS / 2; j++) s[j] = cap * tanhf(s[j] * scale / cap) * LOG2E_F;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < KEYS / 2; j++) s[j] *= scale_log2;
+                }
+                if (!full) {
+#pragma unroll
+                    for (int j = 0; j < KEYS / 2; j++) {
+                        const int nt = j >> 2, e = j & 3;
+                        const int key = kb + nt * 8 + (lane & 3) * 2 + (e & 1);
+                        const int kabs = ps.pos0 + key;
+                        const int qq = qp[e >> 1];
+                        const bool vis = key < t.kv1 && (!causal || kabs <= qq) && (window < 0 || kabs >= qq - window);
+                        if (!vis) s[j] = -CUDART_INF_F;
+                    }
+                }
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    float mx = -CUDART_INF_F;
+#pragma unroll
+                    for (int nt = 0; nt < KEYS / 8; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float mn = fmaxf(mrow[hf], mx);
+                    const float mu = mn == -CUDART_INF_F ? 0.f : mn;
+                    const float al = exp2f(mrow[hf] - mu);
+                    mrow[hf] = mn;
+                    float rs = 0.f;
+#pragma unroll
+                    for (int nt = 0; nt < KEYS / 8; nt++) {
+                        s[4 * nt + 2 * hf] = exp2f(s[4 * nt + 2 * hf] - mu);
+                        s[4 * nt + 2 * hf + 1] = exp2f(s[4 * nt + 2 * hf + 1] - mu);
+                        rs += s[4 * nt + 2 * hf] + s[4 * nt + 2 * hf + 1];
+                    }
+                    lrow[hf] = lrow[hf] * al + rs;
+#pragma unroll
+                    for (int dt = 0; dt < D / 8; dt++) {
+                        oacc[4 * dt + 2 * hf] *= al;
+                        oacc[4 * dt + 2 * hf + 1] *= al;
+                    }
+                }
+                uint32_t pa[KEYS / 16][4];
+#pragma unroll
+                for (int kk = 0; kk < KEYS / 16; kk++) {
+                    pa[kk][0] = mma_op<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+                    pa[kk][1] = mma_op<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+                    pa[kk][2] = mma_op<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+                    pa[kk][3] = mma_op<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+                }
+                const int sc = it % STAGES, sn = (it + 1) % STAGES;
+                mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
+                if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
+                fence_proxy_async();
+                const uint32_t vs_addr = kv_s + (uint32_t)(sc * 2 * C::TILE) + (uint32_t)C::TILE;
+                nbar_sync(my_turn, 256);
+                wg_fence_regs<D / 2>(oacc);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < KEYS / 16; kk++)
+                    wg_mma<T, D>::template run<1>(oacc, pa[kk], wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024), 1);
+                if constexpr (more) mma_qk(sn);
+                wg_commit();
+                nbar_arrive(other_turn, 256);
+                wg_wait<0>();
+                wg_fence_regs<D / 2>(oacc);
+                wg_fence_regs<KEYS / 2>(s);
+                if (lane == 0) {
+                    mbar_arrive(EMPTY_V(sc));
+                    if (more) mbar_arrive(EMPTY_K(sn));
+                }
+            };
+            for (int i = 0; i + 1 < ntiles; i++, it++) step(i, std::true_type{});
+            if (ntiles > 0) {
+                step(ntiles - 1, std::false_type{});
+                it++;
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 1);
+                lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 2);
+            }
+            float *obase = t.o_off < 0 ? o : scratch;
+            float *lbase = t.o_off < 0 ? lse : scratch;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int r = wrow + (lane >> 2) + hf * 8;
+                const float l = lrow[hf], m = mrow[hf];
+                if (r < t.nrows) {
+                    const float inv = l > 0.f ? 1.f / l : 0.f;
+                    float *dst = obase + s_oo[r];
+#pragma unroll
+                    for (int dt = 0; dt < D / 8; dt++) {
+                        float2 v = make_float2(oacc[4 * dt + 2 * hf] * inv, oacc[4 * dt + 2 * hf + 1] * inv);
+                        *reinterpret_cast<float2 *>(dst + dt * 8 + (lane & 3) * 2) = v;
+                    }
+                    if ((lane & 3) == 0) lbase[s_lo[r]] = l > 0.f ? (m + log2f(l)) * LN2_F : -CUDART_INF_F;
+                }
+            }
+        }
+        /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
+        if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
+    }
+#undef FULL_K
+#undef FULL_V
+#undef EMPTY_K
+#undef EMPTY_V
+#else
+    __trap();
+#endif
+}
+
+/* ---- launchers ---------------------------------------------------------- */
+
+/* kinds: 3 plain, 4 next S during this softmax, 6 warp-specialized 128-key
+ * tiles x 2 stages, 7 warp-specialized 64-key tiles x 4 stages */
+template <typename T, int D, int KIND> struct wg_kernel;
+template <typename T, int D> struct wg_kernel<T, D, 3> {
+    typedef wg_cfg<D, false> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_kernel<T, D, false>; }
+};
+template <typename T, int D> struct wg_kernel<T, D, 4> {
+    typedef wg_cfg<D, true> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_kernel<T, D, true>; }
+};
+template <typename T, int D> struct wg_kernel<T, D, 6> {
+    typedef ws_cfg<D, 128, 2> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 2>; }
+};
+template <typename T, int D> struct wg_kernel<T, D, 7> {
+    typedef ws_cfg<D, 64, 4> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 4>; }
+};
+
+template <typename T, int D, int KIND>
+static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
+                     const void *q, float *o, float *lse, float *scratch, int grid, cudaStream_t st) {
+    typedef wg_kernel<T, D, KIND> K;
+    const char *plan_c = (const char *)plan;
+    const T *kp = (const T *)k, *vp = (const T *)v, *qp = (const T *)q;
+    int Hq = g->Hq, Hkv = g->Hkv, P = g->page_size;
+    void *args[] = {(void *)&plan_c, (void *)&kp, (void *)&vp, (void *)&qp, (void *)&o,
+                    (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P};
+    return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
+}
+
+template <typename T, int D, int KIND> static int wg_occ(int *ctas) {
+    typedef wg_kernel<T, D, KIND> K;
+    cudaError_t e = cudaFuncSetAttribute(K::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
     if (e != cudaSuccess) return (int)e;
-    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, attn_wgmma_kernel<T, D, OVL>, C::NT,
-                                                              C::SMEM);
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, K::fn(), K::NT, K::SMEM);
 }
 
 /* head_dim 64 compiles but failed the float64 reference on the H200 (bench/NOTES.md):
  * only 128 is enabled until that is understood */
 extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
 
-/* Calls F<T, D, OVL> for the geometry's dtype and head_dim; kind 4 overlaps */
+#define CAS_WG_DISPATCH_K(T, DD, kind, F, ...)                                                    \
+    do {                                                                                          \
+        switch (kind) {                                                                           \
+        case 3: return F<T, DD, 3>(__VA_ARGS__);                                                  \
+        case 4: return F<T, DD, 4>(__VA_ARGS__);                                                  \
+        case 6: return F<T, DD, 6>(__VA_ARGS__);                                                  \
+        case 7: return F<T, DD, 7>(__VA_ARGS__);                                                  \
+        default: return (int)cudaErrorInvalidValue;                                               \
+        }                                                                                         \
+    } while (0)
+/* Calls F<T, D, kind> for the geometry's dtype and head_dim */
 #define CAS_WG_DISPATCH(g, kind, F, ...)                                                          \
     do {                                                                                          \
-        const bool ovl_ = (kind) == 4;                                                            \
-        if ((g)->dtype == 2 && (g)->D == 64)                                                      \
-            return ovl_ ? F<__nv_bfloat16, 64, true>(__VA_ARGS__) : F<__nv_bfloat16, 64, false>(__VA_ARGS__); \
-        if ((g)->dtype == 2 && (g)->D == 128)                                                     \
-            return ovl_ ? F<__nv_bfloat16, 128, true>(__VA_ARGS__) : F<__nv_bfloat16, 128, false>(__VA_ARGS__); \
-        if ((g)->dtype == 1 && (g)->D == 64)                                                      \
-            return ovl_ ? F<__half, 64, true>(__VA_ARGS__) : F<__half, 64, false>(__VA_ARGS__);   \
-        if ((g)->dtype == 1 && (g)->D == 128)                                                     \
-            return ovl_ ? F<__half, 128, true>(__VA_ARGS__) : F<__half, 128, false>(__VA_ARGS__); \
+        if ((g)->dtype == 2 && (g)->D == 64) CAS_WG_DISPATCH_K(__nv_bfloat16, 64, kind, F, __VA_ARGS__); \
+        if ((g)->dtype == 2 && (g)->D == 128) CAS_WG_DISPATCH_K(__nv_bfloat16, 128, kind, F, __VA_ARGS__); \
+        if ((g)->dtype == 1 && (g)->D == 64) CAS_WG_DISPATCH_K(__half, 64, kind, F, __VA_ARGS__); \
+        if ((g)->dtype == 1 && (g)->D == 128) CAS_WG_DISPATCH_K(__half, 128, kind, F, __VA_ARGS__); \
         return (int)cudaErrorInvalidValue;                                                        \
     } while (0)
 
