@@ -5,8 +5,9 @@
 #
 # Sources are found by wildcard: every src/<layer>/*.c goes into the library
 # (src/tools/*.c into the command), every tests/test_*.c is one test program.
-# Files named *_avx2.c and *_avx512.c are compiled with those instruction sets;
-# the code calling them checks the CPU at run time.
+# Files named *_avx2.c, *_avx512.c and *_avx512bf16.c (with AMX-BF16) are
+# compiled with those instruction sets; the code calling them checks the CPU
+# at run time.
 
 BUILD   ?= build
 CC      ?= cc
@@ -71,6 +72,10 @@ $(BUILD)/%_avx2.o: %_avx2.c
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -c $< -o $@
+
+$(BUILD)/%_avx512bf16.o: %_avx512bf16.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mamx-tile -mamx-bf16 -mfma -mf16c -c $< -o $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
