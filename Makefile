@@ -5,9 +5,9 @@
 #
 # Sources are found by wildcard: every src/<layer>/*.c goes into the library
 # (src/tools/*.c into the command), every tests/test_*.c is one test program.
-# Files named *_avx2.c, *_avx512.c and *_amx.c (AVX-512 + AMX-INT8) are compiled
-# with those instruction sets;
-# the code calling them checks the CPU at run time.
+# Files named *_avx2.c, *_avx512.c, *_amx.c (AVX-512 + AMX-INT8) and
+# *_avx512bf16.c (AVX-512 BF16 + AMX-BF16) are compiled with those instruction
+# sets; the code calling them checks the CPU at run time.
 
 BUILD   ?= build
 CC      ?= cc
@@ -73,9 +73,15 @@ $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -c $< -o $@
 
+<<<<<<< HEAD
 $(BUILD)/%_amx.o: %_amx.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mamx-tile -mamx-int8 -c $< -o $@
+=======
+$(BUILD)/%_avx512bf16.o: %_avx512bf16.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mamx-tile -mamx-bf16 -mfma -mf16c -c $< -o $@
+>>>>>>> attn-wip
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

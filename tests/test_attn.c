@@ -181,6 +181,95 @@ static void test_differential_grid(void) {
     CHECKF(fails == 0, "%d of %d grid cases failed", fails, n);
 }
 
+/* bf16 KV with cas_attn_plan_opts.bf16_dot: Q and P rounded to bf16, the
+ * products summed by vdpbf16ps or AMX tiles. Checked against the float64
+ * reference at bf16 precision, in every cascade mode, with AMX and without,
+ * and the two instruction paths against each other at f32 precision. */
+static void test_bf16_dot(void) {
+    if (!cas_attn_bf16_dot_available()) {
+        printf("  bf16 dot: this CPU has no AVX512_BF16; the bf16 dot-product kernel was not run\n");
+        return;
+    }
+    struct {
+        int32_t hq, hkv, D, page, qlen;
+        float cap;
+        int32_t window, causal;
+        const char *tree;
+    } v[] = {
+        {8, 2, 128, 16, 1, 0.0f, -1, 1, "12*200(5*64)+3*40"},
+        {8, 2, 64, 1, -20, 0.0f, -1, 1, "6*37(2*9)"},
+        {12, 4, 96, 16, -5, 20.0f, 33, 1, "5*130"},
+        {16, 2, 256, 32, 3, 0.0f, -1, 0, "4*70(2*33)"},
+        {4, 4, 128, 64, -40, 0.0f, -1, 1, "3*300+2*5"},
+        {8, 1, 128, 16, 300, 0.0f, -1, 1, "2*400"},
+    };
+    int fails = 0, amx_runs = 0;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        cas_attn_shape sh = {v[i].hq, v[i].hkv, v[i].D, v[i].page, CAS_BF16};
+        cas_attn_params prm = cas_attn_params_default();
+        prm.logits_soft_cap = v[i].cap;
+        prm.window_left = v[i].window;
+        prm.causal = v[i].causal;
+        cas_attn_synth s;
+        if (cas_attn_synth_create(&s, &sh, v[i].tree, 0, 0, -9, v[i].qlen, cas_rng_u64(&rng))) {
+            printf("  bf16 dot #%zu: synth: %s\n", i, cas_last_error());
+            fails++;
+            continue;
+        }
+        cas_attn_batch b = cas_attn_synth_batch(&s);
+        cas_kv_pool pool = cas_attn_synth_pool(&s);
+        size_t no = (size_t)s.total_q * sh.num_qo_heads * sh.head_dim, nl = (size_t)s.total_q * sh.num_qo_heads;
+        double *oref = malloc(sizeof(double) * no), *lref = malloc(sizeof(double) * nl);
+        float *o[2], *l[2];
+        for (int a = 0; a < 2; a++) o[a] = malloc(sizeof(float) * no), l[a] = malloc(sizeof(float) * nl);
+        CHECK(cas_attn_reference(&sh, &pool, &b, &prm, s.q, oref, lref) == CAS_OK);
+        cas_cascade_mode modes[3] = {CAS_CASCADE_OFF, CAS_CASCADE_ALL, CAS_CASCADE_AUTO};
+        for (int m = 0; m < 3; m++)
+            for (int threads = 1; threads <= 3; threads += 2) {
+                for (int a = 0; a < 2; a++) { /* a = 0: AMX where present; 1: AVX512_BF16 only */
+                    cas_attn_amx_off = a;
+                    amx_runs += a == 0 && cas_attn_amx_bf16_available();
+                    cas_attn_plan_opts opts = cas_attn_plan_opts_default();
+                    opts.cascade = modes[m];
+                    opts.threads = threads;
+                    opts.bf16_dot = 1;
+                    cas_attn_plan *plan = NULL;
+                    cas_status st = cas_attn_plan_create(&plan, &sh, &opts, 0, 0, 0);
+                    if (!st) st = cas_attn_plan_build(plan, &b, s.num_pages, &prm);
+                    poison(o[a], no);
+                    poison(l[a], nl);
+                    if (!st) st = cas_attn_plan_run(plan, &pool, s.q, o[a], l[a]);
+                    cas_attn_plan_destroy(plan);
+                    double eo = st ? INFINITY : rel_err(o[a], oref, no), el = st ? INFINITY : rel_err(l[a], lref, nl);
+                    /* bf16 keeps 8 significant bits: Q and P rounding moves outputs by ~1e-3 */
+                    if (!(eo <= 2e-2 && el <= 2e-2)) {
+                        printf("  bf16 dot #%zu [mode %d, %d threads, %s]: o err %.3g lse err %.3g\n", i, m, threads,
+                               a ? "avx512bf16" : "amx", eo, el);
+                        fails++;
+                    }
+                }
+                cas_attn_amx_off = 0;
+                /* the two instruction paths compute the same function: their scores differ
+                 * in the last f32 bits (sums in another order), which can move a
+                 * probability to the neighbouring bf16 value (2^-8 relative) */
+                double worst = 0;
+                for (size_t k = 0; k < no; k++) {
+                    double d = fabs((double)o[0][k] - o[1][k]) / (1.0 + fabs((double)o[1][k]));
+                    if (!(d <= worst)) worst = d;
+                }
+                if (!(worst <= 2e-3)) {
+                    printf("  bf16 dot #%zu [mode %d]: AMX and AVX512_BF16 differ by %.3g\n", i, m, worst);
+                    fails++;
+                }
+            }
+        free(oref), free(lref);
+        for (int a = 0; a < 2; a++) free(o[a]), free(l[a]);
+        cas_attn_synth_destroy(&s);
+    }
+    printf("  bf16 dot: %d runs on AMX tiles%s\n", amx_runs, amx_runs ? "" : " (this CPU or OS has no AMX-BF16)");
+    CHECKF(fails == 0, "%d bf16 dot-product runs failed", fails);
+}
+
 static void test_features(void) {
     /* soft cap, sliding window, non-causal, head dims 96 and 256, a long prefill */
     struct {
@@ -602,6 +691,7 @@ int main(void) {
     RUN(test_cost_model_decisions);
     RUN(test_all_shared_and_single_page);
     RUN(test_features);
+    RUN(test_bf16_dot);
     RUN(test_plan_reuse_layers_and_batches);
     RUN(test_decode_beside_long_prefill);
     RUN(test_rows_batch_invariant);

@@ -182,6 +182,14 @@ typedef struct {
     int32_t threads;      /* 0: all cores (omp_get_max_threads) */
     int32_t min_shared_tokens; /* ignore shared runs shorter than this (0: none) */
     cas_attn_cost cost;   /* cost model numbers */
+    /* bf16 KV only, CPUs with AVX512_BF16 (cas_attn_bf16_dot_available):
+     * 1 = the kernels round queries and probabilities to bf16 and use the
+     * bf16 dot-product instruction, about twice the multiply-add rate of the
+     * f32 path on shared-prefix passes, at bf16 precision (outputs differ
+     * from the default by ~1e-3 relative). With AMX-BF16 the products run
+     * on the tile unit. 0 (default) or no AVX512_BF16: K and V are widened
+     * to f32 and Q stays f32. */
+    int32_t bf16_dot;
 } cas_attn_plan_opts;
 
 cas_attn_plan_opts cas_attn_plan_opts_default(void);
@@ -245,6 +253,8 @@ double cas_measure_fma_flops(int threads);
 /* The SIMD level the CPU kernels use: "avx512", "avx2" or "generic". The
  * environment variable CASCADE_SIMD (same names) can lower it. */
 const char *cas_attn_simd_name(void);
+/* 1 if the CPU (and CASCADE_SIMD) allows cas_attn_plan_opts.bf16_dot. */
+int cas_attn_bf16_dot_available(void);
 
 
 /* ---- synthetic batches (tests and benchmarks) ---------------------------- */

@@ -132,6 +132,15 @@ void cas_attn_item_avx2(const struct cas_attn_plan *plan, const cas_attn_item *i
 void cas_attn_item_avx512(const struct cas_attn_plan *plan, const cas_attn_item *item,
                           const cas_kv_pool *pool, const float *q, float *o, float *lse,
                           float *work);
+void cas_attn_item_avx512bf16(const struct cas_attn_plan *plan, const cas_attn_item *item,
+                              const cas_kv_pool *pool, const float *q, float *o, float *lse,
+                              float *work);
+/* 1 if the bf16 dot-product kernel may use AMX-BF16 tiles in this process
+ * (the CPU check is cached after the first call; CASCADE_AMX=0 at that call
+ * or cas_attn_amx_off != 0 turns it off). */
+int cas_attn_amx_bf16_available(void);
+/* Tests: non-zero runs the bf16 dot-product kernel with AVX512_BF16 only. */
+extern int cas_attn_amx_off;
 /* Forces a SIMD level ("avx512", "avx2", "generic") for the following runs;
  * NULL restores the detected one. A level the CPU lacks is refused (-1).
  * For tests; not thread-safe against concurrent runs. */

@@ -26,6 +26,9 @@
 
 #include "attn.h"
 #include "attn_impl.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 /* ---- options and cost model ---------------------------------------------- */
 
@@ -47,6 +50,7 @@ cas_attn_plan_opts cas_attn_plan_opts_default(void) {
     o.threads = 0;
     o.min_shared_tokens = 0;
     o.cost = cas_attn_cost_default();
+    o.bf16_dot = 0;
     return o;
 }
 
@@ -675,8 +679,41 @@ int cas_attn_simd_override(const char *name) {
     return 0;
 }
 
-static cas_attn_item_fn pick_kernel(void) {
+int cas_attn_bf16_dot_available(void) {
     const char *s = simd_forced ? simd_forced : cas_attn_simd_name();
+    if (strcmp(s, "avx512")) return 0;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+int cas_attn_amx_off;
+
+int cas_attn_amx_bf16_available(void) {
+    static int state; /* 0 unknown, 1 yes, -1 no */
+    if (cas_attn_amx_off) return 0;
+    int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (!st) {
+        st = -1;
+#if defined(__x86_64__) || defined(__i386__)
+        unsigned a, b, c, d;
+        const char *env = getenv("CASCADE_AMX");
+        if (!(env && !strcmp(env, "0")) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) &&
+            cas_cpu_amx_ready())
+            st = 1; /* AMX-BF16 */
+#endif
+        __atomic_store_n(&state, st, __ATOMIC_RELEASE);
+    }
+    return st > 0;
+}
+
+static cas_attn_item_fn pick_kernel(const cas_attn_plan *p) {
+    const char *s = simd_forced ? simd_forced : cas_attn_simd_name();
+    if (p->opts.bf16_dot && p->shape.kv_dtype == CAS_BF16 && cas_attn_bf16_dot_available())
+        return cas_attn_item_avx512bf16;
     if (!strcmp(s, "avx512")) return cas_attn_item_avx512;
     if (!strcmp(s, "avx2")) return cas_attn_item_avx2;
     return cas_attn_item_generic;
@@ -741,7 +778,7 @@ cas_status cas_attn_plan_run(cas_attn_plan *p, const cas_kv_pool *pool, const fl
         return cas_error(CAS_ERR_INVALID, "attn run: pool has %d pages, plan was built for %d",
                          pool->num_pages, p->num_pages);
     if (p->n_items && (!pool->k || !pool->v)) return cas_error(CAS_ERR_INVALID, "attn run: NULL K or V pool");
-    cas_attn_item_fn fn = pick_kernel();
+    cas_attn_item_fn fn = pick_kernel(p);
     const int32_t n_items = p->n_items, total_q = p->total_q;
     const int need_merge = p->n_contrib > 0;
 #pragma omp parallel num_threads(p->threads)

@@ -11,6 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* ---- errors ----------------------------------------------------------- */
 
@@ -247,4 +252,26 @@ double cas_rng_normal(cas_rng *r) {
     double u1 = cas_rng_uniform(r), u2 = cas_rng_uniform(r);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static int amx_ready;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void) {
+#if defined(__x86_64__) && defined(__linux__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24))) return; /* AMX-TILE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & (3u << 17)) != (3u << 17)) return; /* XTILECFG, XTILEDATA */
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) return;
+    amx_ready = 1;
+#endif
+}
+
+int cas_cpu_amx_ready(void) {
+    pthread_once(&amx_once, amx_probe);
+    return amx_ready;
 }

@@ -73,6 +73,13 @@ void cas_free(void *p);
 
 double cas_now_s(void); /* monotonic seconds */
 
+/* 1 if AMX tiles can be used in this process: the CPU has AMX-TILE, the OS
+ * saves the tile state (XCR0 bits 17 and 18) and Linux granted this process
+ * the tile data permission (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, on
+ * the first call); else 0. Thread-safe. Callers check the AMX instruction
+ * sets they use (AMX-BF16, AMX-INT8) themselves. */
+int cas_cpu_amx_ready(void);
+
 /* ---- number formats --------------------------------------------------- */
 
 /* IEEE half and bfloat16, stored as raw 16-bit words. Conversions to float

@@ -32,7 +32,7 @@ typedef struct {
     float soft_cap;
     cas_dtype dtype;
     const char *tree, *dump, *backend;
-    int json, print_plan, calibrate, dtype_set, huge_pages;
+    int json, print_plan, calibrate, dtype_set, huge_pages, bf16_dot;
     uint64_t seed;
 } bench_opts;
 
@@ -62,6 +62,8 @@ static void usage(FILE *f) {
             "  --check N          requests checked against the float64 reference (default 8, 0 = none)\n"
             "  --seed N           random seed (default 1)\n"
             "  --huge-pages       K and V pools in transparent huge pages (default: 4 KB pages)\n"
+            "  --bf16-dot         bf16 KV on CPUs with AVX512_BF16: Q and P rounded to bf16, the\n"
+            "                     bf16 dot-product instruction (cas_attn_plan_opts.bf16_dot)\n"
             "  --plan             print the cascade plan\n"
             "  --calibrate        measure the cost model's numbers for this shape and print them\n"
             "  --json             print one JSON object\n"
@@ -166,6 +168,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
             o->backend = v;
         } else if (!strcmp(a, "--huge-pages")) {
             o->huge_pages = 1;
+        } else if (!strcmp(a, "--bf16-dot")) {
+            o->bf16_dot = 1;
         } else if (!strcmp(a, "--calibrate")) {
             o->calibrate = 1;
         } else if (!strcmp(a, "--plan")) {
@@ -556,6 +560,12 @@ out:
 int cmd_attn_bench(int argc, char **argv) {
     bench_opts o;
     if (parse_opts(argc, argv, &o)) return 2;
+    if (o.bf16_dot && (o.dtype != CAS_BF16 || strcmp(o.backend ? o.backend : "cpu", "cpu") ||
+                       !cas_attn_bf16_dot_available())) {
+        fprintf(stderr, "attn-bench: --bf16-dot needs --dtype bf16, the cpu backend and a CPU with AVX512_BF16 "
+                        "(this one: %s)\n", cas_attn_bf16_dot_available() ? "has it" : "has not");
+        return 2;
+    }
     cas_attn_shape shape = {o.hq, o.hkv, o.head_dim, o.page_size, o.dtype};
     cas_attn_params prm = cas_attn_params_default();
     prm.causal = o.causal;
@@ -594,6 +604,7 @@ int cmd_attn_bench(int argc, char **argv) {
     cas_attn_plan_opts po = cas_attn_plan_opts_default();
     po.threads = o.threads;
     po.cascade = CAS_CASCADE_OFF;
+    po.bf16_dot = o.bf16_dot;
     double t_plan_flat = cas_now_s();
     st = cas_attn_plan_create(&flat, &shape, &po, 0, 0, 0);
     if (!st) st = cas_attn_plan_build(flat, &b, s.num_pages, &prm);
@@ -651,11 +662,13 @@ int cmd_attn_bench(int argc, char **argv) {
             goto out;
         }
     }
-    double tol = 1e-3; /* f32 accumulation; the values are O(1) */
+    /* f32 accumulation; the values are O(1). bf16 dot products round Q and P
+     * to 8 significant bits: errors of a few 1e-3 (tests/test_attn.c). */
+    double tol = o.bf16_dot ? 2e-2 : 1e-3;
     int ok = (o.check_requests == 0) || (err_flat <= tol && err_casc <= tol);
     if (o.json) {
         char ef[32], ec[32];
-        printf("{\"backend\": \"cpu\", \"huge_pages\": %d, \"simd\": \"%s\", \"threads\": %d, \"batch\": %d, \"prefix\": %d, "
+        printf("{\"backend\": \"cpu\", \"huge_pages\": %d, \"bf16_dot\": %d, \"simd\": \"%s\", \"threads\": %d, \"batch\": %d, \"prefix\": %d, "
                "\"suffix\": %d, \"qlen\": %d, \"tree\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, "
                "\"head_dim\": %d, \"page_size\": %d, \"dtype\": \"%s\", \"total_q\": %d, "
                "\"flat_ms\": %.6f, \"cascade_ms\": %.6f, \"speedup\": %.4f, "
@@ -666,7 +679,7 @@ int cmd_attn_bench(int argc, char **argv) {
                "\"work_items\": %d, \"est_cascade_ms\": %.6f, \"est_flat_ms\": %.6f, \"plan_ms\": %.4f, "
                "\"plan_flat_ms\": %.4f, \"checked_requests\": %d, \"flat_best_ms\": %.6f, "
                "\"cascade_best_ms\": %.6f}\n",
-               o.huge_pages, cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
+               o.huge_pages, o.bf16_dot, cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
                o.tree ? o.tree : "", o.hq, o.hkv, o.head_dim, o.page_size, cas_dtype_name(o.dtype),
                s.total_q, t_flat * 1e3, t_casc * 1e3, t_flat / t_casc, num_or_null(ef, err_flat),
                num_or_null(ec, err_casc), bytes_flat,

@@ -1,0 +1,47 @@
+/*
+ * attn_vec512.h: the vector macros of attn_kern.inc for 16-wide AVX-512, shared
+ * by the kernels built from it with AVX-512 (attn_cpu_avx512.c) and with
+ * AVX-512 + BF16 dot products (attn_cpu_avx512bf16.c). Internal to src/attn.
+ */
+#ifndef CAS_ATTN_VEC512_H
+#define CAS_ATTN_VEC512_H
+
+#include <immintrin.h>
+
+#define VL 16
+typedef __m512 vf;
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps((p), (v))
+#define VSET1(x) _mm512_set1_ps(x)
+#define VZERO _mm512_setzero_ps()
+#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VMUL(a, b) _mm512_mul_ps((a), (b))
+#define VADD(a, b) _mm512_add_ps((a), (b))
+#define VSUB(a, b) _mm512_sub_ps((a), (b))
+#define VMAX(a, b) _mm512_max_ps((a), (b))
+
+/* exp(x) for softmax arguments, as in the AVX2 file: x < -87 gives 0. */
+static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 zero_mask = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 pl = _mm512_set1_ps(1.0f / 720);
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 120));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 24));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f / 6));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(0.5f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
+    pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 res = _mm512_mul_ps(pl, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~zero_mask, res);
+}
+
+#define VEXP(x) exp16(x)
+#define HSUM(v) _mm512_reduce_add_ps(v)
+#define HMAX(v) _mm512_reduce_max_ps(v)
+#endif
