@@ -73,15 +73,13 @@ $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -c $< -o $@
 
-<<<<<<< HEAD
 $(BUILD)/%_amx.o: %_amx.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mamx-tile -mamx-int8 -c $< -o $@
-=======
+
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mamx-tile -mamx-bf16 -mfma -mf16c -c $< -o $@
->>>>>>> attn-wip
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
