@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(256, 1)
  * barriers makes them take turns on the tensor cores (ping-pong): one issues
  * O += P V of this tile and S of the next while the other does its softmax.
  * No CTA-wide barrier after the start. setmaxnreg gives each producer
- * thread 56 registers and each consumer thread 224. Kind 6: 128-key tiles, 2 stages;
+ * thread 40 registers and each consumer thread 232. Kind 6: 128-key tiles, 2 stages;
  * kind 7: 64-key tiles, 4 stages (same shared memory). */
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -411,6 +411,12 @@ __device__ __forceinline__ void nbar_arrive(int id, int n) {
 __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+/* 2^x, one MUFU.EX2 (exp2f adds range fix-ups); 2^-inf = 0 */
+__device__ __forceinline__ float ex2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 template <int R> __device__ __forceinline__ void reg_dealloc() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
@@ -421,38 +427,38 @@ template <int R> __device__ __forceinline__ void reg_alloc() {
 template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
     static constexpr int NT = 384, ROWS = 128;
-    static constexpr int LD = D + 8, CPR = D / 8;
+    static constexpr int CPR = D / 8;
     static constexpr int KSTEP = 128 / CPR;   /* keys one pass of the producer's 128 threads covers */
     static constexpr int NIT = KEYS / KSTEP;  /* 16-byte copies per producer thread per K or V tile */
     static constexpr size_t TILE = (size_t)KEYS * D * 2;
-    static constexpr size_t Q_BYTES = (size_t)ROWS * LD * 2;
-    static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + Q_BYTES;
+    static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE;
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
-    static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0, "producer mapping");
+    static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
 };
-/* registers per thread after setmaxnreg (128 x producer + 256 x consumer <= 64K) */
+/* registers per thread after setmaxnreg: 128 x producer + 256 x consumer may
+ * not exceed the 384 x 168 the CTA was launched with (setmaxnreg.inc would wait
+ * forever) */
 #ifndef WS_PRODUCER_REGS
-#define WS_PRODUCER_REGS 56
+#define WS_PRODUCER_REGS 40
 #endif
 #ifndef WS_CONSUMER_REGS
-#define WS_CONSUMER_REGS 224
+#define WS_CONSUMER_REGS 232
 #endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
 
-template <typename T, int D, int KEYS, int STAGES>
+template <typename T, int D, int KEYS, int STAGES, bool OVL>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                          float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P) {
 #if CAS_WGMMA_OK
     typedef ws_cfg<D, KEYS, STAGES> C;
-    constexpr int LD = C::LD, CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
+    constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
     extern __shared__ __align__(16) unsigned char smem[];
-    /* K/V stages first, 1024-byte aligned (the swizzle pattern repeats every 1024 bytes), then Q */
+    /* K/V stages, 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
     const uint32_t kv_s = (smem_u32(smem) + 1023u) & ~1023u;
-    T *sQ = reinterpret_cast<T *>(smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE);
     __shared__ int s_qpos[128];
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
@@ -503,40 +509,32 @@ __global__ void __launch_bounds__(384, 1)
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
                 const uint32_t dk = kv_s + (uint32_t)(s * 2 * C::TILE) + soff0;
                 const int k0 = t.kv0 + j * KEYS + key0;
-                /* this thread's keys k0 + n KSTEP: page ids (all loads in
-                 * flight at once, before the wait for the slot) and rows */
-                int pg[NIT], pr[NIT];
-                if (P >= KSTEP) {
-                    int pi = k0 / P, r = k0 - pi * P;
-#pragma unroll
-                    for (int n = 0; n < NIT; n++) {
-                        const bool ok = k0 + n * KSTEP < t.kv1;
-                        pg[n] = pg_list[ok ? pi : 0];
-                        pr[n] = ok ? r : -1;
-                        r += KSTEP;
-                        const bool c = r >= P;
-                        r = c ? r - P : r;
-                        pi += c;
-                    }
-                } else {
-#pragma unroll
-                    for (int n = 0; n < NIT; n++) {
-                        const int kidx = k0 + n * KSTEP;
-                        const bool ok = kidx < t.kv1;
+                /* this thread copies chunk ch of keys k0 + n KSTEP; the CPR
+                 * lanes of a key share its page ids: lane ch of the group looks
+                 * up step n = ch (one load each, before the wait for the
+                 * slot), and step n takes it from lane n by a shuffle */
+                int pg_own = 0, pr_own = -1;
+                if (ch < NIT) {
+                    const int kidx = k0 + ch * KSTEP;
+                    if (kidx < t.kv1) {
                         const int pi = kidx / P;
-                        pg[n] = pg_list[ok ? pi : 0];
-                        pr[n] = ok ? kidx - pi * P : -1;
+                        pg_own = pg_list[pi];
+                        pr_own = kidx - pi * P;
+                    } else {
+                        pg_own = pg_list[0];
                     }
                 }
 #pragma unroll
                 for (int kv = 0; kv < 2; kv++) {
                     const T *base = kv ? vb : kb;
+                    const uint32_t d0 = dk + (uint32_t)(kv * C::TILE);
                     mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
 #pragma unroll
                     for (int n = 0; n < NIT; n++) {
-                        const int64_t off = (int64_t)pg[n] * page_stride + (pr[n] > 0 ? (int64_t)pr[n] * row_stride : 0);
-                        cp_async16_s(dk + (uint32_t)(kv * C::TILE) + (uint32_t)(n * KSTEP * 128), base + off,
-                                     pr[n] >= 0 ? 16 : 0);
+                        const int pg = __shfl_sync(0xffffffffu, pg_own, n, CPR);
+                        const int pr = __shfl_sync(0xffffffffu, pr_own, n, CPR);
+                        const int64_t off = (int64_t)pg * page_stride + (pr > 0 ? (int64_t)pr * row_stride : 0);
+                        cp_async16_s(d0 + (uint32_t)(n * KSTEP * 128), base + off, pr >= 0 ? 16 : 0);
                     }
                     mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
                 }
@@ -550,10 +548,10 @@ __global__ void __launch_bounds__(384, 1)
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
         const float scale_log2 = h->scale_log2, cap = h->soft_cap, scale = h->scale;
+        const float sl = cap > 0.f ? 1.f : scale_log2; /* s x sl: the log2-domain logit */
         const int cw = wg - 1, ctid = tid & 127;
         const int wrow = cw * 64 + (ctid >> 5) * 16; /* this warp's first row in the CTA */
         const int my_turn = WS_BAR_TURN0 + cw, other_turn = WS_BAR_TURN0 + 1 - cw, bar_wg = WS_BAR_WG0 + cw;
-        const int lrow8 = ((lane >> 3) & 1) * 8 + (lane & 7), lcol8 = (lane >> 4) * 8;
         if (cw == 1) nbar_arrive(WS_BAR_TURN0, 256); /* consumer 0 goes first */
         int it = 0;
         for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
@@ -578,16 +576,22 @@ __global__ void __launch_bounds__(384, 1)
                 }
             }
             nbar_sync(bar_wg, 128);
-            for (int c = ctid; c < 64 * CPR; c += 128) {
-                const int r = cw * 64 + c / CPR, chq = c % CPR;
-                cp_async16(sQ + r * LD + chq * 8, q + s_qrow[r] + chq * 8, r < t.nrows ? 16 : 0);
-            }
-            cp_async_commit();
-            cp_async_wait<0>();
-            nbar_sync(bar_wg, 128);
+            /* Q straight into the A fragments (rows lane / 4 and + 8, columns
+             * 2 (lane % 4) + {0, 1} and + 8 of each 16-column step): once per
+             * task, no shared memory; padding rows are zero */
             uint32_t qf[D / 16][4];
+            {
+                const int r0 = wrow + (lane >> 2), r1 = r0 + 8;
+                const T *q0 = q + s_qrow[r0] + (lane & 3) * 2, *q1 = q + s_qrow[r1] + (lane & 3) * 2;
+                const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) ldsm_x4(qf[ks], sQ + (wrow + lrow8) * LD + ks * 16 + lcol8);
+                for (int ks = 0; ks < D / 16; ks++) {
+                    qf[ks][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16)) : 0u;
+                    qf[ks][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16)) : 0u;
+                    qf[ks][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16 + 8)) : 0u;
+                    qf[ks][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16 + 8)) : 0u;
+                }
+            }
 
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
@@ -605,35 +609,22 @@ __global__ void __launch_bounds__(384, 1)
                     wg_mma<T, KEYS>::template run<0>(
                         s, qf[ks], wg_desc(ka + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
             };
-            if (ntiles > 0) {
-                const int s0 = it % STAGES;
-                mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
-                fence_proxy_async();
-                nbar_sync(my_turn, 256);
-                wg_fence();
-                mma_qk(s0);
-                wg_commit();
-                nbar_arrive(other_turn, 256);
-                wg_wait<0>();
-                wg_fence_regs<KEYS / 2>(s);
-                if (lane == 0) mbar_arrive(EMPTY_K(s0));
-            }
-            /* one tile: softmax of S (tile i), then O += P V (tile i) and, if
-             * MORE, S of tile i + 1 in the same commit group on this
-             * consumer's turn (two instances: wgmma under a run-time branch
-             * gets serialized by ptxas) */
-            auto step = [&](int i, auto more_c) {
-                constexpr bool more = decltype(more_c)::value;
-                /* scale, soft cap, masks; s[4 * nt + e]: row (lane / 4) + 8 * (e / 2), key 8 nt + 2 (lane % 4) + e % 2 */
+            /* softmax of S (tile i) into probabilities in s: scale or soft
+             * cap, masks, running max and sum; al: the factor O must be
+             * rescaled by (done by rescale_pack, so that with OVL it can wait
+             * until the previous O += P V has completed) */
+            float al[2];
+            auto softmax = [&](int i) {
+                /* s[4 * nt + e]: row (lane / 4) + 8 * (e / 2), key 8 nt + 2 (lane % 4) + e % 2 */
                 const int kb = t.kv0 + i * KEYS;
                 const bool full = kb + KEYS <= t.kv1 && (!causal || ps.pos0 + kb + KEYS - 1 <= t.qpos_min) &&
                                   (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
+                /* with a soft cap, s becomes the log2-domain logit (sl 1);
+                 * without, s stays raw and the scale folds into the exp2's
+                 * FFMA (sl = scale log2 e > 0, so the max commutes) */
                 if (cap > 0.f) {
 #pragma unroll
                     for (int j = 0; j < KEYS / 2; j++) s[j] = cap * tanhf(s[j] * scale / cap) * LOG2E_F;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < KEYS / 2; j++) s[j] *= scale_log2;
                 }
                 if (!full) {
 #pragma unroll
@@ -654,24 +645,28 @@ __global__ void __launch_bounds__(384, 1)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     const float mn = fmaxf(mrow[hf], mx);
-                    const float mu = mn == -CUDART_INF_F ? 0.f : mn;
-                    const float al = exp2f(mrow[hf] - mu);
+                    const float mu = mn == -CUDART_INF_F ? 0.f : mn * sl;
+                    al[hf] = ex2_fast(fmaf(mrow[hf], sl, -mu));
                     mrow[hf] = mn;
                     float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < KEYS / 8; nt++) {
-                        s[4 * nt + 2 * hf] = exp2f(s[4 * nt + 2 * hf] - mu);
-                        s[4 * nt + 2 * hf + 1] = exp2f(s[4 * nt + 2 * hf + 1] - mu);
+                        s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mu));
+                        s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
                         rs += s[4 * nt + 2 * hf] + s[4 * nt + 2 * hf + 1];
                     }
-                    lrow[hf] = lrow[hf] * al + rs;
+                    lrow[hf] = lrow[hf] * al[hf] + rs;
+                }
+            };
+            uint32_t pa[KEYS / 16][4];
+            auto rescale_pack = [&]() {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++)
 #pragma unroll
                     for (int dt = 0; dt < D / 8; dt++) {
-                        oacc[4 * dt + 2 * hf] *= al;
-                        oacc[4 * dt + 2 * hf + 1] *= al;
+                        oacc[4 * dt + 2 * hf] *= al[hf];
+                        oacc[4 * dt + 2 * hf + 1] *= al[hf];
                     }
-                }
-                uint32_t pa[KEYS / 16][4];
 #pragma unroll
                 for (int kk = 0; kk < KEYS / 16; kk++) {
                     pa[kk][0] = mma_op<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
@@ -679,26 +674,79 @@ __global__ void __launch_bounds__(384, 1)
                     pa[kk][2] = mma_op<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
                     pa[kk][3] = mma_op<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
                 }
+            };
+            auto mma_pv = [&](int st) {
+                const uint32_t vs_addr = kv_s + (uint32_t)(st * 2 * C::TILE) + (uint32_t)C::TILE;
+#pragma unroll
+                for (int kk = 0; kk < KEYS / 16; kk++)
+                    wg_mma<T, D>::template run<1>(oacc, pa[kk], wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024), 1);
+            };
+            if (ntiles > 0) {
+                const int s0 = it % STAGES;
+                mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
+                fence_proxy_async();
+                nbar_sync(my_turn, 256);
+                wg_fence();
+                mma_qk(s0);
+                wg_commit();
+                nbar_arrive(other_turn, 256);
+                wg_wait<0>();
+                wg_fence_regs<KEYS / 2>(s);
+                if (lane == 0) mbar_arrive(EMPTY_K(s0));
+                if (OVL) {
+                    softmax(0);
+                    rescale_pack();
+                }
+            }
+            /* one tile i, on this consumer's turn: O += P V (tile i) and, if
+             * MORE, S of tile i + 1 (two instances: wgmma under a run-time
+             * branch gets serialized by ptxas). Without OVL: softmax of tile
+             * i first, then both products in one commit group. With OVL (P of
+             * tile i is ready): S of tile i + 1, then P V of tile i; the
+             * softmax of tile i + 1 runs while P V is on the tensor cores. */
+            auto step = [&](int i, auto more_c) {
+                constexpr bool more = decltype(more_c)::value;
+                if (!OVL) {
+                    softmax(i);
+                    rescale_pack();
+                }
                 const int sc = it % STAGES, sn = (it + 1) % STAGES;
                 mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
                 if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
                 fence_proxy_async();
-                const uint32_t vs_addr = kv_s + (uint32_t)(sc * 2 * C::TILE) + (uint32_t)C::TILE;
                 nbar_sync(my_turn, 256);
                 wg_fence_regs<D / 2>(oacc);
                 wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < KEYS / 16; kk++)
-                    wg_mma<T, D>::template run<1>(oacc, pa[kk], wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024), 1);
-                if constexpr (more) mma_qk(sn);
-                wg_commit();
-                nbar_arrive(other_turn, 256);
-                wg_wait<0>();
-                wg_fence_regs<D / 2>(oacc);
-                wg_fence_regs<KEYS / 2>(s);
-                if (lane == 0) {
-                    mbar_arrive(EMPTY_V(sc));
-                    if (more) mbar_arrive(EMPTY_K(sn));
+                if constexpr (OVL) {
+                    if constexpr (more) {
+                        mma_qk(sn);
+                        wg_commit();
+                    }
+                    mma_pv(sc);
+                    wg_commit();
+                    nbar_arrive(other_turn, 256);
+                    if constexpr (more) {
+                        wg_wait<1>();
+                        wg_fence_regs<KEYS / 2>(s);
+                        if (lane == 0) mbar_arrive(EMPTY_K(sn));
+                        softmax(i + 1);
+                    }
+                    wg_wait<0>();
+                    wg_fence_regs<D / 2>(oacc);
+                    if (lane == 0) mbar_arrive(EMPTY_V(sc));
+                    if constexpr (more) rescale_pack();
+                } else {
+                    mma_pv(sc);
+                    if constexpr (more) mma_qk(sn);
+                    wg_commit();
+                    nbar_arrive(other_turn, 256);
+                    wg_wait<0>();
+                    wg_fence_regs<D / 2>(oacc);
+                    wg_fence_regs<KEYS / 2>(s);
+                    if (lane == 0) {
+                        mbar_arrive(EMPTY_V(sc));
+                        if (more) mbar_arrive(EMPTY_K(sn));
+                    }
                 }
             };
             for (int i = 0; i + 1 < ntiles; i++, it++) step(i, std::true_type{});
@@ -725,7 +773,7 @@ __global__ void __launch_bounds__(384, 1)
                         float2 v = make_float2(oacc[4 * dt + 2 * hf] * inv, oacc[4 * dt + 2 * hf + 1] * inv);
                         *reinterpret_cast<float2 *>(dst + dt * 8 + (lane & 3) * 2) = v;
                     }
-                    if ((lane & 3) == 0) lbase[s_lo[r]] = l > 0.f ? (m + log2f(l)) * LN2_F : -CUDART_INF_F;
+                    if ((lane & 3) == 0) lbase[s_lo[r]] = l > 0.f ? (m * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
                 }
             }
         }
@@ -744,7 +792,8 @@ __global__ void __launch_bounds__(384, 1)
 /* ---- launchers ---------------------------------------------------------- */
 
 /* kinds: 3 plain, 4 next S during this softmax, 6 warp-specialized 128-key
- * tiles x 2 stages, 7 warp-specialized 64-key tiles x 4 stages */
+ * tiles x 2 stages, 7 warp-specialized 64-key tiles x 4 stages, 8 kind 6
+ * with the softmax of the next tile during this tile's P V */
 template <typename T, int D, int KIND> struct wg_kernel;
 template <typename T, int D> struct wg_kernel<T, D, 3> {
     typedef wg_cfg<D, false> C;
@@ -759,16 +808,23 @@ template <typename T, int D> struct wg_kernel<T, D, 4> {
     static void *fn() { return (void *)attn_wgmma_kernel<T, D, true>; }
 };
 template <typename T, int D> struct wg_kernel<T, D, 6> {
-    typedef ws_cfg<D, 128, 2> C;
+    typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 2>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false>; }
 };
 template <typename T, int D> struct wg_kernel<T, D, 7> {
-    typedef ws_cfg<D, 64, 4> C;
+    typedef ws_cfg<D, 64, 6> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 4>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false>; }
+};
+
+template <typename T, int D> struct wg_kernel<T, D, 8> {
+    typedef ws_cfg<D, 128, 3> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true>; }
 };
 
 template <typename T, int D, int KIND>
@@ -801,6 +857,7 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 4: return F<T, DD, 4>(__VA_ARGS__);                                                  \
         case 6: return F<T, DD, 6>(__VA_ARGS__);                                                  \
         case 7: return F<T, DD, 7>(__VA_ARGS__);                                                  \
+        case 8: return F<T, DD, 8>(__VA_ARGS__);                                                  \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
