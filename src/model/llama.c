@@ -55,11 +55,14 @@ typedef struct {
     cas_mat w_gate;   /* [n_ff][n_embd] */
     cas_mat w_up;     /* [n_ff][n_embd] */
     cas_mat w_down;   /* [n_embd][n_ff] */
-    /* Fused copies, made at load when the parts share a type: one kernel call (one pass of
-     * thread start-up and one tail imbalance instead of three or two) per projection. */
+    /* Fused matrices for the batched forward, when the parts share a type: one kernel call
+     * (one pass of thread start-up and one tail imbalance instead of three or two) per
+     * projection. Where the AMX kernels run they exist only packed (data NULL: the packed
+     * copy of the parts, one after the other, is the packed fused matrix); elsewhere as a
+     * copy in the file layout. rows == 0 when not fused. */
     cas_mat wqkv;     /* [(n_head + 2 n_head_kv) * head_dim][n_embd]: wq, wk, wv rows */
     cas_mat w_gu;     /* [2 n_ff][n_embd]: w_gate then w_up rows */
-    void *fused;      /* owned storage of both, NULL when not fused */
+    void *fused;      /* owned storage of the file-layout fused copies, or NULL */
     void *packed;     /* owned storage of the packed copies of the matrices the batched forward uses */
 } cas_layer;
 
@@ -274,12 +277,21 @@ static cas_status pack_mats(void **store, cas_mat *const *ms, int k) {
     return CAS_OK;
 }
 
-/* The matrices the batched forward multiplies by: the fused copies where
- * they exist, else the parts. */
+/* Packed copies of the matrices the batched forward multiplies by: the
+ * fused ones where the layer has them (packed part by part, which is the
+ * packed fused matrix when the parts' rows are whole panels), else the parts. */
 static cas_status pack_layer(cas_layer *L) {
-    if (L->fused) return pack_mats(&L->packed, (cas_mat *[]){&L->wqkv, &L->w_gu, &L->wo, &L->w_down}, 4);
-    return pack_mats(&L->packed, (cas_mat *[]){&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down},
-                     7);
+    if (!L->wqkv.rows)
+        return pack_mats(&L->packed, (cas_mat *[]){&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down},
+                         7);
+    cas_status st = pack_mats(&L->packed, (cas_mat *[]){&L->wq, &L->wk, &L->wv, &L->w_gate, &L->w_up, &L->wo, &L->w_down},
+                              7);
+    if (st) return st;
+    /* the parts were packed back to back (their packed sizes are multiples of 64) */
+    L->wqkv.packed = L->wq.packed;
+    L->w_gu.packed = L->w_gate.packed;
+    L->wq.packed = L->wk.packed = L->wv.packed = L->w_gate.packed = L->w_up.packed = NULL;
+    return CAS_OK;
 }
 
 /* Largest matmul workspace over the model's matrices for m tokens. */
@@ -350,8 +362,21 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         if ((st = find_mat(g, NAME("ffn_up.weight"), F, E, &L->w_up))) goto fail;
         if ((st = find_mat(g, NAME("ffn_down.weight"), E, F, &L->w_down))) goto fail;
 #undef NAME
-        /* fused copies */
-        if (L->wq.type == L->wk.type && L->wk.type == L->wv.type && L->w_gate.type == L->w_up.type) {
+        /* fused matrices: packed only where AMX runs and the parts are whole panels (and the
+         * packed sizes multiples of 64, so that pack_mats lays them back to back), else a
+         * copy in the file layout */
+        const int uniform = L->wq.type == L->wk.type && L->wk.type == L->wv.type && L->w_gate.type == L->w_up.type;
+        const size_t pbq = cas_q_packed_block_bytes(L->wq.type), pbg = cas_q_packed_block_bytes(L->w_gate.type);
+        const int packed_only = uniform && pack && pbq && pbg && QD % CAS_Q_PANEL == 0 &&
+                                KD % CAS_Q_PANEL == 0 && F % CAS_Q_PANEL == 0 &&
+                                (size_t)(E / 32) * pbq * (KD / CAS_Q_PANEL) % 64 == 0 &&
+                                (size_t)(E / 32) * pbq * (QD / CAS_Q_PANEL) % 64 == 0 &&
+                                (size_t)(E / 32) * pbg * (F / CAS_Q_PANEL) % 64 == 0;
+        if (packed_only) {
+            size_t a = L->wq.bytes + L->wk.bytes + L->wv.bytes, b2 = L->w_gate.bytes + L->w_up.bytes;
+            L->wqkv = (cas_mat){NULL, L->wq.type, QD + 2 * KD, E, a, NULL};
+            L->w_gu = (cas_mat){NULL, L->w_gate.type, 2 * F, E, b2, NULL};
+        } else if (uniform) {
             size_t a = L->wq.bytes + L->wk.bytes + L->wv.bytes, b2 = L->w_gate.bytes + L->w_up.bytes;
             uint8_t *f = cas_alloc(a + b2);
             if (!f) {
@@ -412,7 +437,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         const cas_layer *L = &m->layers[l];
         const cas_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
                                &L->wqkv, &L->w_gu};
-        for (size_t i = 0; i < (L->fused ? 9u : 7u); i++) {
+        for (size_t i = 0; i < (L->wqkv.rows ? 9u : 7u); i++) {
             wb = work_for(ms[i], (int64_t)T, nt, wb);
             wb = work_for(ms[i], 1, nt, wb);
         }
@@ -622,15 +647,16 @@ static void silu_mul(const cas_model *m, const float *g, const float *u, float *
  * computes its own rows of each matrix and the elementwise work on them
  * (residual adds, SwiGLU), and threads meet only where a full vector is
  * needed next. Bit-identical to the batched path with T = 1 (same kernels,
- * same per-row arithmetic). Needs the fused QKV and gate/up copies. */
+ * same per-row arithmetic). Needs wq, wk, wv of one type, and w_gate, w_up
+ * of one type (x is quantized once for each group). */
 static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache *kv, int32_t l,
                                   size_t kv_at) {
     const cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
-                  KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff, W = QD + 2 * KD;
+                  KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
     const int avx2 = m->avx2;
-    const size_t rb_qkv = L->wqkv.bytes / (size_t)W, rb_o = L->wo.bytes / (size_t)E,
-                 rb_gu = L->w_gu.bytes / (size_t)(2 * F), rb_d = L->w_down.bytes / (size_t)E;
+    const size_t rb_q = L->wq.bytes / (size_t)QD, rb_k = L->wk.bytes / (size_t)KD, rb_o = L->wo.bytes / (size_t)E,
+                 rb_g = L->w_gate.bytes / (size_t)F, rb_d = L->w_down.bytes / (size_t)E;
     uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
     uint8_t *vpool = (uint8_t *)kv->v + (size_t)l * kv->layer_bytes;
     float *qkv = m->fout; /* [q | k | v] of the token */
@@ -641,9 +667,13 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
         uint8_t *xq = m->tq + (size_t)tid * m->tq_stride;
         int64_t r0, r1;
         norm_row(m, xf, m->x, L->attn_norm);
-        cas_q_xvec_quantize(L->wqkv.type, xf, E, xq, avx2);
-        cas_q_thread_rows(W, tid, nth, &r0, &r1);
-        cas_q_matvec_range(L->wqkv.type, L->wqkv.data, rb_qkv, E, r0, r1, xf, xq, qkv, avx2);
+        /* q, k and v rows of this thread (x quantized once: the three share a type) */
+        cas_q_xvec_quantize(L->wq.type, xf, E, xq, avx2);
+        cas_q_thread_rows(QD, tid, nth, &r0, &r1);
+        cas_q_matvec_range(L->wq.type, L->wq.data, rb_q, E, r0, r1, xf, xq, qkv, avx2);
+        cas_q_thread_rows(KD, tid, nth, &r0, &r1);
+        cas_q_matvec_range(L->wk.type, L->wk.data, rb_k, E, r0, r1, xf, xq, qkv + QD, avx2);
+        cas_q_matvec_range(L->wv.type, L->wv.data, rb_k, E, r0, r1, xf, xq, qkv + QD + KD, avx2);
 #pragma omp barrier
 #pragma omp single nowait
         {
@@ -670,10 +700,10 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
 #pragma omp barrier
         /* gate and up rows [r0, r1) of this thread, then SwiGLU on them */
         norm_row(m, xf, m->x, L->ffn_norm);
-        cas_q_xvec_quantize(L->w_gu.type, xf, E, xq, avx2);
+        cas_q_xvec_quantize(L->w_gate.type, xf, E, xq, avx2);
         cas_q_thread_rows(F, tid, nth, &r0, &r1);
-        cas_q_matvec_range(L->w_gu.type, L->w_gu.data, rb_gu, E, r0, r1, xf, xq, m->fout, avx2);
-        cas_q_matvec_range(L->w_gu.type, L->w_gu.data, rb_gu, E, F + r0, F + r1, xf, xq, m->fout, avx2);
+        cas_q_matvec_range(L->w_gate.type, L->w_gate.data, rb_g, E, r0, r1, xf, xq, m->fout, avx2);
+        cas_q_matvec_range(L->w_up.type, L->w_up.data, rb_g, E, r0, r1, xf, xq, m->fout + F, avx2);
         silu_mul(m, m->fout + r0, m->fout + F + r0, m->gate + r0, r1 - r0);
 #pragma omp barrier
         /* down projection and residual, own rows */
@@ -777,10 +807,11 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
 
     const size_t es = cas_dtype_size(kv->dtype);
     const size_t pbytes = (size_t)ps * (size_t)KD * es;
+    const int amx_now = !m->opts.portable_kernels && strcmp(cas_q_batch_simd_name(), "amx") == 0;
     int normed = 0; /* m->xb holds layer l's normalized input already */
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
-        if (T == 1 && L->fused) {
+        if (T == 1 && L->wqkv.rows) {
             normed = 0;
             int32_t p = m->pos[0];
             int32_t page = b->kv_indices[b->kv_indptr[0] + p / ps];
@@ -800,7 +831,10 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         }
         float *kr = m->k, *vr = m->v; /* K and V rows of token 0, kw floats apart */
         int64_t kw = KD;
-        if (L->fused) {
+        /* the fused matrices, where they can run now (a packed-only one needs the AMX path) */
+        const int fq = L->wqkv.rows && (L->wqkv.data || (L->wqkv.packed && amx_now));
+        const int fg = L->w_gu.rows && (L->w_gu.data || (L->w_gu.packed && amx_now));
+        if (fq) {
             const int64_t W = QD + 2 * KD;
             if ((st = matmul(m, &L->wqkv, m->xb, T, m->fout))) return st;
             kr = m->fout + QD, vr = m->fout + QD + KD, kw = W;
@@ -815,7 +849,7 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         for (int64_t t = 0; t < T; t++) {
             float *qt = m->q + t * QD, *kt = kr + t * kw;
             const float *cs = m->rope + t * (int64_t)half * 2;
-            if (L->fused) memcpy(qt, m->fout + t * kw, sizeof(float) * (size_t)QD);
+            if (fq) memcpy(qt, m->fout + t * kw, sizeof(float) * (size_t)QD);
             rope_rows(qt, 1, c->n_head, c->head_dim, c->n_rot, cs);
             rope_rows(kt, 1, c->n_head_kv, c->head_dim, c->n_rot, cs);
             int32_t r = m->seq_of[t], p = m->pos[t];
@@ -835,7 +869,7 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
             for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
             norm_row(m, m->xb + t * E, xt, L->ffn_norm);
         }
-        if (L->fused) {
+        if (fg) {
             if ((st = matmul(m, &L->w_gu, m->xb, T, m->fout))) return st;
 #pragma omp parallel for num_threads(nt) schedule(static)
             for (int64_t t = 0; t < T; t++)

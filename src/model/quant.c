@@ -402,9 +402,9 @@ size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads)
 
 /* ---- matrix kernels ------------------------------------------------------ */
 
-static cas_status check_args(const char *what, int t, const void *w, int64_t rows, int64_t n,
-                             const float *x, int64_t m, float *y, size_t *rb) {
-    if (!w || !x || !y) return cas_error(CAS_ERR_INVALID, "%s: NULL pointer", what);
+static cas_status check_args(const char *what, int t, const void *w, const void *packed, int64_t rows,
+                             int64_t n, const float *x, int64_t m, float *y, size_t *rb) {
+    if ((!w && !packed) || !x || !y) return cas_error(CAS_ERR_INVALID, "%s: NULL pointer", what);
     if (rows <= 0 || m <= 0)
         return cas_error(CAS_ERR_INVALID, "%s: %lld rows, %lld tokens", what, (long long)rows,
                          (long long)m);
@@ -420,9 +420,9 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                         float *y, const cas_q_opts *opt) {
     static const cas_q_opts defaults = {0, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
     size_t rb;
-    cas_status st = check_args(m == 1 ? "matvec" : "matmul", t, w, rows, n, x, m, y, &rb);
-    if (st) return st;
     if (!opt) opt = &defaults;
+    cas_status st = check_args(m == 1 ? "matvec" : "matmul", t, w, opt->packed, rows, n, x, m, y, &rb);
+    if (st) return st;
     if (opt->nthreads < 0) return cas_error(CAS_ERR_INVALID, "matmul: %d threads", opt->nthreads);
     int avx2 = pick_avx2(opt->simd);
     if (avx2 < 0) return CAS_ERR_UNSUPPORTED;
@@ -459,6 +459,11 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
         } else if (opt->simd == CAS_Q_SIMD_AUTO && avx2 && opt->packed) {
             amx = auto_amx();
         }
+    }
+    if (!w && !amx) {
+        cas_free(owned);
+        return cas_error(CAS_ERR_INVALID, "%s: only the packed weights given, and the AMX kernels do not take "
+                         "this call", m == 1 ? "matvec" : "matmul");
     }
     const int lanes = !amx && avx2 && quant && m >= CAS_Q_LANE_MIN_M;
     const uint8_t *wb = w;

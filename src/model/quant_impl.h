@@ -151,7 +151,9 @@ cas_status cas_q_matvec(int t, const void *w, int64_t rows, int64_t n, const flo
 /* Y[m][rows] = X[m][n] . W[rows][n]^T: m tokens through one weight matrix,
  * which is read from memory once per call (rows are processed in tiles that
  * all m tokens use while the tile is in cache). X and Y are row-major and
- * contiguous. m = 1 is the same as cas_q_matvec. */
+ * contiguous. m = 1 is the same as cas_q_matvec. w may be NULL when
+ * opt->packed is given: the call then fails with CAS_ERR_INVALID unless it
+ * takes the AMX kernels. */
 cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const float *x, int64_t m,
                         float *y, const cas_q_opts *opt);
 
