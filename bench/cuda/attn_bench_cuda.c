@@ -84,6 +84,7 @@ typedef struct {
     int B, P, U, Q;
     double flat_ms, cascade_ms, planned_ms, flat_eager_ms, cascade_eager_ms;
     double cascade_mid_ms; /* same cascade with the shared pass on the 64-row mma.sync kernel, or NaN */
+    double cascade_ab_ms;  /* same cascade with kernel kind CASCADE_BENCH_AB, or NaN */
     double err_flat, err_cascade, err_planned;
     double flat_GBps, cascade_GBps, roofline_ms;
     int planned_shared;
@@ -235,6 +236,24 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
         CS(cas_cuda_attn_time(a2, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &res->cascade_mid_ms));
         cas_cuda_attn_destroy(a2);
     }
+    /* A/B in the same process: CASCADE_BENCH_AB=<kind> also times the
+     * cascade with that many-rows kernel kind (CASCADE_CUDA_WIDE) */
+    res->cascade_ab_ms = NAN;
+    if (getenv("CASCADE_BENCH_AB") && atoi(getenv("CASCADE_BENCH_AB")) > 0) {
+        cas_cuda_attn *a2 = NULL;
+        const char *w = getenv("CASCADE_CUDA_WIDE");
+        char saved[16] = "";
+        if (w) snprintf(saved, sizeof saved, "%s", w);
+        setenv("CASCADE_CUDA_WIDE", getenv("CASCADE_BENCH_AB"), 1);
+        CS(cas_cuda_attn_create(&a2, &sh, &caps));
+        if (w) setenv("CASCADE_CUDA_WIDE", saved, 1);
+        else unsetenv("CASCADE_CUDA_WIDE");
+        CS(cas_cuda_attn_plan_passes(a2, &pr, (int32_t)pool_pages, B + 1, pass, idx,
+                                     (int64_t)B * (pp + up), ids, pos, 2 * total_q, total_q));
+        CS(cas_cuda_attn_upload(a2, s));
+        CS(cas_cuda_attn_time(a2, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &res->cascade_ab_ms));
+        cas_cuda_attn_destroy(a2);
+    }
     res->B = B;
     res->P = P;
     res->U = U;
@@ -290,6 +309,8 @@ static void print_result(FILE *f, const result_t *r, int comma) {
                 r->planned_ms, r->planned_shared, r->err_planned);
     if (isfinite(r->cascade_mid_ms))
         fprintf(f, "\"cascade_mid_ms\": %.5f, ", r->cascade_mid_ms);
+    if (isfinite(r->cascade_ab_ms))
+        fprintf(f, "\"cascade_ab_ms\": %.5f, \"ab_kind\": %d, ", r->cascade_ab_ms, atoi(getenv("CASCADE_BENCH_AB")));
     fprintf(f,
             "\"max_abs_err_flat\": %.3g, \"max_abs_err_cascade\": %.3g, \"flat_GBps\": %.1f, "
             "\"cascade_GBps\": %.1f, \"roofline_ms\": %.5f}%s\n",
@@ -347,8 +368,8 @@ int main(int argc, char **argv) {
             for (int bb = 0; bb < 5; bb++)
                 for (int c = 0; c < 3; c++) {
                     run_case(&o, Bs[bb], Ps[a], Us[c], Q, peak, tflops, &res[k]);
-                    fprintf(stderr, "P %5d B %3d U %4d: flat %.4f cascade %.4f (mid %.4f) planned %.4f ms (roof %.4f) err %.2g %.2g\n",
-                            Ps[a], Bs[bb], Us[c], res[k].flat_ms, res[k].cascade_ms, res[k].cascade_mid_ms,
+                    fprintf(stderr, "P %5d B %3d U %4d: flat %.4f cascade %.4f (mid %.4f, ab %.4f) planned %.4f ms (roof %.4f) err %.2g %.2g\n",
+                            Ps[a], Bs[bb], Us[c], res[k].flat_ms, res[k].cascade_ms, res[k].cascade_mid_ms, res[k].cascade_ab_ms,
                             res[k].planned_ms, res[k].roofline_ms, res[k].err_flat, res[k].err_cascade);
                     k++;
                 }

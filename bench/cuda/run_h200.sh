@@ -9,8 +9,9 @@
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
 #   steps: test bench bench2 cli ncu grid sanitize (default: test bench cli grid)
-#   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "6 7 3 1"),
-#   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE
+#   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "6 8 3 1"),
+#   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
+#   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
 set -u
@@ -40,13 +41,13 @@ if [ -z "$T" ]; then
 fi
 command -v cuobjdump >/dev/null && echo "HGMMA in the test binary: $(cuobjdump --dump-sass "$T" 2>/dev/null | grep -c HGMMA)"
 if has test; then
-  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-6,7,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
+  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
   timeout 200 "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi
 if has bench; then
-  BENCH_KINDS=${BENCH_KINDS:-6 7 3 1}
-  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (6 wgmma-ws, 7 wgmma-ws64, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
+  BENCH_KINDS=${BENCH_KINDS:-6 8 3 1}
+  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (6 wgmma-ws, 7 wgmma-ws64, 8 wgmma-ws-overlap, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
   for k in $BENCH_KINDS; do
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 256 --prefix 32768 --suffix 512 --json "$W/b256_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"

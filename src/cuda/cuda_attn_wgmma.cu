@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 #include <math_constants.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -452,7 +453,8 @@ template <typename T, int D, int KEYS, int STAGES, bool OVL>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
-                         float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P) {
+                         float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
+                         int diag) {
 #if CAS_WGMMA_OK
     typedef ws_cfg<D, KEYS, STAGES> C;
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
@@ -529,6 +531,10 @@ __global__ void __launch_bounds__(384, 1)
                     const T *base = kv ? vb : kb;
                     const uint32_t d0 = dk + (uint32_t)(kv * C::TILE);
                     mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    if (diag & 1) { /* measurement only: no copies (wrong results) */
+                        mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
+                        continue;
+                    }
 #pragma unroll
                     for (int n = 0; n < NIT; n++) {
                         const int pg = __shfl_sync(0xffffffffu, pg_own, n, CPR);
@@ -834,8 +840,12 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     const char *plan_c = (const char *)plan;
     const T *kp = (const T *)k, *vp = (const T *)v, *qp = (const T *)q;
     int Hq = g->Hq, Hkv = g->Hkv, P = g->page_size;
+    /* CASCADE_CUDA_WS_DIAG=1 (warp-specialized kinds, measurement only): the
+     * producer copies nothing, so the time is that of the consumers alone */
+    static const int diag = getenv("CASCADE_CUDA_WS_DIAG") ? atoi(getenv("CASCADE_CUDA_WS_DIAG")) : 0;
+    int dg = diag;
     void *args[] = {(void *)&plan_c, (void *)&kp, (void *)&vp, (void *)&qp, (void *)&o,
-                    (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P};
+                    (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg};
     return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
 }
 
