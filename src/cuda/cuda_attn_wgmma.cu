@@ -22,9 +22,14 @@
  * through the generic proxy and wgmma reads through the async proxy, hence
  * fence.proxy.async before the barrier that hands a stage over.
  *
+ * That is v4's kernel (kinds 3, 4). The default since v5 is the
+ * warp-specialized one further down (kinds 6-8): a producer warpgroup does the
+ * gathers into mbarrier-guarded stages and two consumer warpgroups take turns
+ * on the tensor cores.
+ *
  * Compiled for sm_90a only; other targets get a stub that traps, and the
- * host selects this kernel only on compute capability 9.0 with head_dim 128
- * (the 64 instance is built but disabled: it failed the reference test on
+ * host selects these kernels only on compute capability 9.0 with head_dim 128
+ * (the 64 instances are built but disabled: v4's failed the reference test on
  * the H200; CASCADE_CUDA_WIDE=1 or 2 selects mma.sync).
  */
 #include <cuda_bf16.h>
