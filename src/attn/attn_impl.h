@@ -24,10 +24,12 @@
 float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params);
 
 /* Tokens of KV per tile in the CPU kernel; jobs split KV at multiples of it. */
-#define CAS_ATTN_TILE 64
+#ifndef CAS_ATTN_TILE
+#define CAS_ATTN_TILE 128
+#endif
 /* Keys per tile when one item spans every KV head (decode): a tile of all
  * heads then stays in L2 while the next one is prefetched. */
-#define CAS_ATTN_SHORT_TILE 64
+#define CAS_ATTN_SHORT_TILE CAS_ATTN_TILE
 /* Most rows (token x group head) one CPU work item holds. */
 #define CAS_ATTN_ROW_BLOCK 128
 
