@@ -74,6 +74,13 @@ def main():
         "prefill_chunk_2048": base[:-4] + ["--qlen", 2048, "--repeats", 3, "--check", 0, "--batch", 1, "--prefix", 0,
                                            "--suffix", 2048, "--dtype", "f32"],
     }
+    # bf16 dot products (AMX-BF16 tiles, or vdpbf16ps) where this CPU has them
+    probe = subprocess.run([CASCADE_BIN, "attn-bench", "--json", "--batch", "2", "--prefix", "64", "--suffix", "16",
+                            "--dtype", "bf16", "--bf16-dot", "--repeats", "1"], capture_output=True, text=True)
+    bf16_dot = probe.returncode == 0
+    if bf16_dot:
+        named["issue_case_bf16_dot"] = base + ["--batch", 32, "--prefix", 8192, "--suffix", 256, "--dtype", "bf16",
+                                               "--bf16-dot"]
     if a.quick:
         named = {k: v for k, v in named.items() if k in ("issue_case_f32", "flat_decode_nothing_shared_f32")}
     cases = {k: run(v, a.threads) for k, v in named.items()}
@@ -81,6 +88,7 @@ def main():
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": a.threads,
                     "simd": grid[0]["simd"]},
         "note": "each case carries peak_GBps (streaming read) and peak_GFLOPs (f32 FMA) measured in the same run",
+        "bf16_dot_available": bf16_dot,
         "grid": grid,
         "cases": cases,
     }
