@@ -277,7 +277,7 @@ static int32_t enc(const char *s, int32_t *ids) {
  * 1.3). Where AMX is not available the test says so and compares nothing. */
 static void test_amx_vs_avx2(void) {
     if (strcmp(cas_q_batch_simd_name(), "amx") != 0) {
-        printf("  note: AMX-INT8 not available here (batched path: %s): AMX forward NOT tested\n",
+        printf("  note: AMX-INT8 not available here (CPU, OS or CASCADE_SIMD; batched path: %s): AMX forward NOT tested\n",
                cas_q_batch_simd_name());
         return;
     }

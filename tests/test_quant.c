@@ -374,6 +374,11 @@ static void test_workspace_and_env(void) {
         /* CASCADE_SIMD=generic makes AUTO the portable path: bit-identical
          * to asking for GENERIC. */
         cas_q_opts gen = {1, CAS_Q_SIMD_GENERIC, NULL, 0, NULL}, aut = {1, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
+        /* (the caller's CASCADE_SIMD is restored after: CASCADE_SIMD=avx2 runs the
+         * whole test as on a machine without AMX) */
+        const char *prev = getenv("CASCADE_SIMD");
+        char saved[32] = "";
+        if (prev) snprintf(saved, sizeof saved, "%s", prev);
         setenv("CASCADE_SIMD", "generic", 1);
         CHECK(strcmp(cas_q_simd_name(), "generic") == 0);
         poison(y, m * rows);
@@ -383,6 +388,7 @@ static void test_workspace_and_env(void) {
         CHECK(memcmp(y, y2, (size_t)(m * rows) * 4) == 0);
         unsetenv("CASCADE_SIMD");
         if (have_avx2()) CHECK(strcmp(cas_q_simd_name(), "avx2") == 0);
+        if (prev) setenv("CASCADE_SIMD", saved, 1);
         cas_free(work);
         cas_free(wq);
     }
@@ -459,7 +465,7 @@ static void test_amx(void) {
     CHECK(cas_q_pack(CAS_T_F16, w1, 1, 32, w1) == CAS_ERR_UNSUPPORTED);
     CHECK(cas_q_pack(CAS_T_Q8_0, NULL, 1, 32, w1) == CAS_ERR_INVALID);
     if (!cas_q_amx_available()) {
-        printf("note: AMX-INT8 is not available here (CPU or OS): AMX kernels NOT tested, "
+        printf("note: AMX-INT8 is not available here (CPU, OS or CASCADE_SIMD): AMX kernels NOT tested, "
                "only that asking for them fails\n");
         cas_q_opts o = {1, CAS_Q_SIMD_AMX, NULL, 0, w1};
         if (have_avx2()) CHECK(cas_q_matmul(CAS_T_Q8_0, w1, 1, 32, x1, 2, y1, &o) == CAS_ERR_UNSUPPORTED);

@@ -344,7 +344,7 @@ static void amx_probe(void) {
 
 int cas_q_amx_available(void) {
     pthread_once(&amx_once, amx_probe);
-    return amx_ok;
+    return amx_ok && !env_forces_generic() && !env_forces_avx2();
 }
 
 const char *cas_q_simd_name(void) {
@@ -352,7 +352,7 @@ const char *cas_q_simd_name(void) {
 }
 
 /* AMX for a batched call under AUTO */
-static int auto_amx(void) { return !env_forces_generic() && !env_forces_avx2() && cas_q_amx_available(); }
+static int auto_amx(void) { return cas_q_amx_available(); }
 
 const char *cas_q_batch_simd_name(void) { return auto_amx() ? "amx" : cas_q_simd_name(); }
 

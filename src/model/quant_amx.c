@@ -112,6 +112,10 @@ static inline __attribute__((always_inline)) void amx_panels(const int t, const 
                 }
             }
         }
+        /* The next panel is fetched from memory while this one computes: it is
+         * contiguous, but the computation reads it too slowly (and, for Q8_0,
+         * through tile loads) for the hardware prefetchers to run ahead. */
+        const uint8_t *pf = p + 1 < p1 ? pp + (size_t)nb * pb : NULL;
         const int64_t nr = rows - CAS_Q_PANEL * p < CAS_Q_PANEL ? rows - CAS_Q_PANEL * p : CAS_Q_PANEL;
         const __mmask16 rmask = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
         for (int64_t g = 0; CAS_Q_PANEL * g < m; g++) {
@@ -124,6 +128,8 @@ static inline __attribute__((always_inline)) void amx_panels(const int t, const 
             int64_t b = 0;
             for (; b + 2 <= nb; b += 2) {
                 const uint8_t *b0 = pp + (size_t)b * pb, *b1 = b0 + pb;
+                if (g == 0 && pf)
+                    for (size_t o = 0; o < 2 * pb; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
                 const uint8_t *w0 = t == CAS_T_Q8_0 ? b0 : wu + b * 512;
                 const uint8_t *w1 = t == CAS_T_Q8_0 ? b1 : wu + (b + 1) * 512;
                 _tile_zero(TC0);
@@ -148,6 +154,8 @@ static inline __attribute__((always_inline)) void amx_panels(const int t, const 
             }
             if (b < nb) {
                 const uint8_t *b0 = pp + (size_t)b * pb;
+                if (g == 0 && pf)
+                    for (size_t o = 0; o < pb + 64; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
                 _tile_zero(TC0);
                 _tile_loadd(TA0, xg[b].q, 32);
                 _tile_loadd(TB0, t == CAS_T_Q8_0 ? b0 : wu + b * 512, 64);

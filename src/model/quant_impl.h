@@ -77,7 +77,7 @@ cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, i
  * unless the environment variable CASCADE_SIMD=generic forces the portable
  * path; for batched calls (m > 1) on quantized weights whose packed copy is
  * given (cas_q_opts.packed) it picks the AMX-INT8 kernels when
- * cas_q_amx_available() (CASCADE_SIMD=avx2 turns them off). GENERIC forces
+ * cas_q_amx_available() (which CASCADE_SIMD=avx2 turns off). GENERIC forces
  * the portable path. AVX2 asks for AVX2 and fails with CAS_ERR_UNSUPPORTED
  * when the CPU lacks it. AMX asks for the AMX kernels for m > 1 (AVX2 for
  * m = 1) and fails with CAS_ERR_UNSUPPORTED when they cannot run, or with
@@ -120,8 +120,10 @@ const char *cas_q_batch_simd_name(void);
 /* 1 when the AMX-INT8 kernels can run in this process: the CPU has
  * AMX-TILE, AMX-INT8 and AVX-512 F/BW/VL/DQ, the OS enables the tile state
  * (XCR0) and grants this process its use (arch_prctl ARCH_REQ_XCOMP_PERM,
- * asked once, on the first call); else 0 and the AVX2 kernels are used.
- * Thread-safe. Ignores CASCADE_SIMD. */
+ * asked once, on the first call), and CASCADE_SIMD is not "avx2" or
+ * "generic" (so that CASCADE_SIMD=avx2 runs this machine as one without
+ * AMX, for A/B runs and tests); else 0 and the AVX2 kernels are used.
+ * Thread-safe. */
 int cas_q_amx_available(void);
 
 /* Bytes of one packed panel block of type t; 0 for types without a packed
