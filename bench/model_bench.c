@@ -5,9 +5,10 @@
  * faster than (weight bytes per token) / (read bandwidth). The bandwidth is
  * measured in the same run with the same thread count. For the many-sequence
  * decode, which is compute-bound, the same run also measures the int8
- * (vpmaddubsw) and f32 (FMA) instruction peaks and the batched Q4_1 kernel, and
- * reports the step's matrix GFLOP/s next to what 8x the single-sequence rate
- * would need. Built and run by bench/model_bench.sh, which writes
+ * (vpmaddubsw) and f32 (FMA) instruction peaks and the batched Q4_1 kernel (on
+ * the path the model's batched forward takes, "batch_simd": AMX-INT8 where the
+ * machine has it), and reports the step's matrix GFLOP/s next to what 8x the
+ * single-sequence rate would need. Built and run by bench/model_bench.sh, which writes
  * bench/results/cpu-model.json.
  *
  * usage: model_bench MODEL THREADS [SEQS] > result.json
@@ -132,8 +133,8 @@ int main(int argc, char **argv) {
     /* bandwidth again after the runs, so a noisy neighbour shows as a spread */
     double bw2 = 0;
     cas_q_bench_read_bw(threads, (size_t)512 << 20, 1.0, &bw2);
-    printf("{\n  \"model\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n", argv[1], threads,
-           cas_q_simd_name());
+    printf("{\n  \"model\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n  \"batch_simd\": \"%s\",\n",
+           argv[1], threads, cas_q_simd_name(), cas_q_batch_simd_name());
     printf("  \"weight_bytes_per_token\": %lld,\n", (long long)c->weight_bytes_per_token);
     printf("  \"read_bandwidth_gbs\": %.2f,\n  \"read_bandwidth_after_gbs\": %.2f,\n", bw, bw2);
     printf("  \"decode_roofline_tokens_per_s\": %.1f,\n", roof);
@@ -153,9 +154,9 @@ int main(int argc, char **argv) {
            d1 >= 0.6 * roof ? "true" : "false", dm >= 8 * d1 ? "true" : "false");
     fprintf(stderr, "bandwidth %.1f GB/s, roofline %.0f tok/s; single: prefill %.0f, decode %.1f tok/s (%.0f%%); "
             "%d seqs: prefill %.0f, decode %.0f tok/s (%.1fx); int8 peak %.0f GOP/s, f32 peak %.0f GFLOP/s, "
-            "q4_1 kernel %.0f GFLOP/s, step %.0f GFLOP/s (8x needs %.0f)\n",
-            bw, roof, p1, d1, 100 * d1 / roof, many, pm, dm, dm / d1, i8, f32, kr.gflops, step_gflop / step_s,
-            step_gflop / need_s);
+            "q4_1 kernel (%s) %.0f GFLOP/s, step %.0f GFLOP/s (8x needs %.0f)\n",
+            bw, roof, p1, d1, 100 * d1 / roof, many, pm, dm, dm / d1, i8, f32, cas_q_batch_simd_name(), kr.gflops,
+            step_gflop / step_s, step_gflop / need_s);
     cas_model_destroy(m);
     return 0;
 }
