@@ -23,7 +23,7 @@ typedef __m512 vf;
 /* exp(x) for softmax arguments, as in the AVX2 file: x < -87 gives 0. */
 static inline __m512 exp16(__m512 x) {
     const __m512 lo = _mm512_set1_ps(-87.0f);
-    __mmask16 zero_mask = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
     x = _mm512_max_ps(x, lo);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -36,9 +36,9 @@ static inline __m512 exp16(__m512 x) {
     pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(0.5f));
     pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
     pl = _mm512_fmadd_ps(pl, r, _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    __m512 res = _mm512_mul_ps(pl, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps((__mmask16)~zero_mask, res);
+    /* p * 2^n in one instruction (n is in [-126, 0]: the same exact scaling
+     * as building 2^n's exponent bits and multiplying) */
+    return _mm512_maskz_scalef_ps(keep, pl, n);
 }
 
 #define VEXP(x) exp16(x)
