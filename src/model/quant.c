@@ -494,9 +494,19 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                     }
                 }
             }
+            /* Panels in chunks taken as threads come free: on a machine shared with other
+             * work one core is often slower, and a static split would wait for it. About
+             * 8 chunks per thread, so the last chunks even out the ends. */
             int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-            cas_q_amx_matmul_panels(t, opt->packed, panels * tid / nth, panels * (tid + 1) / nth, rows, n, x16,
-                                    m, y, amx_scratch + (size_t)tid * align64(cas_q_amx_scratch_bytes(n)));
+            const int64_t chunk = panels / (8 * nth) > 1 ? panels / (8 * nth) : 1;
+            uint8_t *scr = amx_scratch + (size_t)tid * align64(cas_q_amx_scratch_bytes(n));
+            cas_q_amx_begin();
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t c = 0; c < (panels + chunk - 1) / chunk; c++) {
+                int64_t p0 = c * chunk, p1 = p0 + chunk < panels ? p0 + chunk : panels;
+                cas_q_amx_matmul_panels(t, opt->packed, p0, p1, rows, n, x16, m, y, scr);
+            }
+            cas_q_amx_end();
         } else if (quant && lanes) {
             /* straight into the token-lane layout, one (group, block) at a time */
 #pragma omp for schedule(static)

@@ -47,17 +47,16 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-static void config_tiles(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int s = 0; s < 2; s++) {
-        c.rows[3 * s] = 16, c.colsb[3 * s] = 64;         /* C: 16 tokens x 16 rows of int32 */
-        c.rows[3 * s + 1] = 16, c.colsb[3 * s + 1] = 32; /* A: 16 tokens x 32 x bytes */
-        c.rows[3 * s + 2] = 8, c.colsb[3 * s + 2] = 64;  /* B: 8 x (16 rows x 4 weight bytes) */
-    }
-    _tile_loadconfig(&c);
-}
+/* A constant in memory: GCC 12 treats _tile_loadconfig as reading less than
+ * the 64 bytes, so a configuration built on the stack can lose its stores. */
+static const tile_config k_tiles __attribute__((aligned(64))) = {
+    .palette = 1,
+    /* C: 16 tokens x 16 rows of int32; A: 16 tokens x 32 x bytes; B: 8 x (16 rows x 4 weight bytes) */
+    .colsb = {[TC0] = 64, [TA0] = 32, [TB0] = 64, [TC1] = 64, [TA1] = 32, [TB1] = 64},
+    .rows = {[TC0] = 16, [TA0] = 16, [TB0] = 8, [TC1] = 16, [TA1] = 16, [TB1] = 8},
+};
+
+static void config_tiles(void) { _tile_loadconfig(&k_tiles); }
 
 static inline __m512 ld_h16(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
@@ -115,7 +114,7 @@ static inline __attribute__((always_inline)) void amx_panels(const int t, const 
         /* The next panel is fetched from memory while this one computes: it is
          * contiguous, but the computation reads it too slowly (and, for Q8_0,
          * through tile loads) for the hardware prefetchers to run ahead. */
-        const uint8_t *pf = p + 1 < p1 ? pp + (size_t)nb * pb : NULL;
+        const uint8_t *pf = CAS_Q_PANEL * (p + 1) < rows ? pp + (size_t)nb * pb : NULL;
         const int64_t nr = rows - CAS_Q_PANEL * p < CAS_Q_PANEL ? rows - CAS_Q_PANEL * p : CAS_Q_PANEL;
         const __mmask16 rmask = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
         for (int64_t g = 0; CAS_Q_PANEL * g < m; g++) {
@@ -175,17 +174,18 @@ static inline __attribute__((always_inline)) void amx_panels(const int t, const 
     }
 }
 
+/* The tile configuration is per thread; it is released after, so that a
+ * thread that no longer runs AMX code does not carry the tile state. */
+void cas_q_amx_begin(void) { config_tiles(); }
+
+void cas_q_amx_end(void) { _tile_release(); }
+
 void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p1, int64_t rows, int64_t n,
                              const cas_q8x16_block *x16, int64_t m, float *y, void *scratch) {
-    if (p0 >= p1) return;
-    /* The tile configuration is per thread; release it after, so that a
-     * thread that no longer runs AMX code does not carry the tile state. */
-    config_tiles();
     switch (t) {
     case CAS_T_Q8_0: amx_panels(CAS_T_Q8_0, packed, p0, p1, rows, n, x16, m, y, scratch); break;
     case CAS_T_Q4_0: amx_panels(CAS_T_Q4_0, packed, p0, p1, rows, n, x16, m, y, scratch); break;
     case CAS_T_Q4_1: amx_panels(CAS_T_Q4_1, packed, p0, p1, rows, n, x16, m, y, scratch); break;
     default: break;
     }
-    _tile_release();
 }

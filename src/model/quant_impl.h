@@ -283,7 +283,11 @@ void cas_q_avx2_quantize_x16(const float *x, int64_t nb, int t, cas_q8x16_block 
 /* AMX kernels (quant_amx.c): Y[m][rows] for the panels [p0, p1) of the
  * packed W, from x16[ceil(m/16)][nb]. scratch: cas_q_amx_scratch_bytes(n),
  * 64-byte aligned, per thread (a panel's Q4 weights unpacked to bytes, and
- * two int32 result tiles). The caller has checked cas_q_amx_available. */
+ * two int32 result tiles). The caller has checked cas_q_amx_available, and
+ * the calling thread brackets its calls with cas_q_amx_begin (loads the
+ * tile configuration) and cas_q_amx_end (releases the tile state). */
+void cas_q_amx_begin(void);
+void cas_q_amx_end(void);
 static inline size_t cas_q_amx_scratch_bytes(int64_t n) { return (size_t)(n / 32) * 512 + 2048; }
 void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p1, int64_t rows,
                              int64_t n, const cas_q8x16_block *x16, int64_t m, float *y, void *scratch);
