@@ -564,8 +564,9 @@ cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t pa
         free(kv);
         return cas_error(CAS_ERR_NOMEM, "kv cache: size overflows");
     }
-    kv->k = cas_alloc(total);
-    kv->v = cas_alloc(total);
+    /* huge pages too: attention reads each sequence's pages wherever they are */
+    kv->k = alloc_huge(total);
+    kv->v = alloc_huge(total);
     if (!kv->k || !kv->v) {
         cas_kv_cache_destroy(kv);
         return cas_error(CAS_ERR_NOMEM, "kv cache: 2 x %zu bytes for %d pages", total, num_pages);
@@ -583,8 +584,8 @@ cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t pa
 
 void cas_kv_cache_destroy(cas_kv_cache *kv) {
     if (!kv) return;
-    cas_free(kv->k);
-    cas_free(kv->v);
+    free(kv->k); /* aligned_alloc */
+    free(kv->v);
     free(kv);
 }
 
