@@ -498,7 +498,7 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
              * work one core is often slower, and a static split would wait for it. About
              * 8 chunks per thread, so the last chunks even out the ends. */
             int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-            const int64_t chunk = panels / (8 * nth) > 1 ? panels / (8 * nth) : 1;
+            const int64_t chunk = panels / (3 * nth) > 1 ? panels / (3 * nth) : 1;
             uint8_t *scr = amx_scratch + (size_t)tid * align64(cas_q_amx_scratch_bytes(n));
             cas_q_amx_begin();
 #pragma omp for schedule(dynamic, 1) nowait
