@@ -11,7 +11,9 @@
  * - Weights stay in their file types inside the mapping: decode is bound by
  *   the bytes of weights read per token, and the quantized kernels
  *   (quant_impl.h) read Q4_1/Q8_0 blocks in place. Only the small 1-D norm
- *   vectors are converted to f32 at load.
+ *   vectors are converted to f32 at load. Where the AMX kernels run, the
+ *   matrices of the batched forward also get a packed copy (the same bytes
+ *   in 16-row panels, on huge pages), made once at load.
  * - All tokens of a step, whatever sequence they belong to, go through each
  *   weight matrix in one cas_q_matmul call, so one read of the weights
  *   serves the whole batch; per-sequence structure only matters in attention,

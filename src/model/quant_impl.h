@@ -4,6 +4,8 @@
  * 32-element blocks for Q8_0, Q4_0, Q4_1; plain F32, F16, BF16) and the
  * kernels read them in place, because decode is bound by the bytes of weights
  * read per token: unpacking to f32 first would multiply those bytes by 4-8.
+ * The AMX kernels for batched calls read a packed copy instead (the same
+ * bytes rearranged into 16-row panels, see "packed weights" below).
  *
  * Block formats (little-endian, no padding):
  *   Q8_0: f16 d, int8 q[32];             x[i] = d * q[i]
