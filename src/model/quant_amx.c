@@ -92,6 +92,60 @@ static inline __attribute__((always_inline)) void block_scales(const int t, cons
     }
 }
 
+/* acc[k] = the outputs of token k of group g for the panel's 16 rows. */
+static inline __attribute__((always_inline)) void panel_group(const int t, const uint8_t *pp, size_t pb,
+                                                              const uint8_t *wu, const cas_q8x16_block *xg,
+                                                              int64_t nb, const int mt, int32_t *cb,
+                                                              __m512 acc[CAS_Q_PANEL], const uint8_t *pf,
+                                                              int64_t rows, int64_t p, int64_t g) {
+    (void)rows, (void)p;
+#pragma GCC unroll 16
+    for (int k = 0; k < CAS_Q_PANEL; k++) acc[k] = _mm512_setzero_ps();
+    __m512 dw, mw;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *b0 = pp + (size_t)b * pb, *b1 = b0 + pb;
+        if (g == 0 && pf)
+            for (size_t o = 0; o < 2 * pb; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
+        const uint8_t *w0 = t == CAS_T_Q8_0 ? b0 : wu + b * 512;
+        const uint8_t *w1 = t == CAS_T_Q8_0 ? b1 : wu + (b + 1) * 512;
+        _tile_zero(TC0);
+        _tile_zero(TC1);
+        _tile_loadd(TA0, xg[b].q, 32);
+        _tile_loadd(TB0, w0, 64);
+        _tile_loadd(TA1, xg[b + 1].q, 32);
+        _tile_loadd(TB1, w1, 64);
+        if (t == CAS_T_Q8_0) {
+            _tile_dpbssd(TC0, TA0, TB0);
+            _tile_dpbssd(TC1, TA1, TB1);
+        } else {
+            _tile_dpbsud(TC0, TA0, TB0);
+            _tile_dpbsud(TC1, TA1, TB1);
+        }
+        _tile_stored(TC0, cb, 64);
+        _tile_stored(TC1, cb + 256, 64);
+        block_scales(t, b0, &dw, &mw);
+        scale_tile(t, cb, dw, mw, xg + b, mt, acc);
+        block_scales(t, b1, &dw, &mw);
+        scale_tile(t, cb + 256, dw, mw, xg + b + 1, mt, acc);
+    }
+    if (b < nb) {
+        const uint8_t *b0 = pp + (size_t)b * pb;
+        if (g == 0 && pf)
+            for (size_t o = 0; o < pb + 64; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
+        _tile_zero(TC0);
+        _tile_loadd(TA0, xg[b].q, 32);
+        _tile_loadd(TB0, t == CAS_T_Q8_0 ? b0 : wu + b * 512, 64);
+        if (t == CAS_T_Q8_0)
+            _tile_dpbssd(TC0, TA0, TB0);
+        else
+            _tile_dpbsud(TC0, TA0, TB0);
+        _tile_stored(TC0, cb, 64);
+        block_scales(t, b0, &dw, &mw);
+        scale_tile(t, cb, dw, mw, xg + b, mt, acc);
+    }
+}
+
 static inline __attribute__((always_inline)) void amx_panels(const int t, const uint8_t *packed, int64_t p0,
                                                              int64_t p1, int64_t rows, int64_t n,
                                                              const cas_q8x16_block *x16, int64_t m, float *y,
@@ -125,51 +179,11 @@ static inline __attribute__((always_inline)) void amx_panels(const int t, const 
             const cas_q8x16_block *xg = x16 + g * nb;
             const int mt = m - CAS_Q_PANEL * g < CAS_Q_PANEL ? (int)(m - CAS_Q_PANEL * g) : CAS_Q_PANEL;
             __m512 acc[CAS_Q_PANEL];
-#pragma GCC unroll 16
-            for (int k = 0; k < CAS_Q_PANEL; k++) acc[k] = _mm512_setzero_ps();
-            __m512 dw, mw;
-            int64_t b = 0;
-            for (; b + 2 <= nb; b += 2) {
-                const uint8_t *b0 = pp + (size_t)b * pb, *b1 = b0 + pb;
-                if (g == 0 && pf)
-                    for (size_t o = 0; o < 2 * pb; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
-                const uint8_t *w0 = t == CAS_T_Q8_0 ? b0 : wu + b * 512;
-                const uint8_t *w1 = t == CAS_T_Q8_0 ? b1 : wu + (b + 1) * 512;
-                _tile_zero(TC0);
-                _tile_zero(TC1);
-                _tile_loadd(TA0, xg[b].q, 32);
-                _tile_loadd(TB0, w0, 64);
-                _tile_loadd(TA1, xg[b + 1].q, 32);
-                _tile_loadd(TB1, w1, 64);
-                if (t == CAS_T_Q8_0) {
-                    _tile_dpbssd(TC0, TA0, TB0);
-                    _tile_dpbssd(TC1, TA1, TB1);
-                } else {
-                    _tile_dpbsud(TC0, TA0, TB0);
-                    _tile_dpbsud(TC1, TA1, TB1);
-                }
-                _tile_stored(TC0, cb, 64);
-                _tile_stored(TC1, cb + 256, 64);
-                block_scales(t, b0, &dw, &mw);
-                scale_tile(t, cb, dw, mw, xg + b, mt, acc);
-                block_scales(t, b1, &dw, &mw);
-                scale_tile(t, cb + 256, dw, mw, xg + b + 1, mt, acc);
-            }
-            if (b < nb) {
-                const uint8_t *b0 = pp + (size_t)b * pb;
-                if (g == 0 && pf)
-                    for (size_t o = 0; o < pb + 64; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
-                _tile_zero(TC0);
-                _tile_loadd(TA0, xg[b].q, 32);
-                _tile_loadd(TB0, t == CAS_T_Q8_0 ? b0 : wu + b * 512, 64);
-                if (t == CAS_T_Q8_0)
-                    _tile_dpbssd(TC0, TA0, TB0);
-                else
-                    _tile_dpbsud(TC0, TA0, TB0);
-                _tile_stored(TC0, cb, 64);
-                block_scales(t, b0, &dw, &mw);
-                scale_tile(t, cb, dw, mw, xg + b, mt, acc);
-            }
+            /* full groups (the common case) without per-token checks */
+            if (mt == CAS_Q_PANEL)
+                panel_group(t, pp, pb, wu, xg, nb, CAS_Q_PANEL, cb, acc, pf, rows, p, g);
+            else
+                panel_group(t, pp, pb, wu, xg, nb, mt, cb, acc, pf, rows, p, g);
             float *yo = y + CAS_Q_PANEL * g * rows + CAS_Q_PANEL * p;
 #pragma GCC unroll 16
             for (int k = 0; k < CAS_Q_PANEL; k++)
