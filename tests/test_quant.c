@@ -546,6 +546,53 @@ static void test_amx(void) {
     }
 }
 
+/* The forward pass's AVX2 elementwise helpers against scalar references on
+ * random inputs (NaN-poisoned outputs): SiLU-times-up within a few ulp (the
+ * vector exp is within 2 ulp), F16 stores bit-exact with cas_f32_to_f16,
+ * RMSNorm within f32 rounding. Without AVX2 the test says so. */
+static void test_elementwise(void) {
+    if (!have_avx2()) {
+        printf("note: no AVX2: elementwise helpers NOT tested\n");
+        return;
+    }
+    cas_rng rng;
+    cas_rng_seed(&rng, 77);
+    enum { N = 1536 + 5 };
+    static float g[N], u[N], h[N], w[N], o[N];
+    static uint16_t f16[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = (float)(cas_rng_normal(&rng) * 6);
+        u[i] = (float)cas_rng_normal(&rng);
+        w[i] = (float)(1 + cas_rng_normal(&rng) * 0.1);
+        h[i] = o[i] = NAN;
+    }
+    g[0] = -100, g[1] = 100, g[2] = 0, g[3] = -87.5f, g[4] = 88.5f; /* the exp clamps */
+    cas_q_avx2_silu_mul(g, u, h, N);
+    int bad = 0;
+    for (int i = 0; i < N && bad < 3; i++) {
+        double ref = (double)g[i] / (1 + exp(-(double)g[i])) * u[i];
+        /* below -88.3 the exp argument is clamped: silu is g e^-88.3 (< 1e-36 |g|) instead of ~0 */
+        if (!(fabs(h[i] - ref) <= 8 * 0x1p-24 * fabs(ref) + 1e-36 * fabs(g[i] * u[i]))) {
+            CHECKF(0, "silu_mul[%d]: g %g u %g: %g vs %g", i, (double)g[i], (double)u[i], (double)h[i], ref);
+            bad++;
+        }
+    }
+    cas_q_avx2_f32_to_f16(g, f16, N);
+    for (int i = 0; i < N; i++) CHECK(f16[i] == cas_f32_to_f16(g[i]));
+    cas_q_avx2_rmsnorm(o, g, w, N, 1e-5f);
+    double ss = 0;
+    for (int i = 0; i < N; i++) ss += (double)g[i] * g[i];
+    double sc = 1 / sqrt(ss / N + 1e-5);
+    bad = 0;
+    for (int i = 0; i < N && bad < 3; i++) {
+        double ref = g[i] * sc * w[i];
+        if (!(fabs(o[i] - ref) <= 4 * 0x1p-24 * fabs(ref) + 1e-37)) {
+            CHECKF(0, "rmsnorm[%d]: %g vs %g", i, (double)o[i], ref);
+            bad++;
+        }
+    }
+}
+
 /* The pieces a forward pass uses inside its own parallel region: x
  * quantized by the AVX2 code is bit-identical to the portable quantizer
  * (ties, zero and tiny blocks included), and row ranges computed separately
@@ -693,5 +740,6 @@ int main(int argc, char **argv) {
     RUN(test_all_token_counts);
     RUN(test_in_region_api);
     RUN(test_amx);
+    RUN(test_elementwise);
     return check_summary();
 }

@@ -295,8 +295,9 @@ void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p
                              int64_t n, const cas_q8x16_block *x16, int64_t m, float *y, void *scratch);
 
 /* Elementwise work of the forward pass, AVX2+FMA+F16C (quant_avx2.c):
- * h[i] = silu(g[i]) * u[i] with a vector e^x within 2 ulp (inputs below
- * -87.3 give silu = x * (1 + 2^-126)^-1 instead of x: the same in f32);
+ * h[i] = silu(g[i]) * u[i] with a vector e^x within 2 ulp, its argument
+ * clamped to [-87.3, 88.3] (g above 87.3 gives g / (1 + 2^-126) = g; g
+ * below -88.3 gives g e^-88.3, below 1e-36 |g|, instead of about 0);
  * f32 to f16 rounded to nearest even (as cas_f32_to_f16 for finite values);
  * RMSNorm out = x / sqrt(mean(x^2) + eps) * w with the sum of squares in
  * double, as the portable code does, in another order. */
