@@ -23,8 +23,6 @@
 #include <string.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 /* ---- type info ---------------------------------------------------------- */
@@ -316,29 +314,21 @@ static int env_forces_avx2(void) {
     return e && strcmp(e, "avx2") == 0;
 }
 
-/* AMX needs the CPU (AMX-TILE, AMX-INT8; AVX-512 for the scaling), the OS
- * (XCR0 bits 17 and 18: tile configuration and data saved on context
- * switches) and, on Linux, a per-process permission for the 8 KiB tile data
- * state, asked once. Any refusal leaves the AVX2 kernels in use. */
+/* AMX-INT8 needs the CPU (AMX-INT8; AVX-512 for the scaling) and the tile
+ * state granted to this process (cas_cpu_amx_ready in src/core: AMX-TILE,
+ * XCR0 bits 17 and 18, the Linux permission asked once). Any refusal leaves
+ * the AVX2 kernels in use. */
 static int amx_ok;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 static void amx_probe(void) {
-#if defined(__x86_64__) && defined(__linux__)
+#if defined(__x86_64__)
     unsigned a, b, c, d;
     if (!cpu_has_avx2() || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
         !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
         return;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
-    if (!(d & (1u << 24)) || !(d & (1u << 25))) return; /* AMX-TILE, AMX-INT8 */
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    if ((lo & (3u << 17)) != (3u << 17)) return;
-    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18) */
-    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return;
-    amx_ok = 1;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 25))) return; /* AMX-INT8 */
+    amx_ok = cas_cpu_amx_ready();
 #endif
 }
 
