@@ -24,9 +24,7 @@
 float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params);
 
 /* Tokens of KV per tile in the CPU kernel; jobs split KV at multiples of it. */
-#ifndef CAS_ATTN_TILE
 #define CAS_ATTN_TILE 128
-#endif
 /* Keys per tile when one item spans every KV head (decode): a tile of all
  * heads then stays in L2 while the next one is prefetched. */
 #define CAS_ATTN_SHORT_TILE CAS_ATTN_TILE

@@ -560,7 +560,7 @@ out:
 int cmd_attn_bench(int argc, char **argv) {
     bench_opts o;
     if (parse_opts(argc, argv, &o)) return 2;
-    if (o.bf16_dot && (o.dtype != CAS_BF16 || strcmp(o.backend ? o.backend : "cpu", "cpu") ||
+    if (o.bf16_dot && (o.dtype != CAS_BF16 || strcmp(o.backend, "cpu") ||
                        !cas_attn_bf16_dot_available())) {
         fprintf(stderr, "attn-bench: --bf16-dot needs --dtype bf16, the cpu backend and a CPU with AVX512_BF16 "
                         "(this one: %s)\n", cas_attn_bf16_dot_available() ? "has it" : "has not");
