@@ -5,10 +5,12 @@
  * shared run, and cascade by the cost model, each with every SIMD kernel the
  * CPU has, must equal the reference on fresh random inputs; outputs are
  * poisoned with NaN first, so an unwritten element fails. The SIMD kernels'
- * decode path must give the blocked kernel's bits (memcmp, every case). Merge laws, plan
+ * decode path and transposed-score path must give the blocked kernel's bits
+ * (memcmp, every case). Merge laws, plan
  * reuse across layers and batches, cost-model decisions and every kind of
  * malformed batch description are checked too.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -106,6 +108,18 @@ static int run_case(const case_t *c, uint64_t seed) {
                         cas_attn_decode_rows = keep;
                         if (st2 || memcmp(o, o2, sizeof(float) * no) || memcmp(lse, lse2, sizeof(float) * nl)) {
                             printf("  %s [%s, mode %d, %d threads]: decode path and blocked kernel differ\n",
+                                   c->desc, simds[k], m, threads);
+                            fails++;
+                        }
+                        /* so does the transposed-score path (AVX-512, many rows per KV head) */
+                        keep = cas_attn_stile_rows;
+                        cas_attn_stile_rows = INT_MAX;
+                        poison(o2, no);
+                        poison(lse2, nl);
+                        st2 = cas_attn_plan_run(plan, &pool, s.q, o2, lse2);
+                        cas_attn_stile_rows = keep;
+                        if (st2 || memcmp(o, o2, sizeof(float) * no) || memcmp(lse, lse2, sizeof(float) * nl)) {
+                            printf("  %s [%s, mode %d, %d threads]: transposed-score and row-layout kernels differ\n",
                                    c->desc, simds[k], m, threads);
                             fails++;
                         }

@@ -58,6 +58,7 @@ static inline __m256 exp8(__m256 x) {
 }
 
 #define VEXP(x) exp8(x)
+#define VFIRST(v) _mm256_cvtss_f32(v)
 #define HSUM(v) hsum8(v)
 #define HMAX(v) hmax8(v)
 #define KERNEL_NAME cas_attn_item_avx2

@@ -151,6 +151,11 @@ int cas_attn_simd_override(const char *name);
  * blocked kernel's bits, so this changes speed only; for tests and benchmarks,
  * not thread-safe against concurrent runs. */
 extern int cas_attn_decode_rows;
+/* Fewest query rows per KV head for which the AVX-512 f32 kernel computes
+ * scores transposed (default 32; a large value turns it off). The same bits
+ * either way; for tests and benchmarks, not thread-safe against concurrent
+ * runs. */
+extern int cas_attn_stile_rows;
 
 /* floats of per-thread workspace the kernels need for a head_dim */
 int64_t cas_attn_work_floats(int32_t head_dim);

@@ -665,6 +665,7 @@ void cas_attn_plan_print(const cas_attn_plan *p, FILE *f) {
 
 static const char *simd_forced;
 int cas_attn_decode_rows = 8;
+int cas_attn_stile_rows = 32;
 
 int cas_attn_simd_override(const char *name) {
     if (!name) {

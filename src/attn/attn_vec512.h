@@ -41,7 +41,19 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_maskz_scalef_ps(keep, pl, n);
 }
 
+/* Sum of the 16 lanes in a fixed order: lanes i and i+8, then i and i+4,
+ * i and i+2, 0 and 1. The transposed-score path sums 16 vectors of lanes in
+ * exactly this order, so both give a row the same bits. */
+static inline float hsum16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
 #define VEXP(x) exp16(x)
-#define HSUM(v) _mm512_reduce_add_ps(v)
+#define VFIRST(v) _mm512_cvtss_f32(v)
+#define HSUM(v) hsum16(v)
 #define HMAX(v) _mm512_reduce_max_ps(v)
 #endif
