@@ -102,6 +102,7 @@ struct cas_model {
     /* single-token forward: per-thread normed x and its quantized form */
     int nt;          /* threads of every parallel region */
     int avx2;        /* kernels' instruction set (1 AVX2, 0 portable) */
+    int avx512;      /* elementwise helpers on AVX-512 (SwiGLU, RoPE); only with avx2 */
     float *tx;       /* [nt][tx_stride] */
     uint8_t *tq;     /* [nt][tq_stride] */
     size_t tx_stride, tq_stride;
@@ -485,6 +486,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     }
     m->nt = nt;
     m->avx2 = cas_q_resolve_avx2(o.portable_kernels ? CAS_Q_SIMD_GENERIC : CAS_Q_SIMD_AUTO);
+    m->avx512 = m->avx2 && cas_q_avx512_ok();
     {
         int64_t mx = E > QD ? E : QD;
         if (F > mx) mx = F;
@@ -669,10 +671,21 @@ static void norm_row(const cas_model *m, float *out, const float *x, const float
 }
 
 static void silu_mul(const cas_model *m, const float *g, const float *u, float *h, int64_t n) {
-    if (m->avx2)
+    if (m->avx512)
+        cas_q_avx512_silu_mul(g, u, h, n);
+    else if (m->avx2)
         cas_q_avx2_silu_mul(g, u, h, n);
     else
         for (int64_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+}
+
+/* RoPE of one token's heads rows (q or k), the same function in both forwards. */
+static void rope_token(const cas_model *m, float *x, int32_t heads, const float *cs) {
+    const cas_model_config *c = &m->cfg;
+    if (m->avx512)
+        cas_q_avx512_rope(x, heads, c->head_dim, c->n_rot, cs);
+    else
+        rope_rows(x, 1, heads, c->head_dim, c->n_rot, cs);
 }
 
 /* One layer for a batch of one token (single-sequence decode), in two
@@ -711,8 +724,8 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
 #pragma omp barrier
 #pragma omp single nowait
         {
-            rope_rows(qkv, 1, c->n_head, c->head_dim, c->n_rot, m->rope);
-            rope_rows(qkv + QD, 1, c->n_head_kv, c->head_dim, c->n_rot, m->rope);
+            rope_token(m, qkv, c->n_head, m->rope);
+            rope_token(m, qkv + QD, c->n_head_kv, m->rope);
             store_row(kv->dtype, kpool + kv_at, qkv + QD, KD, avx2);
             store_row(kv->dtype, vpool + kv_at, qkv + QD + KD, KD, avx2);
         }
@@ -884,8 +897,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
             float *qt = m->q + t * QD, *kt = kr + t * kw;
             const float *cs = m->rope + t * (int64_t)half * 2;
             if (fq) memcpy(qt, m->fout + t * kw, sizeof(float) * (size_t)QD);
-            rope_rows(qt, 1, c->n_head, c->head_dim, c->n_rot, cs);
-            rope_rows(kt, 1, c->n_head_kv, c->head_dim, c->n_rot, cs);
+            rope_token(m, qt, c->n_head, cs);
+            rope_token(m, kt, c->n_head_kv, cs);
             int32_t r = m->seq_of[t], p = m->pos[t];
             int32_t page = b->kv_indices[b->kv_indptr[r] + p / ps], off = p % ps;
             size_t at = (size_t)page * pbytes + (size_t)off * (size_t)KD * es;
