@@ -97,16 +97,25 @@ static inline __attribute__((always_inline)) void panel_group(const int t, const
                                                               const uint8_t *wu, const cas_q8x16_block *xg,
                                                               int64_t nb, const int mt, int32_t *cb,
                                                               __m512 acc[CAS_Q_PANEL], const uint8_t *pf,
-                                                              int64_t rows, int64_t p, int64_t g) {
+                                                              int64_t rows, int64_t p, int64_t g, int64_t ng) {
     (void)rows, (void)p;
 #pragma GCC unroll 16
     for (int k = 0; k < CAS_Q_PANEL; k++) acc[k] = _mm512_setzero_ps();
     __m512 dw, mw;
+    /* the next panel's bytes, spread evenly over the tile steps of all ng
+     * groups (step gs of ng * spg takes `per` bytes): a burst of a whole
+     * block pair's lines per step of the first group only kept more misses in
+     * flight than the core has fill buffers */
+    const int64_t spg = (nb + 1) / 2, tot = nb * (int64_t)pb;
+    const int64_t per = ((tot + ng * spg - 1) / (ng * spg) + 63) & ~(int64_t)63;
+    int64_t pfo = g * spg * per; /* this step's first byte */
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
         const uint8_t *b0 = pp + (size_t)b * pb, *b1 = b0 + pb;
-        if (g == 0 && pf)
-            for (size_t o = 0; o < 2 * pb; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
+        if (pf) {
+            for (int64_t o = pfo; o < pfo + per && o < tot; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
+            pfo += per;
+        }
         const uint8_t *w0 = t == CAS_T_Q8_0 ? b0 : wu + b * 512;
         const uint8_t *w1 = t == CAS_T_Q8_0 ? b1 : wu + (b + 1) * 512;
         _tile_zero(TC0);
@@ -131,8 +140,8 @@ static inline __attribute__((always_inline)) void panel_group(const int t, const
     }
     if (b < nb) {
         const uint8_t *b0 = pp + (size_t)b * pb;
-        if (g == 0 && pf)
-            for (size_t o = 0; o < pb + 64; o += 64) _mm_prefetch((const char *)pf + (size_t)b * pb + o, _MM_HINT_T0);
+        if (pf)
+            for (int64_t o = pfo; o < tot; o += 64) _mm_prefetch((const char *)pf + o, _MM_HINT_T0);
         _tile_zero(TC0);
         _tile_loadd(TA0, xg[b].q, 32);
         _tile_loadd(TB0, t == CAS_T_Q8_0 ? b0 : wu + b * 512, 64);
@@ -175,15 +184,16 @@ static inline __attribute__((always_inline)) void amx_panels(const int t, const 
         const uint8_t *pf = CAS_Q_PANEL * (p + 1) < rows ? pp + (size_t)nb * pb : NULL;
         const int64_t nr = rows - CAS_Q_PANEL * p < CAS_Q_PANEL ? rows - CAS_Q_PANEL * p : CAS_Q_PANEL;
         const __mmask16 rmask = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
-        for (int64_t g = 0; CAS_Q_PANEL * g < m; g++) {
+        const int64_t ng = (m + CAS_Q_PANEL - 1) / CAS_Q_PANEL;
+        for (int64_t g = 0; g < ng; g++) {
             const cas_q8x16_block *xg = x16 + g * nb;
             const int mt = m - CAS_Q_PANEL * g < CAS_Q_PANEL ? (int)(m - CAS_Q_PANEL * g) : CAS_Q_PANEL;
             __m512 acc[CAS_Q_PANEL];
             /* full groups (the common case) without per-token checks */
             if (mt == CAS_Q_PANEL)
-                panel_group(t, pp, pb, wu, xg, nb, CAS_Q_PANEL, cb, acc, pf, rows, p, g);
+                panel_group(t, pp, pb, wu, xg, nb, CAS_Q_PANEL, cb, acc, pf, rows, p, g, ng);
             else
-                panel_group(t, pp, pb, wu, xg, nb, mt, cb, acc, pf, rows, p, g);
+                panel_group(t, pp, pb, wu, xg, nb, mt, cb, acc, pf, rows, p, g, ng);
             float *yo = y + CAS_Q_PANEL * g * rows + CAS_Q_PANEL * p;
 #pragma GCC unroll 16
             for (int k = 0; k < CAS_Q_PANEL; k++)
