@@ -20,7 +20,7 @@
  *
  * Per panel (16 weight rows) the Q4 nibbles are unpacked to bytes once into
  * per-thread scratch and then serve every 16-token group; Q8_0 tiles load
- * straight from the packed weights. The next panel is prefetched while one
+ * straight from the packed weights. The panel after next is prefetched while one
  * computes. Two blocks go through the tile unit per step (two sets of
  * tiles); measured, the tile work and the vector work do not overlap on the
  * machine this was built on (Sapphire Rapids class, bench/NOTES.md), so a
