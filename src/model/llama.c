@@ -102,7 +102,7 @@ struct cas_model {
     /* single-token forward: per-thread normed x and its quantized form */
     int nt;          /* threads of every parallel region */
     int avx2;        /* kernels' instruction set (1 AVX2, 0 portable) */
-    int avx512;      /* elementwise helpers on AVX-512 (SwiGLU, RoPE); only with avx2 */
+    int avx512;      /* batched SwiGLU on AVX-512; only with avx2 */
     float *tx;       /* [nt][tx_stride] */
     uint8_t *tq;     /* [nt][tq_stride] */
     size_t tx_stride, tq_stride;
@@ -670,8 +670,9 @@ static void norm_row(const cas_model *m, float *out, const float *x, const float
         rmsnorm_rows(out, x, w, 1, m->cfg.n_embd, m->cfg.rms_eps);
 }
 
-static void silu_mul(const cas_model *m, const float *g, const float *u, float *h, int64_t n) {
-    if (m->avx512)
+/* wide: the batched forward, which may use 512-bit vectors (same bits) */
+static void silu_mul(const cas_model *m, const float *g, const float *u, float *h, int64_t n, int wide) {
+    if (wide && m->avx512)
         cas_q_avx512_silu_mul(g, u, h, n);
     else if (m->avx2)
         cas_q_avx2_silu_mul(g, u, h, n);
@@ -682,8 +683,8 @@ static void silu_mul(const cas_model *m, const float *g, const float *u, float *
 /* RoPE of one token's heads rows (q or k), the same function in both forwards. */
 static void rope_token(const cas_model *m, float *x, int32_t heads, const float *cs) {
     const cas_model_config *c = &m->cfg;
-    if (m->avx512)
-        cas_q_avx512_rope(x, heads, c->head_dim, c->n_rot, cs);
+    if (m->avx2)
+        cas_q_avx2_rope(x, heads, c->head_dim, c->n_rot, cs);
     else
         rope_rows(x, 1, heads, c->head_dim, c->n_rot, cs);
 }
@@ -751,7 +752,7 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
         cas_q_thread_rows(F, tid, nth, &r0, &r1);
         cas_q_matvec_range(L->w_gate.type, L->w_gate.data, rb_g, E, r0, r1, xf, xq, m->fout, avx2);
         cas_q_matvec_range(L->w_up.type, L->w_up.data, rb_g, E, r0, r1, xf, xq, m->fout + F, avx2);
-        silu_mul(m, m->fout + r0, m->fout + F + r0, m->gate + r0, r1 - r0);
+        silu_mul(m, m->fout + r0, m->fout + F + r0, m->gate + r0, r1 - r0, 0);
 #pragma omp barrier
         /* down projection and residual, own rows */
         cas_q_xvec_quantize(L->w_down.type, m->gate, F, xq, avx2);
@@ -920,12 +921,12 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
             if ((st = matmul(m, &L->w_gu, m->xb, T, m->fout))) return st;
 #pragma omp parallel for num_threads(nt) schedule(static)
             for (int64_t t = 0; t < T; t++)
-                silu_mul(m, m->fout + t * 2 * F, m->fout + t * 2 * F + F, m->gate + t * F, F);
+                silu_mul(m, m->fout + t * 2 * F, m->fout + t * 2 * F + F, m->gate + t * F, F, 1);
         } else {
             if ((st = matmul(m, &L->w_gate, m->xb, T, m->gate))) return st;
             if ((st = matmul(m, &L->w_up, m->xb, T, m->up))) return st;
 #pragma omp parallel for num_threads(nt) schedule(static)
-            for (int64_t t = 0; t < T; t++) silu_mul(m, m->gate + t * F, m->up + t * F, m->gate + t * F, F);
+            for (int64_t t = 0; t < T; t++) silu_mul(m, m->gate + t * F, m->up + t * F, m->gate + t * F, F, 1);
         }
         if ((st = matmul(m, &L->w_down, m->gate, T, m->proj))) return st;
         /* residual, and the next layer's input norm in the same pass */

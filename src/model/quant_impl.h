@@ -304,12 +304,13 @@ void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p
 void cas_q_avx2_silu_mul(const float *g, const float *u, float *h, int64_t n);
 void cas_q_avx2_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
 void cas_q_avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
-/* quant_avx512.c: the same helpers on AVX-512 where cas_q_avx512_ok() (SwiGLU gives
- * cas_q_avx2_silu_mul's bits); RoPE of `heads` rows of head_dim floats, adjacent pairs of the
- * first n_rot, cs = (cos, sin) per pair. */
+/* RoPE of `heads` rows of head_dim floats: adjacent pairs of the first n_rot,
+ * cs = (cos, sin) per pair (quant_avx2.c). */
+void cas_q_avx2_rope(float *x, int32_t heads, int32_t head_dim, int32_t n_rot, const float *cs);
+/* quant_avx512.c: SwiGLU on AVX-512 where cas_q_avx512_ok(), giving
+ * cas_q_avx2_silu_mul's bits. */
 int cas_q_avx512_ok(void);
 void cas_q_avx512_silu_mul(const float *g, const float *u, float *h, int64_t n);
-void cas_q_avx512_rope(float *x, int32_t heads, int32_t head_dim, int32_t n_rot, const float *cs);
 
 /* Instructions per second of one thread (quant_avx2.c). */
 double cas_q_avx2_peak_maddubs(long iters);
