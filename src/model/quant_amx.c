@@ -218,8 +218,12 @@ void cas_q_amx_begin(void) { config_tiles(); }
 
 void cas_q_amx_end(void) { _tile_release(); }
 
-void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p1, int64_t rows, int64_t n,
-                             const cas_q8x16_block *x16, int64_t m, float *y, void *scratch) {
+/* 64-byte aligned: where the linker happened to put the kernel moved the
+ * 32-sequence decode step by 3-4% (the same code 0x50 bytes further: 3-4%
+ * slower), so its loops' alignment no longer depends on what precedes it. */
+__attribute__((aligned(64))) void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p1,
+                                                          int64_t rows, int64_t n, const cas_q8x16_block *x16,
+                                                          int64_t m, float *y, void *scratch) {
     switch (t) {
     case CAS_T_Q8_0: amx_panels(CAS_T_Q8_0, packed, p0, p1, rows, n, x16, m, y, scratch); break;
     case CAS_T_Q4_0: amx_panels(CAS_T_Q4_0, packed, p0, p1, rows, n, x16, m, y, scratch); break;
