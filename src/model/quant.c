@@ -435,7 +435,7 @@ cas_status cas_q_matvec(int t, const void *w, int64_t rows, int64_t n, const flo
 
 cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const float *x, int64_t m,
                         float *y, const cas_q_opts *opt) {
-    static const cas_q_opts defaults = {0, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
+    static const cas_q_opts defaults = {0, CAS_Q_SIMD_AUTO, NULL, 0, NULL, NULL, NULL};
     size_t rb;
     if (!opt) opt = &defaults;
     cas_status st = check_args(m == 1 ? "matvec" : "matmul", t, w, opt->packed, rows, n, x, m, y, &rb);
@@ -482,6 +482,10 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
         return cas_error(CAS_ERR_INVALID, "%s: only the packed weights given, and the AMX kernels do not take "
                          "this call", m == 1 ? "matvec" : "matmul");
     }
+    if (opt->prep && !amx) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
+    }
     const int lanes = !amx && avx2 && quant && m >= CAS_Q_LANE_MIN_M;
     const uint8_t *wb = w;
     uint8_t *amx_base = tiles + (m > 1 ? (size_t)nt * tile_bytes(n) : 0);
@@ -500,7 +504,10 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
             /* x into 16-token groups; the padding tokens of the last group are zero */
             const int64_t mp = (m + CAS_Q_PANEL - 1) / CAS_Q_PANEL * CAS_Q_PANEL;
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < mp; i++) quantize_x16_slot(x, n, nb, m, i, x16);
+            for (int64_t i = 0; i < mp; i++) {
+                if (opt->prep && i < m) opt->prep(opt->prep_ctx, i);
+                quantize_x16_slot(x, n, nb, m, i, x16);
+            }
             /* One contiguous run of panels per thread (the next-panel prefetch runs
              * ahead within it), handed out as threads arrive, so that a thread that
              * starts late on a busy machine does not hold the other back at the start.
@@ -703,7 +710,7 @@ cas_status cas_q_bench(int t, int64_t rows, int64_t n, int64_t m, int nthreads, 
         if ((st = cas_q_pack(t, w, rows, n, packed))) goto done;
         for (int c = 1; c < copies; c++) memcpy(packed + (size_t)c * pbytes, packed, pbytes);
     }
-    cas_q_opts o = {nt, CAS_Q_SIMD_AUTO, work, wsz, packed};
+    cas_q_opts o = {nt, CAS_Q_SIMD_AUTO, work, wsz, packed, NULL, NULL};
     if ((st = cas_q_matmul(t, w, rows, n, x, m, y, &o))) goto done; /* warm-up */
     /* The best of several windows: other processes on a small machine only
      * ever slow a window down, so the best one is the kernel's own speed. */

@@ -95,6 +95,12 @@ typedef struct {
     size_t work_bytes;  /* size of work */
     const void *packed; /* the same W in the packed layout (cas_q_pack), or NULL: batched calls then
                            may take the AMX kernels */
+    /* prep(prep_ctx, i), if set, makes row i of x (batched calls) before the call reads
+     * it: the caller's elementwise step fused into the product (the AMX path runs it
+     * where it quantizes that row, in the same parallel region; the others in a region
+     * of their own first). Rows are independent; called once per row, any thread. */
+    void (*prep)(void *prep_ctx, int64_t i);
+    void *prep_ctx;
 } cas_q_opts;
 
 /* The name of the path AUTO resolves to on this machine now for a matrix-
