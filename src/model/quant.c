@@ -21,7 +21,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xmmintrin.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -518,7 +517,7 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
             {
                 const int tid0 = omp_get_thread_num(), nth0 = omp_get_num_threads();
                 const int64_t ch = (panels + nth0 - 1) / nth0, pp0 = (int64_t)tid0 * ch;
-                const size_t pbytes = (size_t)nb * (t == CAS_T_Q8_0 ? 544 : t == CAS_T_Q4_1 ? 320 : 288);
+                const size_t pbytes = (size_t)nb * cas_q_packed_block_bytes(t);
                 const size_t want = pp0 < panels ? (pp0 + 2 <= panels ? 2 : 1) * pbytes : 0;
                 const int64_t mine = (mp + nth0 - 1) / nth0; /* tokens this thread quantizes */
                 const size_t per = mine > 0 ? ((want + (size_t)mine - 1) / (size_t)mine + 63) & ~(size_t)63 : 0;
@@ -526,7 +525,7 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                 size_t off = 0;
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < mp; i++) {
-                    for (size_t e = off + per; off < e && off < want; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
+                    for (size_t e = off + per; off < e && off < want; off += 64) __builtin_prefetch(first + off, 0, 3);
                     if (opt->prep && i < m) opt->prep(opt->prep_ctx, i);
                     quantize_x16_slot(x, n, nb, m, i, x16);
                 }

@@ -103,10 +103,11 @@ static inline __attribute__((always_inline)) void panel_group(const int t, const
 #pragma GCC unroll 16
     for (int k = 0; k < CAS_Q_PANEL; k++) acc[k] = _mm512_setzero_ps();
     __m512 dw, mw;
-    /* the next panel's bytes, spread evenly over the tile steps of all ng
-     * groups (step gs of ng * spg takes `per` bytes): a burst of a whole
-     * block pair's lines per step of the first group only kept more misses in
-     * flight than the core has fill buffers */
+    /* the prefetched panels' bytes (pf, and pf2 for a run's first panel),
+     * spread evenly over the tile steps of all ng groups (step gs of ng * spg
+     * takes `per` bytes): a burst of a whole block pair's lines per step of
+     * the first group only kept more misses in flight than the core has fill
+     * buffers */
     const int64_t spg = (nb + 1) / 2, tot = nb * (int64_t)pb;
     const int64_t per = ((tot + ng * spg - 1) / (ng * spg) + 63) & ~(int64_t)63;
     int64_t pfo = g * spg * per; /* this step's first byte */
