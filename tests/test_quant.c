@@ -31,7 +31,7 @@ static const int k_types[] = {CAS_T_F32, CAS_T_F16, CAS_T_BF16, CAS_T_Q8_0, CAS_
 static int is_q(int t) { return t == CAS_T_Q8_0 || t == CAS_T_Q4_0 || t == CAS_T_Q4_1; }
 
 static int have_avx2(void) {
-    cas_q_opts o = {1, CAS_Q_SIMD_AVX2, NULL, 0, NULL};
+    cas_q_opts o = {1, CAS_Q_SIMD_AVX2, NULL, 0, NULL, NULL, NULL};
     float w = 1, x = 1, y = 0;
     return cas_q_matvec(CAS_T_F32, &w, 1, 1, &x, &y, &o) == CAS_OK;
 }
@@ -176,7 +176,7 @@ static void test_layout(void) {
         REQUIRE(cas_q_dequantize_row(types[v], blocks[v], d, 32) == CAS_OK);
         for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
             if (path == CAS_Q_SIMD_AVX2 && !have_avx2()) continue;
-            cas_q_opts o = {1, (cas_q_simd)path, NULL, 0, NULL};
+            cas_q_opts o = {1, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
             for (int k = 0; k < 32; k++) {
                 float x[32] = {0}, y = NAN;
                 x[k] = 1;
@@ -266,7 +266,7 @@ static void run_case(int t, int64_t rows, int64_t n, const int64_t *ms, int nm, 
         for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
             if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
             for (int nt = 1; nt <= 2; nt++) {
-                cas_q_opts o = {nt, (cas_q_simd)path, NULL, 0, NULL};
+                cas_q_opts o = {nt, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
                 poison(y, m * rows);
                 cas_status st = m == 1 ? cas_q_matvec(t, wq, rows, n, x, y, &o)
                                        : cas_q_matmul(t, wq, rows, n, x, m, y, &o);
@@ -361,7 +361,7 @@ static void test_workspace_and_env(void) {
         size_t need = cas_q_work_bytes(t, rows, n, m, 2);
         CHECK(need > 0);
         void *work = cas_alloc(need);
-        cas_q_opts own = {2, CAS_Q_SIMD_AUTO, work, need, NULL}, dflt = {2, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
+        cas_q_opts own = {2, CAS_Q_SIMD_AUTO, work, need, NULL, NULL, NULL}, dflt = {2, CAS_Q_SIMD_AUTO, NULL, 0, NULL, NULL, NULL};
         poison(y, m * rows);
         poison(y2, m * rows);
         CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &own) == CAS_OK);
@@ -373,7 +373,7 @@ static void test_workspace_and_env(void) {
         CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, NULL) == CAS_OK);
         /* CASCADE_SIMD=generic makes AUTO the portable path: bit-identical
          * to asking for GENERIC. */
-        cas_q_opts gen = {1, CAS_Q_SIMD_GENERIC, NULL, 0, NULL}, aut = {1, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
+        cas_q_opts gen = {1, CAS_Q_SIMD_GENERIC, NULL, 0, NULL, NULL, NULL}, aut = {1, CAS_Q_SIMD_AUTO, NULL, 0, NULL, NULL, NULL};
         /* (the caller's CASCADE_SIMD is restored after: CASCADE_SIMD=avx2 runs the
          * whole test as on a machine without AMX) */
         const char *prev = getenv("CASCADE_SIMD");
@@ -424,7 +424,7 @@ static void test_all_token_counts(void) {
         reference(t, wd, rows, n, x, M, yref, tol, ftol);
         for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
             if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
-            cas_q_opts o = {2, (cas_q_simd)path, NULL, 0, NULL};
+            cas_q_opts o = {2, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
             CHECK(cas_q_matmul(t, wq, rows, n, x, M, yall, &o) == CAS_OK);
             for (int64_t m = 1; m <= M; m++) {
                 poison(y, m * rows);
@@ -467,7 +467,7 @@ static void test_amx(void) {
     if (!cas_q_amx_available()) {
         printf("note: AMX-INT8 is not available here (CPU, OS or CASCADE_SIMD): AMX kernels NOT tested, "
                "only that asking for them fails\n");
-        cas_q_opts o = {1, CAS_Q_SIMD_AMX, NULL, 0, w1};
+        cas_q_opts o = {1, CAS_Q_SIMD_AMX, NULL, 0, w1, NULL, NULL};
         if (have_avx2()) CHECK(cas_q_matmul(CAS_T_Q8_0, w1, 1, 32, x1, 2, y1, &o) == CAS_ERR_UNSUPPORTED);
         return;
     }
@@ -499,8 +499,8 @@ static void test_amx(void) {
             memset(pk, 0xA5, pbytes); /* padding rows must be written too */
             CHECK(cas_q_pack(t, wq, rows, n, pk) == CAS_OK);
             reference(t, wd, rows, n, x, M, yref, tol, ftol);
-            cas_q_opts amx = {2, CAS_Q_SIMD_AMX, NULL, 0, pk}, av2 = {2, CAS_Q_SIMD_AVX2, NULL, 0, NULL};
-            cas_q_opts amx1 = {1, CAS_Q_SIMD_AMX, NULL, 0, pk}, aut = {2, CAS_Q_SIMD_AUTO, NULL, 0, pk};
+            cas_q_opts amx = {2, CAS_Q_SIMD_AMX, NULL, 0, pk, NULL, NULL}, av2 = {2, CAS_Q_SIMD_AVX2, NULL, 0, NULL, NULL, NULL};
+            cas_q_opts amx1 = {1, CAS_Q_SIMD_AMX, NULL, 0, pk, NULL, NULL}, aut = {2, CAS_Q_SIMD_AUTO, NULL, 0, pk, NULL, NULL};
             poison(yall, M * rows);
             CHECK(cas_q_matmul(t, wq, rows, n, x, M, yall, &amx) == CAS_OK);
             for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
@@ -630,7 +630,7 @@ static void test_in_region_api(void) {
         make_matrix(t, w, rows, n, &wq, wd);
         CHECK(cas_tensor_row_bytes(t, n, &rb) == CAS_OK);
         for (int a = 0; a <= avx2; a++) {
-            cas_q_opts o = {1, a ? CAS_Q_SIMD_AVX2 : CAS_Q_SIMD_GENERIC, NULL, 0, NULL};
+            cas_q_opts o = {1, a ? CAS_Q_SIMD_AVX2 : CAS_Q_SIMD_GENERIC, NULL, 0, NULL, NULL, NULL};
             CHECK(cas_q_matvec(t, wq, rows, n, x, y, &o) == CAS_OK);
             cas_q_xvec_quantize(t, x, n, b0, a);
             poison(y2, rows);
@@ -660,7 +660,7 @@ static void test_in_region_api(void) {
 static void test_bad_input(void) {
     float x[64] = {0}, y[4] = {0}, f[64] = {0};
     uint8_t w[4 * 40] = {0};
-    cas_q_opts o = {1, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
+    cas_q_opts o = {1, CAS_Q_SIMD_AUTO, NULL, 0, NULL, NULL, NULL};
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 33, x, y, &o) == CAS_ERR_INVALID);
     CHECK(strlen(cas_last_error()) > 0);
     CHECK(cas_q_matvec(CAS_T_Q8_0, w, 1, 48, x, y, &o) == CAS_ERR_INVALID);
@@ -671,7 +671,7 @@ static void test_bad_input(void) {
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 0, 32, x, y, &o) == CAS_ERR_INVALID);
     CHECK(cas_q_matmul(CAS_T_Q4_1, w, 1, 32, x, 0, y, &o) == CAS_ERR_INVALID);
     CHECK(cas_q_matvec(12 /* q4_k */, w, 1, 256, x, y, &o) == CAS_ERR_UNSUPPORTED);
-    cas_q_opts neg = {-1, CAS_Q_SIMD_AUTO, NULL, 0, NULL};
+    cas_q_opts neg = {-1, CAS_Q_SIMD_AUTO, NULL, 0, NULL, NULL, NULL};
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 32, x, y, &neg) == CAS_ERR_INVALID);
     CHECK(cas_q_dequantize_row(CAS_T_Q4_0, w, f, 40) == CAS_ERR_INVALID);
     CHECK(cas_q_dequantize_row(CAS_T_Q4_0, NULL, f, 32) == CAS_ERR_INVALID);

@@ -102,6 +102,7 @@ struct cas_model {
     /* single-token forward: per-thread normed x and its quantized form */
     int nt;          /* threads of every parallel region */
     int avx2;        /* kernels' instruction set (1 AVX2, 0 portable) */
+    int avx512;      /* batched SwiGLU on AVX-512; only with avx2 */
     float *tx;       /* [nt][tx_stride] */
     uint8_t *tq;     /* [nt][tq_stride] */
     size_t tx_stride, tq_stride;
@@ -485,6 +486,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     }
     m->nt = nt;
     m->avx2 = cas_q_resolve_avx2(o.portable_kernels ? CAS_Q_SIMD_GENERIC : CAS_Q_SIMD_AUTO);
+    m->avx512 = m->avx2 && cas_q_avx512_ok();
     {
         int64_t mx = E > QD ? E : QD;
         if (F > mx) mx = F;
@@ -627,10 +629,13 @@ static void rope_rows(float *x, int64_t rows, int32_t heads, int32_t head_dim, i
     }
 }
 
-static cas_status matmul(const cas_model *m, const cas_mat *w, const float *x, int64_t rows,
-                         float *y) {
+/* y = W x for rows rows of x; prep (or NULL) makes each row of x first (cas_q_opts.prep). */
+static cas_status matmul_prep(const cas_model *m, const cas_mat *w, const float *x, int64_t rows, float *y,
+                              void (*prep)(void *, int64_t), void *prep_ctx) {
     cas_q_opts o;
     memset(&o, 0, sizeof o);
+    o.prep = prep;
+    o.prep_ctx = prep_ctx;
     o.nthreads = m->opts.threads;
     if (m->opts.portable_kernels) o.simd = CAS_Q_SIMD_GENERIC;
     o.work = m->work;
@@ -638,6 +643,10 @@ static cas_status matmul(const cas_model *m, const cas_mat *w, const float *x, i
     o.packed = w->packed;
     if (rows == 1) return cas_q_matvec(w->type, w->data, w->rows, w->cols, x, y, &o);
     return cas_q_matmul(w->type, w->data, w->rows, w->cols, x, rows, y, &o);
+}
+
+static cas_status matmul(const cas_model *m, const cas_mat *w, const float *x, int64_t rows, float *y) {
+    return matmul_prep(m, w, x, rows, y, NULL, NULL);
 }
 
 /* Stores one token's K (or V) row of n f32 values in the pool's storage type
@@ -668,11 +677,56 @@ static void norm_row(const cas_model *m, float *out, const float *x, const float
         rmsnorm_rows(out, x, w, 1, m->cfg.n_embd, m->cfg.rms_eps);
 }
 
-static void silu_mul(const cas_model *m, const float *g, const float *u, float *h, int64_t n) {
-    if (m->avx2)
+/* wide: the batched forward, which may use 512-bit vectors (same bits) */
+static void silu_mul(const cas_model *m, const float *g, const float *u, float *h, int64_t n, int wide) {
+    if (wide && m->avx512)
+        cas_q_avx512_silu_mul(g, u, h, n);
+    else if (m->avx2)
         cas_q_avx2_silu_mul(g, u, h, n);
     else
         for (int64_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
+}
+
+/* The batched forward's elementwise steps between the matrix products, one
+ * token row at a time, run by the next product's kernels where they quantize
+ * that row (cas_q_opts.prep): no parallel region and pass over the rows of
+ * their own. */
+typedef struct {
+    const cas_model *m;
+    const float *norm; /* RMSNorm weights: xb row = norm(x row) */
+    int add;           /* x row += proj row first (the residual of the last product) */
+    int fused;         /* SwiGLU: 1 gate and up side by side in fout, 0 in gate and up */
+} prep_ctx;
+
+static void prep_residual_norm(void *ctx, int64_t t) {
+    const prep_ctx *c = ctx;
+    const cas_model *m = c->m;
+    const int64_t E = m->cfg.n_embd;
+    float *xt = m->x + t * E;
+    if (c->add) {
+        const float *pt = m->proj + t * E;
+        for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
+    }
+    norm_row(m, m->xb + t * E, xt, c->norm);
+}
+
+static void prep_swiglu(void *ctx, int64_t t) {
+    const prep_ctx *c = ctx;
+    const cas_model *m = c->m;
+    const int64_t F = m->cfg.n_ff;
+    if (c->fused)
+        silu_mul(m, m->fout + t * 2 * F, m->fout + t * 2 * F + F, m->gate + t * F, F, 1);
+    else
+        silu_mul(m, m->gate + t * F, m->up + t * F, m->gate + t * F, F, 1);
+}
+
+/* RoPE of one token's heads rows (q or k), the same function in both forwards. */
+static void rope_token(const cas_model *m, float *x, int32_t heads, const float *cs) {
+    const cas_model_config *c = &m->cfg;
+    if (m->avx2)
+        cas_q_avx2_rope(x, heads, c->head_dim, c->n_rot, cs);
+    else
+        rope_rows(x, 1, heads, c->head_dim, c->n_rot, cs);
 }
 
 /* One layer for a batch of one token (single-sequence decode), in two
@@ -711,8 +765,8 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
 #pragma omp barrier
 #pragma omp single nowait
         {
-            rope_rows(qkv, 1, c->n_head, c->head_dim, c->n_rot, m->rope);
-            rope_rows(qkv + QD, 1, c->n_head_kv, c->head_dim, c->n_rot, m->rope);
+            rope_token(m, qkv, c->n_head, m->rope);
+            rope_token(m, qkv + QD, c->n_head_kv, m->rope);
             store_row(kv->dtype, kpool + kv_at, qkv + QD, KD, avx2);
             store_row(kv->dtype, vpool + kv_at, qkv + QD + KD, KD, avx2);
         }
@@ -738,7 +792,7 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
         cas_q_thread_rows(F, tid, nth, &r0, &r1);
         cas_q_matvec_range(L->w_gate.type, L->w_gate.data, rb_g, E, r0, r1, xf, xq, m->fout, avx2);
         cas_q_matvec_range(L->w_up.type, L->w_up.data, rb_g, E, r0, r1, xf, xq, m->fout + F, avx2);
-        silu_mul(m, m->fout + r0, m->fout + F + r0, m->gate + r0, r1 - r0);
+        silu_mul(m, m->fout + r0, m->fout + F + r0, m->gate + r0, r1 - r0, 0);
 #pragma omp barrier
         /* down projection and residual, own rows */
         cas_q_xvec_quantize(L->w_down.type, m->gate, F, xq, avx2);
@@ -830,7 +884,7 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         }
     }
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
-                  KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
+                  KD = (int64_t)c->n_head_kv * c->head_dim;
 
     /* embeddings */
     for (int64_t t = 0; t < T; t++) {
@@ -842,11 +896,10 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
     const size_t es = cas_dtype_size(kv->dtype);
     const size_t pbytes = (size_t)ps * (size_t)KD * es;
     const int amx_now = !m->opts.portable_kernels && strcmp(cas_q_batch_simd_name(), "amx") == 0;
-    int normed = 0; /* m->xb holds layer l's normalized input already */
+    int residual_due = 0; /* m->proj still to be added to m->x (the last down projection's) */
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
         if (T == 1 && L->wqkv.rows) {
-            normed = 0;
             int32_t p = m->pos[0];
             int32_t page = b->kv_indices[b->kv_indptr[0] + p / ps];
             size_t at = (size_t)page * pbytes + (size_t)(p % ps) * (size_t)KD * es;
@@ -859,10 +912,9 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         const int avx2 = m->avx2;
         uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
         uint8_t *vpool = (uint8_t *)kv->v + (size_t)l * kv->layer_bytes;
-        if (!normed) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (int64_t t = 0; t < T; t++) norm_row(m, m->xb + t * E, m->x + t * E, L->attn_norm);
-        }
+        /* the input norm (after the last layer's residual) in the first product */
+        prep_ctx in_prep = {m, L->attn_norm, residual_due, 0};
+        residual_due = 0;
         float *kr = m->k, *vr = m->v; /* K and V rows of token 0, kw floats apart */
         int64_t kw = KD;
         /* the fused matrices, where they can run now (a packed-only one needs the AMX path) */
@@ -870,10 +922,10 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         const int fg = L->w_gu.rows && (L->w_gu.data || (L->w_gu.packed && amx_now));
         if (fq) {
             const int64_t W = QD + 2 * KD;
-            if ((st = matmul(m, &L->wqkv, m->xb, T, m->fout))) return st;
+            if ((st = matmul_prep(m, &L->wqkv, m->xb, T, m->fout, prep_residual_norm, &in_prep))) return st;
             kr = m->fout + QD, vr = m->fout + QD + KD, kw = W;
         } else {
-            if ((st = matmul(m, &L->wq, m->xb, T, m->q))) return st;
+            if ((st = matmul_prep(m, &L->wq, m->xb, T, m->q, prep_residual_norm, &in_prep))) return st;
             if ((st = matmul(m, &L->wk, m->xb, T, m->k))) return st;
             if ((st = matmul(m, &L->wv, m->xb, T, m->v))) return st;
         }
@@ -884,8 +936,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
             float *qt = m->q + t * QD, *kt = kr + t * kw;
             const float *cs = m->rope + t * (int64_t)half * 2;
             if (fq) memcpy(qt, m->fout + t * kw, sizeof(float) * (size_t)QD);
-            rope_rows(qt, 1, c->n_head, c->head_dim, c->n_rot, cs);
-            rope_rows(kt, 1, c->n_head_kv, c->head_dim, c->n_rot, cs);
+            rope_token(m, qt, c->n_head, cs);
+            rope_token(m, kt, c->n_head_kv, cs);
             int32_t r = m->seq_of[t], p = m->pos[t];
             int32_t page = b->kv_indices[b->kv_indptr[r] + p / ps], off = p % ps;
             size_t at = (size_t)page * pbytes + (size_t)off * (size_t)KD * es;
@@ -896,34 +948,24 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         if ((st = cas_attn_plan_run(m->plan, &pool, m->q, m->att, NULL))) return st;
 
         if ((st = matmul(m, &L->wo, m->att, T, m->proj))) return st;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t t = 0; t < T; t++) {
-            float *xt = m->x + t * E;
-            const float *pt = m->proj + t * E;
-            for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
-            norm_row(m, m->xb + t * E, xt, L->ffn_norm);
-        }
+        /* residual and FFN norm in the gate/up product, SwiGLU in the down product,
+         * and its residual in the next layer's first product (or after the loop) */
+        prep_ctx ffn_prep = {m, L->ffn_norm, 1, 0}, glu_prep = {m, NULL, 0, fg};
         if (fg) {
-            if ((st = matmul(m, &L->w_gu, m->xb, T, m->fout))) return st;
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (int64_t t = 0; t < T; t++)
-                silu_mul(m, m->fout + t * 2 * F, m->fout + t * 2 * F + F, m->gate + t * F, F);
+            if ((st = matmul_prep(m, &L->w_gu, m->xb, T, m->fout, prep_residual_norm, &ffn_prep))) return st;
         } else {
-            if ((st = matmul(m, &L->w_gate, m->xb, T, m->gate))) return st;
+            if ((st = matmul_prep(m, &L->w_gate, m->xb, T, m->gate, prep_residual_norm, &ffn_prep))) return st;
             if ((st = matmul(m, &L->w_up, m->xb, T, m->up))) return st;
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (int64_t t = 0; t < T; t++) silu_mul(m, m->gate + t * F, m->up + t * F, m->gate + t * F, F);
         }
-        if ((st = matmul(m, &L->w_down, m->gate, T, m->proj))) return st;
-        /* residual, and the next layer's input norm in the same pass */
-        const float *next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : NULL;
-        normed = next_norm != NULL;
-#pragma omp parallel for num_threads(nt) schedule(static)
+        if ((st = matmul_prep(m, &L->w_down, m->gate, T, m->proj, prep_swiglu, &glu_prep))) return st;
+        residual_due = 1;
+    }
+    if (residual_due) {
+#pragma omp parallel for num_threads(m->nt) schedule(static)
         for (int64_t t = 0; t < T; t++) {
             float *xt = m->x + t * E;
             const float *pt = m->proj + t * E;
             for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
-            if (next_norm) norm_row(m, m->xb + t * E, xt, next_norm);
         }
     }
 

@@ -707,3 +707,32 @@ void cas_q_avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, f
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sv), _mm256_loadu_ps(w + i)));
     for (; i < n; i++) out[i] = x[i] * s * w[i];
 }
+
+/* Adjacent pairs (a, b) of the first n_rot elements of each of `heads` rows of
+ * head_dim floats become (a cos - b sin, b cos + a sin), cs holding (cos, sin)
+ * per pair: each output one FMA over a rounded product, a * cos + (-b sin)
+ * and b * cos + a sin. 256-bit vectors, so the single-token path (AVX2
+ * otherwise) runs no 512-bit instruction for it. */
+void cas_q_avx2_rope(float *x, int32_t heads, int32_t head_dim, int32_t n_rot, const float *cs) {
+    const int32_t nv = n_rot / 8; /* whole vectors of 4 pairs */
+    const __m256 neg_even = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f);
+    for (int32_t v = 0; v < nv; v++) {
+        __m256 t = _mm256_loadu_ps(cs + 8 * v);
+        __m256 co = _mm256_moveldup_ps(t);                        /* cos of each pair, twice */
+        __m256 si = _mm256_xor_ps(_mm256_movehdup_ps(t), neg_even); /* (-sin, sin) */
+        for (int32_t h = 0; h < heads; h++) {
+            float *p = x + (size_t)h * (size_t)head_dim + 8 * v;
+            __m256 a = _mm256_loadu_ps(p);
+            __m256 b = _mm256_permute_ps(a, 0xB1); /* (b, a) of each pair */
+            _mm256_storeu_ps(p, _mm256_fmadd_ps(a, co, _mm256_mul_ps(b, si)));
+        }
+    }
+    for (int32_t h = 0; h < heads; h++) { /* pairs past the last whole vector */
+        float *p = x + (size_t)h * (size_t)head_dim;
+        for (int32_t i = 4 * nv; i < n_rot / 2; i++) {
+            float c = cs[2 * i], sn = cs[2 * i + 1], a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = fmaf(a, c, b * -sn);
+            p[2 * i + 1] = fmaf(b, c, a * sn);
+        }
+    }
+}

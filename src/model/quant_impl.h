@@ -95,6 +95,12 @@ typedef struct {
     size_t work_bytes;  /* size of work */
     const void *packed; /* the same W in the packed layout (cas_q_pack), or NULL: batched calls then
                            may take the AMX kernels */
+    /* prep(prep_ctx, i), if set, makes row i of x (batched calls) before the call reads
+     * it: the caller's elementwise step fused into the product (the AMX path runs it
+     * where it quantizes that row, in the same parallel region; the others in a region
+     * of their own first). Rows are independent; called once per row, any thread. */
+    void (*prep)(void *prep_ctx, int64_t i);
+    void *prep_ctx;
 } cas_q_opts;
 
 /* The name of the path AUTO resolves to on this machine now for a matrix-
@@ -304,6 +310,13 @@ void cas_q_amx_matmul_panels(int t, const uint8_t *packed, int64_t p0, int64_t p
 void cas_q_avx2_silu_mul(const float *g, const float *u, float *h, int64_t n);
 void cas_q_avx2_f32_to_f16(const float *src, uint16_t *dst, int64_t n);
 void cas_q_avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+/* RoPE of `heads` rows of head_dim floats: adjacent pairs of the first n_rot,
+ * cs = (cos, sin) per pair (quant_avx2.c). */
+void cas_q_avx2_rope(float *x, int32_t heads, int32_t head_dim, int32_t n_rot, const float *cs);
+/* quant_avx512.c: SwiGLU on AVX-512 where cas_q_avx512_ok(), giving
+ * cas_q_avx2_silu_mul's bits. */
+int cas_q_avx512_ok(void);
+void cas_q_avx512_silu_mul(const float *g, const float *u, float *h, int64_t n);
 
 /* Instructions per second of one thread (quant_avx2.c). */
 double cas_q_avx2_peak_maddubs(long iters);
