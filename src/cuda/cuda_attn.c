@@ -142,15 +142,17 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
          * next S during this softmax), 6 (wgmma, warp-specialized: producer
          * warpgroup, mbarriers, two consumers taking turns; 128-key tiles) or
          * 7 (the same with 64-key tiles, 4 stages) or 8 (kind 6 with the
-         * softmax of the next tile during this tile's P V) forces a kind
-         * (benchmarks, tests); a kind the device lacks falls back to 1. */
+         * softmax of the next tile during this tile's P V) or 9 (kind 6 with
+         * full tiles loaded by the bulk tensor copy engine, TMA, where the
+         * page size allows) forces a kind (benchmarks, tests); a kind the
+         * device lacks falls back to 1. */
         int major = 0, minor = 0;
         TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a->device));
         TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a->device));
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || kind > 8 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || kind > 9 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -697,6 +699,7 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     if (!a) return "none";
     switch (a->wide_kind) {
+    case 9: return "wgmma-ws-tma";
     case 8: return "wgmma-ws-overlap";
     case 7: return "wgmma-ws64";
     case 6: return "wgmma-ws";

@@ -110,7 +110,7 @@ const char *cas_cuda_error_string(int err);
 /* The Hopper wgmma kernels (cuda_attn_wgmma.cu, sm_90a), kinds 3 (plain),
  * 4 (the next tile's S overlaps this tile's softmax), 6 and 7
  * (warp-specialized, 128- and 64-key tiles), 8 (6 with the next tile's
- * softmax during this tile's P V): head_dim 128 only
+ * softmax during this tile's P V), 9 (6 with TMA page loads): head_dim 128 only
  * (cas_cuda_wgmma_supported); the launch and occupancy calls of those kinds
  * forward here. */
 int cas_cuda_wgmma_supported(int D);

@@ -32,12 +32,16 @@
  * (the 64 instances are built but disabled: v4's failed the reference test on
  * the H200; CASCADE_CUDA_WIDE=1 or 2 selects mma.sync).
  */
+#include <cuda.h> /* CUtensorMap and its encoder's types only: no libcuda link (the
+                     * encoder comes through cudaGetDriverEntryPointByVersion) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -429,6 +433,24 @@ template <int R> __device__ __forceinline__ void reg_dealloc() {
 template <int R> __device__ __forceinline__ void reg_alloc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
 }
+/* one arrival on bar that also raises the bytes the phase waits for by tx */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t tx) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+                 "r"(tx)
+                 : "memory");
+}
+/* bulk tensor copy (TMA) of one box of the 4-D map at element coordinates
+ * (c0, c1, c2, c3) into shared memory at dst, completing its bytes on bar */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            int c3, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
 
 template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
@@ -450,16 +472,25 @@ template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
 #ifndef WS_CONSUMER_REGS
 #define WS_CONSUMER_REGS 232
 #endif
+/* with TMA (kind 9) the producer needs more than 40 (ptxas spilled), and
+ * the consumers fit in 224 without spilling */
+#ifndef WS_PRODUCER_REGS_TMA
+#define WS_PRODUCER_REGS_TMA 56
+#endif
+#ifndef WS_CONSUMER_REGS_TMA
+#define WS_CONSUMER_REGS_TMA 224
+#endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
 
-template <typename T, int D, int KEYS, int STAGES, bool OVL>
+template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                          float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
-                         int diag) {
+                         int diag, const __grid_constant__ CUtensorMap kmap,
+                         const __grid_constant__ CUtensorMap vmap, int tma_rows) {
 #if CAS_WGMMA_OK
     typedef ws_cfg<D, KEYS, STAGES> C;
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
@@ -499,7 +530,15 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (wg == 0) {
         /* ---- producer ---- */
-        reg_dealloc<WS_PRODUCER_REGS>();
+        reg_dealloc<TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        if (TMA && tma_rows > 0 && tid == 0) {
+            tma_prefetch_map(&kmap);
+            tma_prefetch_map(&vmap);
+        }
+        /* TMA: lane b of warp 0 copies box b of a tile: key rows
+         * [b / CB x tma_rows, + tma_rows), columns [(b % CB) x 64, + 64)
+         * (recomputed per tile: the producer has 40 registers) */
+        constexpr int CB = D / 64;
         const int ch = tid % CPR, key0 = tid / CPR;
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
@@ -511,9 +550,40 @@ __global__ void __launch_bounds__(384, 1)
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
             const T *kb = kpool + (int64_t)t.kv_head * D + ch * 8;
             const T *vb = vpool + (int64_t)t.kv_head * D + ch * 8;
+            /* whole boxes of tma_rows keys lie in one page when the task
+             * starts on a multiple of tma_rows (a divisor of the page size) */
+            const bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
             for (int j = 0; j < ntiles; j++, it++) {
                 const int s = it % STAGES;
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
+                if (task_tma && t.kv0 + (j + 1) * KEYS <= t.kv1) {
+                    /* a full tile: one box per lane of warp 0, the bytes
+                     * counted by thread 0's expect-tx arrival; the other
+                     * producer threads only arrive (the barriers count 128) */
+                    const bool boxer = tid < KEYS / tma_rows * CB;
+                    int pg = 0, pr = 0;
+                    if (boxer) {
+                        const int kidx = t.kv0 + j * KEYS + (tid / CB) * tma_rows;
+                        const int pi = kidx / P;
+                        pg = pg_list[pi];
+                        pr = kidx - pi * P;
+                    }
+#pragma unroll
+                    for (int kv = 0; kv < 2; kv++) {
+                        const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
+                        mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                        if (tid == 0 && !(diag & 1)) mbar_arrive_expect_tx(full, (uint32_t)C::TILE);
+                        else mbar_arrive(full);
+                        if (tid < 32 && !(diag & 1)) {
+                            __syncwarp();
+                            if (boxer)
+                                tma_load_4d(kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE +
+                                                              (tid % CB) * (KEYS * 128) + (tid / CB) * tma_rows * 128),
+                                            kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
+                        }
+                    }
+                    continue;
+                }
                 const uint32_t dk = kv_s + (uint32_t)(s * 2 * C::TILE) + soff0;
                 const int k0 = t.kv0 + j * KEYS + key0;
                 /* this thread copies chunk ch of keys k0 + n KSTEP; the CPR
@@ -554,7 +624,7 @@ __global__ void __launch_bounds__(384, 1)
         asm volatile("cp.async.wait_all;\n" ::: "memory");
     } else {
         /* ---- consumers ---- */
-        reg_alloc<WS_CONSUMER_REGS>();
+        reg_alloc<TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
         const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
@@ -822,21 +892,96 @@ template <typename T, int D> struct wg_kernel<T, D, 6> {
     typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, false>; }
 };
 template <typename T, int D> struct wg_kernel<T, D, 7> {
     typedef ws_cfg<D, 64, 6> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false, false>; }
 };
 
 template <typename T, int D> struct wg_kernel<T, D, 8> {
     typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true, false>; }
 };
+/* kind 9: kind 6's kernel with the full tiles of K and V brought in by the
+ * bulk tensor copy engine (TMA) where the page size allows (tma_box_rows) */
+template <typename T, int D> struct wg_kernel<T, D, 9> {
+    typedef ws_cfg<D, 128, 3> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true>; }
+};
+
+/* Rows of K or V one TMA box holds: the largest power of two up to 64 that
+ * divides the page size, so that a box never crosses a page; 0 (no TMA) when
+ * that is under 8 (the 128-byte swizzle repeats every 8 rows of 128 bytes,
+ * so each box must start on a 1024-byte boundary of the stage). */
+static int tma_box_rows(int P) {
+    int r = P & -P;
+    if (r > 64) r = 64;
+    return r >= 8 ? r : 0;
+}
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* The 4-D map of a pool [pages][P][Hkv][D] as (D, Hkv, P, pages), boxes of
+ * (64, 1, rows, 1) in the 128-byte swizzle that wgmma's K-major operand
+ * reads. The page extent is the int32 range of page ids rather than the
+ * pool's size: the plan validates page ids against the pool, and a map baked
+ * into a captured graph stays valid for every later plan. 0 on success. */
+static int tma_encode(CUtensorMap *map, const void *pool, int dtype, int D, int Hkv, int P, int rows) {
+    static encode_tiled_fn encode = NULL;
+    static int looked_up = 0;
+    if (!looked_up) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            encode = (encode_tiled_fn)fn;
+        looked_up = 1;
+    }
+    if (!encode || ((uintptr_t)pool & 15)) return -1;
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)Hkv, (cuuint64_t)P, (cuuint64_t)0x7fffffff};
+    const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)Hkv * D * 2, (cuuint64_t)P * Hkv * D * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
+    const cuuint32_t estr[4] = {1, 1, 1, 1};
+    CUresult r = encode(map, dtype == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                        const_cast<void *>(pool), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* The maps of the last pools launched on, per host thread (encoding is a
+ * host-only call, but the launch path should not repeat it per layer). */
+struct tma_maps {
+    const void *k, *v;
+    cas_cuda_geom g;
+    int rows; /* 0: TMA off for these pools */
+    CUtensorMap km, vm;
+};
+static int tma_maps_for(tma_maps *m, const cas_cuda_geom *g, const void *k, const void *v) {
+    if (m->k == k && m->v == v && !memcmp(&m->g, g, sizeof *g)) return m->rows;
+    m->k = k;
+    m->v = v;
+    m->g = *g;
+    m->rows = tma_box_rows(g->page_size);
+    if (m->rows && (g->D % 64 || tma_encode(&m->km, k, g->dtype, g->D, g->Hkv, g->page_size, m->rows) ||
+                    tma_encode(&m->vm, v, g->dtype, g->D, g->Hkv, g->page_size, m->rows))) {
+        fprintf(stderr, "cascade cuda: no tensor map for pages of %d (D %d): kind 9 copies with cp.async\n",
+                g->page_size, g->D);
+        m->rows = 0;
+    }
+    return m->rows;
+}
 
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
@@ -849,8 +994,15 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
      * producer copies nothing, so the time is that of the consumers alone */
     static const int diag = getenv("CASCADE_CUDA_WS_DIAG") ? atoi(getenv("CASCADE_CUDA_WS_DIAG")) : 0;
     int dg = diag;
+    /* kind 9: tensor maps of the pools (other kinds: zeroed, unused) */
+    static thread_local tma_maps maps;
+    static const CUtensorMap none = {};
+    int rows = KIND == 9 ? tma_maps_for(&maps, g, k, v) : 0;
+    const CUtensorMap *km = rows ? &maps.km : &none, *vm = rows ? &maps.vm : &none;
+    /* the kernels of kinds 3 and 4 take the first ten arguments only */
     void *args[] = {(void *)&plan_c, (void *)&kp, (void *)&vp, (void *)&qp, (void *)&o,
-                    (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg};
+                    (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg,
+                    (void *)km, (void *)vm, (void *)&rows};
     return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
 }
 
@@ -873,6 +1025,7 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 6: return F<T, DD, 6>(__VA_ARGS__);                                                  \
         case 7: return F<T, DD, 7>(__VA_ARGS__);                                                  \
         case 8: return F<T, DD, 8>(__VA_ARGS__);                                                  \
+        case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
