@@ -19,9 +19,10 @@
 #include "cuda_attn.h"
 #include "cuda_attn_impl.h"
 
-/* The default many-rows kernel kind where the device has wgmma (6, the
- * warp-specialized wgmma kernel; 3 is v4's) or not (then 1 regardless). */
-#define CAS_CUDA_DEFAULT_WIDE 6
+/* The default many-rows kernel kind where the device has wgmma (9, the
+ * warp-specialized wgmma kernel with TMA page loads; 6 is the same with
+ * cp.async only, 3 is v4's) or not (then 1 regardless). */
+#define CAS_CUDA_DEFAULT_WIDE 9
 /* Passes of at most this many rows per KV head (tokens x group heads) run on
  * the 64-row mma.sync kernel next to wgmma (see mid_rows below); 0: off.
  * Off by default: on the H200 with 64 it was slower than wgmma in 23 of the

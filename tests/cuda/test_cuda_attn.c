@@ -558,12 +558,13 @@ int main(void) {
     RUN(test_rejects);
     RUN(test_merge);
     /* every many-rows kernel kind the device has (CASCADE_CUDA_WIDE, see
-     * cuda_attn.h): 6 warp-specialized wgmma (Hopper, the default), 3 wgmma
+     * cuda_attn.h): 9 warp-specialized wgmma with TMA page loads (Hopper,
+     * the default), 6 the same with cp.async, 3 wgmma
      * (v4), 5 kind 3 with passes of <= 64 rows per KV head on the 64-row
      * mma.sync kernel (CASCADE_CUDA_MID_ROWS=64), 1 mma.sync;
      * CASCADE_TEST_KINDS=9,6,8,7,3,5,4,1,2 picks others (9: kind 6 with TMA). A kind the device
      * lacks falls back to 1 (then skipped). */
-    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "6,3,5,1";
+    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "9,6,3,5,1";
     for (const char *k = kinds; *k; k++) {
         if (*k < '1' || *k > '9') continue;
         char env[2] = {*k == '5' ? '3' : *k, 0};
