@@ -44,7 +44,7 @@ command -v cuobjdump >/dev/null && cuobjdump --dump-sass "$T" > "$W/sass.txt" 2>
   echo "in the test binary: HGMMA $(grep -c HGMMA "$W/sass.txt"), UTMALDG $(grep -c UTMALDG "$W/sass.txt")"
 if has test; then
   export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-9,6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
-  timeout 200 "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
+  timeout ${TEST_TIMEOUT:-200} "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi
 if has bench; then
@@ -57,14 +57,14 @@ if has bench; then
   done
   [ -n "${BENCH_S0:-}" ] && CASCADE_CUDA_SPLIT=0 CASCADE_CUDA_WIDE=3 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k3_s0.json" 2>&1 | tail -1 | sed "s/^/k3 s0 /"
   # the kind for the grid: fastest headline + B256 cascade among kinds whose tests passed
-  GRID_WIDE=$(python3 - "$W" "$(echo $BENCH_KINDS | tr -d ' ')" <<'PY'
+  GRID_WIDE=$(python3 - "$W" "$BENCH_KINDS" <<'PY'
 import json, re, sys, os
-w, kinds = sys.argv[1], sys.argv[2]
+w, kinds = sys.argv[1], sys.argv[2].split()
 log = open(os.path.join(w, "test_cuda.log")).read() if os.path.exists(os.path.join(w, "test_cuda.log")) else ""
 bad, done = set(), set()
 cur = None
 for line in log.splitlines():
-    m = re.search(r"CASCADE_CUDA_WIDE=(\d)", line)
+    m = re.search(r"CASCADE_CUDA_WIDE=(\d+)", line)
     if line.startswith("=="):
         cur = m.group(1) if m else None
     elif line.startswith("FAIL") and cur:

@@ -448,6 +448,36 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
+/* the same box into the shared memory of every CTA of the cluster in mask
+ * (same offsets), completing on each one's barrier at bar's offset */
+__device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                               int c3, uint32_t bar, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
+                 : "memory");
+}
+/* one arrival on the barrier at the same offset in CTA `rank` of the cluster */
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, int rank) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+/* waits for a phase that CTAs of the cluster arrived on (acquire at cluster scope) */
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nLAB_WAITC:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra DONEC;\nbra LAB_WAITC;\nDONEC:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -480,11 +510,18 @@ template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
 #ifndef WS_CONSUMER_REGS_TMA
 #define WS_CONSUMER_REGS_TMA 224
 #endif
+/* kind 10 (clusters): the producer spilled at 56, 64 / 216 spills nowhere */
+#ifndef WS_PRODUCER_REGS_MC
+#define WS_PRODUCER_REGS_MC 64
+#endif
+#ifndef WS_CONSUMER_REGS_MC
+#define WS_CONSUMER_REGS_MC 216
+#endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
 
-template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA>
+template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
@@ -502,8 +539,18 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    const int ntask = h->n_tasks_wide;
-    const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide);
+    /* MC (kind 10): clusters of two CTAs walk a list of task pairs (tasks 2i
+     * and 2i + 1, equal tile counts); CTA `crank` of a cluster runs task
+     * 2i + crank. A pair flagged multicast (flags bit 0) shares its key range:
+     * each CTA's producer loads half of every TMA tile into both CTAs. Every
+     * stage is released by the consumers of both CTAs (empty barriers count
+     * 16), so the two pipelines stay in step for unflagged pairs too. */
+    const int crank = MC ? (int)cluster_rank() : 0;
+    const int slot0 = MC ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+    const int nslot_grid = MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
+    const int ntask = MC ? h->n_tasks_wide / 2 : h->n_tasks_wide;
+    const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide) + crank;
+    const int tstride = MC ? 2 : 1;
     const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
     const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
 
@@ -518,11 +565,13 @@ __global__ void __launch_bounds__(384, 1)
         for (int s = 0; s < STAGES; s++) {
             mbar_init(FULL_K(s), 128);
             mbar_init(FULL_V(s), 128);
-            mbar_init(EMPTY_K(s), 8);
-            mbar_init(EMPTY_V(s), 8);
+            mbar_init(EMPTY_K(s), MC ? 16 : 8);
+            mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
+        if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if (MC) cluster_sync_all();
+    else __syncthreads();
     const int64_t page_stride = (int64_t)P * Hkv * D;
 
     /* the warpgroup index, warp-uniform for the compiler (wgmma on a path it
@@ -530,7 +579,7 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (wg == 0) {
         /* ---- producer ---- */
-        reg_dealloc<TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        reg_dealloc<MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
         if (TMA && tma_rows > 0 && tid == 0) {
             tma_prefetch_map(&kmap);
             tma_prefetch_map(&vmap);
@@ -543,8 +592,9 @@ __global__ void __launch_bounds__(384, 1)
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
         int it = 0;
-        for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
-            const cas_cuda_task t = tasks[ti];
+        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+            const cas_cuda_task t = tasks[ti * tstride];
+            const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
@@ -560,7 +610,8 @@ __global__ void __launch_bounds__(384, 1)
                     /* a full tile: one box per lane of warp 0, the bytes
                      * counted by thread 0's expect-tx arrival; the other
                      * producer threads only arrive (the barriers count 128) */
-                    const bool boxer = tid < KEYS / tma_rows * CB;
+                    /* multicast: this CTA loads every other box, for both */
+                    const bool boxer = tid < KEYS / tma_rows * CB && (!mcast || (tid & 1) == crank);
                     int pg = 0, pr = 0;
                     if (boxer) {
                         const int kidx = t.kv0 + j * KEYS + (tid / CB) * tma_rows;
@@ -571,15 +622,19 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                     for (int kv = 0; kv < 2; kv++) {
                         const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
-                        mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                        if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                        else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                         if (tid == 0 && !(diag & 1)) mbar_arrive_expect_tx(full, (uint32_t)C::TILE);
                         else mbar_arrive(full);
                         if (tid < 32 && !(diag & 1)) {
                             __syncwarp();
-                            if (boxer)
-                                tma_load_4d(kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE +
-                                                              (tid % CB) * (KEYS * 128) + (tid / CB) * tma_rows * 128),
-                                            kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
+                            const uint32_t dst = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE +
+                                                                   (tid % CB) * (KEYS * 128) + (tid / CB) * tma_rows * 128);
+                            if (boxer && mcast)
+                                tma_load_4d_mc(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
+                                               (uint16_t)3);
+                            else if (boxer)
+                                tma_load_4d(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
                         }
                     }
                     continue;
@@ -605,7 +660,8 @@ __global__ void __launch_bounds__(384, 1)
                 for (int kv = 0; kv < 2; kv++) {
                     const T *base = kv ? vb : kb;
                     const uint32_t d0 = dk + (uint32_t)(kv * C::TILE);
-                    mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                     if (diag & 1) { /* measurement only: no copies (wrong results) */
                         mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
                         continue;
@@ -624,7 +680,7 @@ __global__ void __launch_bounds__(384, 1)
         asm volatile("cp.async.wait_all;\n" ::: "memory");
     } else {
         /* ---- consumers ---- */
-        reg_alloc<TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
+        reg_alloc<MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
         const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
@@ -634,9 +690,15 @@ __global__ void __launch_bounds__(384, 1)
         const int wrow = cw * 64 + (ctid >> 5) * 16; /* this warp's first row in the CTA */
         const int my_turn = WS_BAR_TURN0 + cw, other_turn = WS_BAR_TURN0 + 1 - cw, bar_wg = WS_BAR_WG0 + cw;
         if (cw == 1) nbar_arrive(WS_BAR_TURN0, 256); /* consumer 0 goes first */
+        /* a warp is done with a stage: lane 0 tells this CTA's producer, and
+         * with MC lane 1 the other CTA's (which may multicast into it) */
+        auto release = [&](uint32_t bar) {
+            if (lane == 0) mbar_arrive(bar);
+            if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
+        };
         int it = 0;
-        for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
-            const cas_cuda_task t = tasks[ti];
+        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+            const cas_cuda_task t = tasks[ti * tstride];
             const cas_cuda_pass ps = passes[t.pass];
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
             if (ctid < 64) {
@@ -773,7 +835,7 @@ __global__ void __launch_bounds__(384, 1)
                 nbar_arrive(other_turn, 256);
                 wg_wait<0>();
                 wg_fence_regs<KEYS / 2>(s);
-                if (lane == 0) mbar_arrive(EMPTY_K(s0));
+                release(EMPTY_K(s0));
                 if (OVL) {
                     softmax(0);
                     rescale_pack();
@@ -809,12 +871,12 @@ __global__ void __launch_bounds__(384, 1)
                     if constexpr (more) {
                         wg_wait<1>();
                         wg_fence_regs<KEYS / 2>(s);
-                        if (lane == 0) mbar_arrive(EMPTY_K(sn));
+                        release(EMPTY_K(sn));
                         softmax(i + 1);
                     }
                     wg_wait<0>();
                     wg_fence_regs<D / 2>(oacc);
-                    if (lane == 0) mbar_arrive(EMPTY_V(sc));
+                    release(EMPTY_V(sc));
                     if constexpr (more) rescale_pack();
                 } else {
                     mma_pv(sc);
@@ -824,10 +886,8 @@ __global__ void __launch_bounds__(384, 1)
                     wg_wait<0>();
                     wg_fence_regs<D / 2>(oacc);
                     wg_fence_regs<KEYS / 2>(s);
-                    if (lane == 0) {
-                        mbar_arrive(EMPTY_V(sc));
-                        if (more) mbar_arrive(EMPTY_K(sn));
-                    }
+                    release(EMPTY_V(sc));
+                    if (more) release(EMPTY_K(sn));
                 }
             };
             for (int i = 0; i + 1 < ntiles; i++, it++) step(i, std::true_type{});
@@ -846,7 +906,7 @@ __global__ void __launch_bounds__(384, 1)
             for (int hf = 0; hf < 2; hf++) {
                 const int r = wrow + (lane >> 2) + hf * 8;
                 const float l = lrow[hf], m = mrow[hf];
-                if (r < t.nrows) {
+                if (r < t.nrows && !(MC && (t.flags & 2))) { /* a stand-in writes nothing */
                     const float inv = l > 0.f ? 1.f / l : 0.f;
                     float *dst = obase + s_oo[r];
 #pragma unroll
@@ -861,6 +921,8 @@ __global__ void __launch_bounds__(384, 1)
         /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
         if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
     }
+    /* the other CTA may still arrive on this one's barriers until it is done */
+    if (MC) cluster_sync_all();
 #undef FULL_K
 #undef FULL_V
 #undef EMPTY_K
@@ -892,20 +954,20 @@ template <typename T, int D> struct wg_kernel<T, D, 6> {
     typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, false>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, false, false>; }
 };
 template <typename T, int D> struct wg_kernel<T, D, 7> {
     typedef ws_cfg<D, 64, 6> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false, false>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false, false, false>; }
 };
 
 template <typename T, int D> struct wg_kernel<T, D, 8> {
     typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true, false>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true, false, false>; }
 };
 /* kind 9: kind 6's kernel with the full tiles of K and V brought in by the
  * bulk tensor copy engine (TMA) where the page size allows (tma_box_rows) */
@@ -913,8 +975,20 @@ template <typename T, int D> struct wg_kernel<T, D, 9> {
     typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true, false>; }
 };
+
+/* kind 10: kind 9 in clusters of two CTAs that run pairs of tasks, K and V
+ * of a pair sharing its keys multicast to both (the planner pairs the row
+ * blocks of one KV chunk) */
+template <typename T, int D> struct wg_kernel<T, D, 10> {
+    typedef ws_cfg<D, 128, 3> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true, true>; }
+};
+template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
+template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
 /* Rows of K or V one TMA box holds: the largest power of two up to 64 that
  * divides the page size, so that a box never crosses a page; 0 (no TMA) when
@@ -997,13 +1071,26 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     /* kind 9: tensor maps of the pools (other kinds: zeroed, unused) */
     static thread_local tma_maps maps;
     static const CUtensorMap none = {};
-    int rows = KIND == 9 ? tma_maps_for(&maps, g, k, v) : 0;
+    int rows = KIND >= 9 ? tma_maps_for(&maps, g, k, v) : 0;
     const CUtensorMap *km = rows ? &maps.km : &none, *vm = rows ? &maps.vm : &none;
     /* the kernels of kinds 3 and 4 take the first ten arguments only */
     void *args[] = {(void *)&plan_c, (void *)&kp, (void *)&vp, (void *)&qp, (void *)&o,
                     (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg,
                     (void *)km, (void *)vm, (void *)&rows};
-    return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
+    if (wg_cluster<T, D, KIND>::N == 1) return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = wg_cluster<T, D, KIND>::N;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid / wg_cluster<T, D, KIND>::N * wg_cluster<T, D, KIND>::N);
+    cfg.blockDim = dim3(K::NT);
+    cfg.dynamicSmemBytes = K::SMEM;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelExC(&cfg, K::fn(), args);
 }
 
 template <typename T, int D, int KIND> static int wg_occ(int *ctas) {
@@ -1011,6 +1098,34 @@ template <typename T, int D, int KIND> static int wg_occ(int *ctas) {
     cudaError_t e = cudaFuncSetAttribute(K::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, K::fn(), K::NT, K::SMEM);
+}
+
+/* CTAs of the persistent grid of a cluster kind: clusters that fit at once
+ * (an SM of a GPC may be left over) times the cluster size; 0 otherwise */
+template <typename T, int D, int KIND> static int wg_cluster_grid(int *ctas) {
+    typedef wg_kernel<T, D, KIND> K;
+    *ctas = 0;
+    if (wg_cluster<T, D, KIND>::N == 1) return 0;
+    cudaError_t e = cudaFuncSetAttribute(K::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+    if (e != cudaSuccess) return (int)e;
+    int dev = 0, sms = 0, n = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return (int)e;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = wg_cluster<T, D, KIND>::N;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(sms / wg_cluster<T, D, KIND>::N * wg_cluster<T, D, KIND>::N);
+    cfg.blockDim = dim3(K::NT);
+    cfg.dynamicSmemBytes = K::SMEM;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if ((e = cudaOccupancyMaxActiveClusters(&n, (const void *)K::fn(), &cfg)) != cudaSuccess) return (int)e;
+    *ctas = n * wg_cluster<T, D, KIND>::N;
+    return 0;
 }
 
 /* head_dim 64 compiles but failed the float64 reference on the H200 (bench/NOTES.md):
@@ -1026,6 +1141,7 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 7: return F<T, DD, 7>(__VA_ARGS__);                                                  \
         case 8: return F<T, DD, 8>(__VA_ARGS__);                                                  \
         case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
+        case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
@@ -1048,4 +1164,10 @@ extern "C" int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *pl
 extern "C" int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm) {
     *ctas_per_sm = 0;
     CAS_WG_DISPATCH(g, kind, wg_occ, ctas_per_sm);
+}
+
+extern "C" int cas_cuda_wgmma_cluster_grid(const cas_cuda_geom *g, int kind, int *ctas) {
+    *ctas = 0;
+    if (kind != 10) return 0;
+    CAS_WG_DISPATCH(g, kind, wg_cluster_grid, ctas);
 }

@@ -562,14 +562,23 @@ int main(void) {
      * the default), 6 the same with cp.async, 3 wgmma
      * (v4), 5 kind 3 with passes of <= 64 rows per KV head on the 64-row
      * mma.sync kernel (CASCADE_CUDA_MID_ROWS=64), 1 mma.sync;
-     * CASCADE_TEST_KINDS=9,6,8,7,3,5,4,1,2 picks others (9: kind 6 with TMA). A kind the device
+     * CASCADE_TEST_KINDS=10,9,6,8,7,3,5,4,1,2 picks others (9: kind 6 with
+     * TMA, 10: kind 9 in clusters of two with multicast). A kind the device
      * lacks falls back to 1 (then skipped). */
     const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "9,6,3,5,1";
-    for (const char *k = kinds; *k; k++) {
-        if (*k < '1' || *k > '9') continue;
-        char env[2] = {*k == '5' ? '3' : *k, 0};
+    for (const char *k = kinds; *k;) {
+        char *end = NULL;
+        long kind = strtol(k, &end, 10);
+        if (end == k) { /* a separator */
+            k++;
+            continue;
+        }
+        k = end;
+        if (kind < 1 || kind > 10) continue;
+        char env[8];
+        snprintf(env, sizeof env, "%ld", kind == 5 ? 3L : kind);
         setenv("CASCADE_CUDA_WIDE", env, 1);
-        if (*k == '5') setenv("CASCADE_CUDA_MID_ROWS", "64", 1);
+        if (kind == 5) setenv("CASCADE_CUDA_MID_ROWS", "64", 1);
         else unsetenv("CASCADE_CUDA_MID_ROWS");
         cas_attn_shape probe = {32, 8, 128, 16, CAS_BF16};
         cas_cuda_attn *a = ctx_for(&probe, 4, 4, 64);
@@ -578,14 +587,14 @@ int main(void) {
             return 1;
         }
         const char *name = cas_cuda_attn_kernel_name(a);
-        int fell_back = *k != '1' && !strcmp(name, "mma.sync");
+        int fell_back = kind != 1 && !strcmp(name, "mma.sync");
         cas_cuda_attn_destroy(a);
         if (fell_back) {
             printf("skip kind %s: not on this device\n", env);
             continue;
         }
         printf("== many-rows kernel %s (CASCADE_CUDA_WIDE=%s%s)\n", name, env,
-               *k == '5' ? ", CASCADE_CUDA_MID_ROWS=64" : "");
+               kind == 5 ? ", CASCADE_CUDA_MID_ROWS=64" : "");
         RUN(test_flat_grid);
         RUN(test_cascade_passes);
         if (quick < 2) {
