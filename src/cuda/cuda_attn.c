@@ -303,7 +303,12 @@ static int32_t pair_tasks(cas_cuda_attn *a, int32_t nw, int32_t Hkv) {
         if (y < nw && tw[y].pass == tw[x].pass && tw[y].kv_head == tw[x].kv_head &&
             tw[y].row0 == tw[x].row0 + tw[x].nrows) {
             cas_cuda_task p = tw[x], q = tw[y];
-            int32_t k0 = p.kv0 < q.kv0 ? p.kv0 : q.kv0, k1 = p.kv1 > q.kv1 ? p.kv1 : q.kv1;
+            /* an empty task (every key of the chunk masked for its rows) may
+             * carry a range outside the chunk: it takes its partner's */
+            int32_t k0, k1;
+            if (p.kv1 <= p.kv0) k0 = q.kv0, k1 = q.kv1;
+            else if (q.kv1 <= q.kv0) k0 = p.kv0, k1 = p.kv1;
+            else k0 = p.kv0 < q.kv0 ? p.kv0 : q.kv0, k1 = p.kv1 > q.kv1 ? p.kv1 : q.kv1;
             p.kv0 = q.kv0 = k0;
             p.kv1 = q.kv1 = k1;
             p.flags = q.flags = 1;

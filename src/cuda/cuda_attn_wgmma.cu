@@ -448,6 +448,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
+/* one box of the 3-D map at (c0, c1, c2) */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
 /* the same box into the shared memory of every CTA of the cluster in mask
  * (same offsets), completing on each one's barrier at bar's offset */
 __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
@@ -527,7 +535,9 @@ __global__ void __launch_bounds__(384, 1)
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                          float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
                          int diag, const __grid_constant__ CUtensorMap kmap,
-                         const __grid_constant__ CUtensorMap vmap, int tma_rows) {
+                         const __grid_constant__ CUtensorMap vmap, int tma_rows,
+                         const __grid_constant__ CUtensorMap krun, const __grid_constant__ CUtensorMap vrun,
+                         int tma_runs) {
 #if CAS_WGMMA_OK
     typedef ws_cfg<D, KEYS, STAGES> C;
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
@@ -583,6 +593,10 @@ __global__ void __launch_bounds__(384, 1)
         if (TMA && tma_rows > 0 && tid == 0) {
             tma_prefetch_map(&kmap);
             tma_prefetch_map(&vmap);
+            if (tma_runs) {
+                tma_prefetch_map(&krun);
+                tma_prefetch_map(&vrun);
+            }
         }
         /* TMA: lane b of warp 0 copies box b of a tile: key rows
          * [b / CB x tma_rows, + tma_rows), columns [(b % CB) x 64, + 64)
@@ -611,13 +625,34 @@ __global__ void __launch_bounds__(384, 1)
                      * counted by thread 0's expect-tx arrival; the other
                      * producer threads only arrive (the barriers count 128) */
                     /* multicast: this CTA loads every other box, for both */
-                    const bool boxer = tid < KEYS / tma_rows * CB && (!mcast || (tid & 1) == crank);
+                    const int nsmall = KEYS / tma_rows * CB;
+                    bool boxer = tid < nsmall && (!mcast || (tid & 1) == crank);
                     int pg = 0, pr = 0;
-                    if (boxer) {
+                    if (tid < nsmall) {
                         const int kidx = t.kv0 + j * KEYS + (tid / CB) * tma_rows;
                         const int pi = kidx / P;
                         pg = pg_list[pi];
                         pr = kidx - pi * P;
+                    }
+                    /* runs: where the 64 keys of a group of boxes sit in
+                     * consecutive rows of the pool (pages allocated in a
+                     * row), the group's first box per column block loads
+                     * all 64 through the row map, the others nothing */
+                    bool run = false;
+                    if (tma_runs && !mcast && tid < 32) {
+                        const int G = 64 / tma_rows, rb = tid / CB, lead = (rb - rb % G) * CB + tid % CB;
+                        const long long grow = (long long)pg * P + pr;
+                        const long long grow0 = __shfl_sync(0xffffffffu, grow, lead);
+                        const bool ok = tid >= nsmall || (grow == grow0 + (long long)(rb % G) * tma_rows &&
+                                                          grow0 + 64 <= 0x7fffffffLL);
+                        const uint32_t all = __ballot_sync(0xffffffffu, ok);
+                        const int g0 = (rb - rb % G) * CB;
+                        const uint32_t gm = (G * CB >= 32 ? 0xffffffffu : ((1u << (G * CB)) - 1u)) << g0;
+                        if (tid < nsmall && (all & gm) == gm) {
+                            run = rb % G == 0;
+                            boxer = run;
+                            pr = (int)grow; /* the row coordinate of the run box */
+                        }
                     }
 #pragma unroll
                     for (int kv = 0; kv < 2; kv++) {
@@ -633,6 +668,8 @@ __global__ void __launch_bounds__(384, 1)
                             if (boxer && mcast)
                                 tma_load_4d_mc(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
                                                (uint16_t)3);
+                            else if (run)
+                                tma_load_3d(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full);
                             else if (boxer)
                                 tma_load_4d(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
                         }
@@ -1010,7 +1047,7 @@ typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32
  * reads. The page extent is the int32 range of page ids rather than the
  * pool's size: the plan validates page ids against the pool, and a map baked
  * into a captured graph stays valid for every later plan. 0 on success. */
-static int tma_encode(CUtensorMap *map, const void *pool, int dtype, int D, int Hkv, int P, int rows) {
+static encode_tiled_fn tma_encoder(void) {
     static encode_tiled_fn encode = NULL;
     static int looked_up = 0;
     if (!looked_up) {
@@ -1022,12 +1059,32 @@ static int tma_encode(CUtensorMap *map, const void *pool, int dtype, int D, int 
             encode = (encode_tiled_fn)fn;
         looked_up = 1;
     }
+    return encode;
+}
+static int tma_encode(CUtensorMap *map, const void *pool, int dtype, int D, int Hkv, int P, int rows) {
+    encode_tiled_fn encode = tma_encoder();
     if (!encode || ((uintptr_t)pool & 15)) return -1;
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)Hkv, (cuuint64_t)P, (cuuint64_t)0x7fffffff};
     const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)Hkv * D * 2, (cuuint64_t)P * Hkv * D * 2};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
     const cuuint32_t estr[4] = {1, 1, 1, 1};
     CUresult r = encode(map, dtype == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                        const_cast<void *>(pool), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+/* The pool as rows: (D, Hkv, pages x P rows), boxes of (64, 1, 64): 64
+ * keys of consecutive rows, which cross pages when the page ids are
+ * consecutive (a run). Row coordinates are int32: rows up to 2^31 - 1. */
+static int tma_encode_rows(CUtensorMap *map, const void *pool, int dtype, int D, int Hkv) {
+    encode_tiled_fn encode = tma_encoder();
+    if (!encode || ((uintptr_t)pool & 15)) return -1;
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)Hkv, (cuuint64_t)0x7fffffff};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)Hkv * D * 2};
+    const cuuint32_t box[3] = {64, 1, 64};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    CUresult r = encode(map, dtype == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
                         const_cast<void *>(pool), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -1040,7 +1097,8 @@ struct tma_maps {
     const void *k, *v;
     cas_cuda_geom g;
     int rows; /* 0: TMA off for these pools */
-    CUtensorMap km, vm;
+    int runs; /* 1: the row maps below are valid (boxes of rows < 64) */
+    CUtensorMap km, vm, kr, vr;
 };
 static int tma_maps_for(tma_maps *m, const cas_cuda_geom *g, const void *k, const void *v) {
     if (m->k == k && m->v == v && !memcmp(&m->g, g, sizeof *g)) return m->rows;
@@ -1054,6 +1112,10 @@ static int tma_maps_for(tma_maps *m, const cas_cuda_geom *g, const void *k, cons
                 g->page_size, g->D);
         m->rows = 0;
     }
+    /* CASCADE_CUDA_TMA_RUNS=0: no run boxes (measurement) */
+    static const int runs_env = getenv("CASCADE_CUDA_TMA_RUNS") ? atoi(getenv("CASCADE_CUDA_TMA_RUNS")) : 1;
+    m->runs = runs_env && m->rows > 0 && m->rows < 64 && !tma_encode_rows(&m->kr, k, g->dtype, g->D, g->Hkv) &&
+              !tma_encode_rows(&m->vr, v, g->dtype, g->D, g->Hkv);
     return m->rows;
 }
 
@@ -1073,10 +1135,12 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     static const CUtensorMap none = {};
     int rows = KIND >= 9 ? tma_maps_for(&maps, g, k, v) : 0;
     const CUtensorMap *km = rows ? &maps.km : &none, *vm = rows ? &maps.vm : &none;
+    int runs = rows ? maps.runs : 0;
+    const CUtensorMap *kr = runs ? &maps.kr : &none, *vr = runs ? &maps.vr : &none;
     /* the kernels of kinds 3 and 4 take the first ten arguments only */
     void *args[] = {(void *)&plan_c, (void *)&kp, (void *)&vp, (void *)&qp, (void *)&o,
                     (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg,
-                    (void *)km, (void *)vm, (void *)&rows};
+                    (void *)km, (void *)vm, (void *)&rows, (void *)kr, (void *)vr, (void *)&runs};
     if (wg_cluster<T, D, KIND>::N == 1) return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
