@@ -634,26 +634,7 @@ __global__ void __launch_bounds__(384, 1)
                         pg = pg_list[pi];
                         pr = kidx - pi * P;
                     }
-                    /* runs: where the 64 keys of a group of boxes sit in
-                     * consecutive rows of the pool (pages allocated in a
-                     * row), the group's first box per column block loads
-                     * all 64 through the row map, the others nothing */
                     bool run = false;
-                    if (tma_runs && !mcast && tid < 32) {
-                        const int G = 64 / tma_rows, rb = tid / CB, lead = (rb - rb % G) * CB + tid % CB;
-                        const long long grow = (long long)pg * P + pr;
-                        const long long grow0 = __shfl_sync(0xffffffffu, grow, lead);
-                        const bool ok = tid >= nsmall || (grow == grow0 + (long long)(rb % G) * tma_rows &&
-                                                          grow0 + 64 <= 0x7fffffffLL);
-                        const uint32_t all = __ballot_sync(0xffffffffu, ok);
-                        const int g0 = (rb - rb % G) * CB;
-                        const uint32_t gm = (G * CB >= 32 ? 0xffffffffu : ((1u << (G * CB)) - 1u)) << g0;
-                        if (tid < nsmall && (all & gm) == gm) {
-                            run = rb % G == 0;
-                            boxer = run;
-                            pr = (int)grow; /* the row coordinate of the run box */
-                        }
-                    }
 #pragma unroll
                     for (int kv = 0; kv < 2; kv++) {
                         const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
@@ -662,6 +643,27 @@ __global__ void __launch_bounds__(384, 1)
                         if (tid == 0 && !(diag & 1)) mbar_arrive_expect_tx(full, (uint32_t)C::TILE);
                         else mbar_arrive(full);
                         if (tid < 32 && !(diag & 1)) {
+                            /* runs: where the 64 keys of a group of boxes sit
+                             * in consecutive rows of the pool (pages
+                             * allocated in a row), the group's first box per
+                             * column block loads all 64 through the row map,
+                             * the others nothing. Decided after the first
+                             * wait, so that the page-id loads stay under it. */
+                            if (kv == 0 && tma_runs && !mcast) {
+                                const int G = 64 / tma_rows, rb = tid / CB, lead = (rb - rb % G) * CB + tid % CB;
+                                const long long grow = (long long)pg * P + pr;
+                                const long long grow0 = __shfl_sync(0xffffffffu, grow, lead);
+                                const bool ok = tid >= nsmall || (grow == grow0 + (long long)(rb % G) * tma_rows &&
+                                                                  grow0 + 64 <= 0x7fffffffLL);
+                                const uint32_t all = __ballot_sync(0xffffffffu, ok);
+                                const int g0 = (rb - rb % G) * CB;
+                                const uint32_t gm = (G * CB >= 32 ? 0xffffffffu : ((1u << (G * CB)) - 1u)) << g0;
+                                if (tid < nsmall && (all & gm) == gm) {
+                                    run = rb % G == 0;
+                                    boxer = run;
+                                    pr = (int)grow; /* the row coordinate of the run box */
+                                }
+                            }
                             __syncwarp();
                             const uint32_t dst = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE +
                                                                    (tid % CB) * (KEYS * 128) + (tid / CB) * tma_rows * 128);
