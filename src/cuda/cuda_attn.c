@@ -528,7 +528,10 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         gp[i].len = passes[i].len;
         gp[i].tok_off = passes[i].tok_off;
         gp[i].n_tok = passes[i].n_tok;
-        gp[i].pad = 0;
+        /* runs: at least half of the page ids are their predecessor + 1 */
+        int32_t np = (passes[i].len + P - 1) / P, nrun = 0;
+        for (int32_t j = 1; j < np; j++) nrun += pages[passes[i].page_off + j] == pages[passes[i].page_off + j - 1] + 1;
+        gp[i].page_runs = np > 1 && 2 * nrun >= np - 1;
     }
     if (n_page_ids) memcpy(S + h->off_pages, pages, (size_t)n_page_ids * 4);
     if (n_tok_rows) {

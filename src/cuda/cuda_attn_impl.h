@@ -32,7 +32,9 @@ typedef struct {
     int32_t len;      /* tokens in the segment */
     int32_t tok_off;  /* offset into tok_ids[] / tok_pos[] */
     int32_t n_tok;    /* query tokens of the pass */
-    int32_t pad;
+    int32_t page_runs; /* 1: most page ids follow their predecessor (pages allocated
+                          in a row): kind 9 looks for run boxes (its check costs
+                          where there are none) */
 } cas_cuda_pass;
 
 typedef struct {

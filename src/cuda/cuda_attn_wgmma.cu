@@ -610,6 +610,7 @@ __global__ void __launch_bounds__(384, 1)
             const cas_cuda_task t = tasks[ti * tstride];
             const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
+            const bool look_runs = tma_runs && passes[t.pass].page_runs && !mcast;
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
             const T *kb = kpool + (int64_t)t.kv_head * D + ch * 8;
@@ -649,7 +650,7 @@ __global__ void __launch_bounds__(384, 1)
                              * column block loads all 64 through the row map,
                              * the others nothing. Decided after the first
                              * wait, so that the page-id loads stay under it. */
-                            if (kv == 0 && tma_runs && !mcast) {
+                            if (kv == 0 && look_runs) {
                                 const int G = 64 / tma_rows, rb = tid / CB, lead = (rb - rb % G) * CB + tid % CB;
                                 const long long grow = (long long)pg * P + pr;
                                 const long long grow0 = __shfl_sync(0xffffffffu, grow, lead);
