@@ -17,15 +17,19 @@
  * from the S registers (the accumulator layout is the A-fragment layout) and
  * V the transposed (N-major) B operand of the same layout.
  *
- * Pages of any size are gathered per 16-byte chunk, so no tensor map (TMA)
- * is used: a page of the pool may hold a single token. cp.async writes
+ * Pages of any size are gathered per 16-byte chunk (a page of the pool may
+ * hold a single token); kind 9 below adds TMA where pages allow it. cp.async writes
  * through the generic proxy and wgmma reads through the async proxy, hence
  * fence.proxy.async before the barrier that hands a stage over.
  *
- * That is v4's kernel (kinds 3, 4). The default since v5 is the
- * warp-specialized one further down (kinds 6-8): a producer warpgroup does the
- * gathers into mbarrier-guarded stages and two consumer warpgroups take turns
- * on the tensor cores.
+ * That is v4's kernel (kinds 3, 4). Since v5 the many-rows kernel is the
+ * warp-specialized one further down (kinds 6-10): a producer warpgroup fills
+ * mbarrier-guarded stages and two consumer warpgroups take turns on the
+ * tensor cores. Kind 9 (the default since v6) has the producer load full
+ * tiles with the bulk tensor copy engine (TMA) through tensor maps of the
+ * pool, one box per page or one per 64 keys of consecutive pages, and keeps
+ * the cp.async gathers for the rest; kind 10 runs kind 9 in clusters of two
+ * with multicast (measured slower).
  *
  * Compiled for sm_90a only; other targets get a stub that traps, and the
  * host selects these kernels only on compute capability 9.0 with head_dim 128
@@ -600,7 +604,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         /* TMA: lane b of warp 0 copies box b of a tile: key rows
          * [b / CB x tma_rows, + tma_rows), columns [(b % CB) x 64, + 64)
-         * (recomputed per tile: the producer has 40 registers) */
+         * (recomputed per tile: the producer has few registers) */
         constexpr int CB = D / 64;
         const int ch = tid % CPR, key0 = tid / CPR;
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
