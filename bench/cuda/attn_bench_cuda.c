@@ -19,7 +19,7 @@
  *   attn_bench_cuda [--batch B] [--prefix P] [--suffix U] [--qlen Q]
  *                   [--heads HQ:HKV] [--head-dim D] [--page-size S]
  *                   [--dtype bf16|f16] [--iters N] [--grid] [--unshared]
- *                   [--prefill L] [--json FILE]
+ *                   [--prefill L] [--shuffle-pages] [--json FILE]
  */
 #include <math.h>
 #include <stdlib.h>
@@ -52,6 +52,7 @@ typedef struct {
     int Hq, Hkv, D, page;
     cas_dtype dt;
     int iters, warm;
+    int shuffle; /* --shuffle-pages: page ids scattered over the pool instead of in runs */
 } opts_t;
 
 /* one pool for all cases, filled once (host copy kept for the reference) */
@@ -109,6 +110,11 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
         last[r] = lastlen;
         for (int j = 0; j < pp; j++) idx[kvp[r] + j] = j;
         for (int j = 0; j < up; j++) idx[kvp[r] + pp + j] = pp + r * up + j;
+    }
+    if (o->shuffle) { /* x -> x A mod pages, A prime to the pool size: no two ids in a row */
+        int64_t A = 1000003;
+        while (pool_pages % A == 0) A += 2;
+        for (int64_t i = 0; i < (int64_t)kvp[B]; i++) idx[i] = (int32_t)((int64_t)idx[i] * A % pool_pages);
     }
     cas_attn_batch b = {B, qo, kvp, idx, last};
     cas_attn_params pr = cas_attn_params_default(); /* causal */
@@ -319,7 +325,7 @@ static void print_result(FILE *f, const result_t *r, int comma) {
 }
 
 int main(int argc, char **argv) {
-    opts_t o = {32, 8, 128, 16, CAS_BF16, 30, 5};
+    opts_t o = {32, 8, 128, 16, CAS_BF16, 30, 5, 0};
     int B = 64, P = 32768, U = 512, Q = 1, grid = 0, unshared = 0, prefill = 0;
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
@@ -337,6 +343,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--grid")) grid = 1;
         else if (!strcmp(a, "--unshared")) unshared = 1;
         else if (!strcmp(a, "--prefill")) prefill = atoi(v), i++;
+        else if (!strcmp(a, "--shuffle-pages")) o.shuffle = 1;
         else {
             fprintf(stderr, "unknown option %s\n", a);
             return 2;

@@ -8,8 +8,9 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench bench2 cli ncu grid sanitize (default: test bench cli grid)
-#   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "6 8 3 1"),
+#   steps: test bench diag bench2 cli ncu grid sanitize (default: test bench cli grid)
+#   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
+#   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
 #   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
@@ -39,15 +40,16 @@ if [ -z "$T" ]; then
   ( make -j16 CUDA=1 BUILD=$B cuda-build-check ) > "$W/build.log" 2>&1 || { tail -30 "$W/build.log"; exit 1; }
   T=$B/tests/cuda/test_cuda_attn; BB=$B/bench/cuda/attn_bench_cuda; CAS=
 fi
-command -v cuobjdump >/dev/null && echo "HGMMA in the test binary: $(cuobjdump --dump-sass "$T" 2>/dev/null | grep -c HGMMA)"
+command -v cuobjdump >/dev/null && cuobjdump --dump-sass "$T" > "$W/sass.txt" 2>/dev/null &&
+  echo "in the test binary: HGMMA $(grep -c HGMMA "$W/sass.txt"), UTMALDG $(grep -c UTMALDG "$W/sass.txt")"
 if has test; then
-  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
-  timeout 200 "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
+  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-9,6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
+  timeout ${TEST_TIMEOUT:-200} "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi
 if has bench; then
-  BENCH_KINDS=${BENCH_KINDS:-6 8 3 1}
-  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (6 wgmma-ws, 7 wgmma-ws64, 8 wgmma-ws-overlap, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
+  BENCH_KINDS=${BENCH_KINDS:-9 6 8 3 1}
+  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (9 wgmma-ws-tma, 6 wgmma-ws, 7 wgmma-ws64, 8 wgmma-ws-overlap, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
   for k in $BENCH_KINDS; do
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 256 --prefix 32768 --suffix 512 --json "$W/b256_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
@@ -55,14 +57,14 @@ if has bench; then
   done
   [ -n "${BENCH_S0:-}" ] && CASCADE_CUDA_SPLIT=0 CASCADE_CUDA_WIDE=3 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k3_s0.json" 2>&1 | tail -1 | sed "s/^/k3 s0 /"
   # the kind for the grid: fastest headline + B256 cascade among kinds whose tests passed
-  GRID_WIDE=$(python3 - "$W" "$(echo $BENCH_KINDS | tr -d ' ')" <<'PY'
+  GRID_WIDE=$(python3 - "$W" "$BENCH_KINDS" <<'PY'
 import json, re, sys, os
-w, kinds = sys.argv[1], sys.argv[2]
+w, kinds = sys.argv[1], sys.argv[2].split()
 log = open(os.path.join(w, "test_cuda.log")).read() if os.path.exists(os.path.join(w, "test_cuda.log")) else ""
 bad, done = set(), set()
 cur = None
 for line in log.splitlines():
-    m = re.search(r"CASCADE_CUDA_WIDE=(\d)", line)
+    m = re.search(r"CASCADE_CUDA_WIDE=(\d+)", line)
     if line.startswith("=="):
         cur = m.group(1) if m else None
     elif line.startswith("FAIL") and cur:
@@ -84,6 +86,13 @@ print(best)
 PY
 )
   echo "kind for the grid: $GRID_WIDE"
+fi
+if has diag; then
+  echo "== consumers alone (CASCADE_CUDA_WS_DIAG=1: the producer copies nothing; timing only), kinds ${DIAG_KINDS:-9 6}"
+  for k in ${DIAG_KINDS:-9 6}; do
+    CASCADE_CUDA_WS_DIAG=1 CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/diag_one_k$k.json" 2>&1 | tail -1 | sed "s/^/diag k$k /"
+    CASCADE_CUDA_WS_DIAG=1 CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --unshared --prefill 16384 --json "$W/diag_up_k$k.json" 2>&1 | grep -E "prefill" | sed "s/^/diag k$k /"
+  done
 fi
 if has bench2; then
   echo "== split rule 1 (chunks >= 512 keys) vs 2 (>= 128) on small shared passes, wgmma"

@@ -19,9 +19,10 @@
 #include "cuda_attn.h"
 #include "cuda_attn_impl.h"
 
-/* The default many-rows kernel kind where the device has wgmma (6, the
- * warp-specialized wgmma kernel; 3 is v4's) or not (then 1 regardless). */
-#define CAS_CUDA_DEFAULT_WIDE 6
+/* The default many-rows kernel kind where the device has wgmma (9, the
+ * warp-specialized wgmma kernel with TMA page loads; 6 is the same with
+ * cp.async only, 3 is v4's) or not (then 1 regardless). */
+#define CAS_CUDA_DEFAULT_WIDE 9
 /* Passes of at most this many rows per KV head (tokens x group heads) run on
  * the 64-row mma.sync kernel next to wgmma (see mid_rows below); 0: off.
  * Off by default: on the H200 with 64 it was slower than wgmma in 23 of the
@@ -53,7 +54,9 @@ struct cas_cuda_attn {
     cudaStream_t side, side2;
 
     /* host work arrays (allocated at create) */
-    cas_cuda_task *tw, *tn, *tm; /* [cap_tasks] wide, narrow, mid */
+    cas_cuda_task *tw, *tn, *tm; /* [2 cap_tasks] wide (kind 10: pairs with stand-ins),
+                                    [cap_tasks] narrow, mid */
+    cas_cuda_task *tp;           /* [2 cap_tasks] kind 10: the pairs being built */
     int32_t *cnt, *fill;     /* [max_total_q] */
     int32_t *direct_tok;     /* [max_total_q] */
     int32_t *nsplit, *chunk; /* [max_passes] */
@@ -69,7 +72,7 @@ static int64_t plan_bytes_cap(const cas_cuda_attn_caps *c, int64_t cap_tasks, in
     b += ALIGN16((int64_t)c->max_passes * (int64_t)sizeof(cas_cuda_pass));
     b += ALIGN16(c->max_page_ids * 4);
     b += 2 * ALIGN16((int64_t)c->max_tok_rows * 4);
-    b += 3 * ALIGN16(cap_tasks * (int64_t)sizeof(cas_cuda_task));
+    b += 4 * ALIGN16(cap_tasks * (int64_t)sizeof(cas_cuda_task)); /* the wide list twice */
     b += ALIGN16((int64_t)c->max_total_q * 4) + ALIGN16(((int64_t)c->max_total_q + 1) * 4);
     b += 2 * ALIGN16(cap_states * 8);
     return b + 64;
@@ -87,6 +90,7 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     if (a->side) cudaStreamDestroy(a->side);
     if (a->side2) cudaStreamDestroy(a->side2);
     free(a->tw);
+    free(a->tp);
     free(a->tn);
     free(a->tm);
     free(a->cnt);
@@ -142,7 +146,10 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
          * next S during this softmax), 6 (wgmma, warp-specialized: producer
          * warpgroup, mbarriers, two consumers taking turns; 128-key tiles) or
          * 7 (the same with 64-key tiles, 4 stages) or 8 (kind 6 with the
-         * softmax of the next tile during this tile's P V) forces a kind
+         * softmax of the next tile during this tile's P V) or 9 (kind 6 with
+         * full tiles loaded by the bulk tensor copy engine, TMA, where the
+         * page size allows) or 10 (kind 9 in clusters of two CTAs, K and V
+         * multicast to the pair of row blocks of one KV chunk) forces a kind
          * (benchmarks, tests); a kind the device lacks falls back to 1. */
         int major = 0, minor = 0;
         TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a->device));
@@ -150,7 +157,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || kind > 8 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || kind > 10 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -169,6 +176,15 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
             goto fail;
         }
         a->wide_grid = a->num_sms * a->occ_wide;
+        if (a->wide_kind == 10) { /* clusters of two: the pairs that fit at once */
+            int ctas = 0, e4 = cas_cuda_wgmma_cluster_grid(&a->geom, a->wide_kind, &ctas);
+            if (e4 || ctas < 2) {
+                st = cas_error(CAS_ERR_INTERNAL, "cuda attn: cluster occupancy query failed: %s",
+                               cas_cuda_error_string(e4));
+                goto fail;
+            }
+            a->wide_grid = ctas;
+        }
         if (a->mid_rows > 0) {
             int e3 = cas_cuda_attn_occupancy(&a->geom, 1, &a->occ_mid);
             if (e3 || a->occ_mid < 1) {
@@ -202,7 +218,8 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         TRY(cudaStreamCreateWithFlags(&a->side2, cudaStreamNonBlocking));
     }
 #undef TRY
-    a->tw = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
+    a->tw = malloc(sizeof(cas_cuda_task) * 2 * (size_t)a->cap_tasks);
+    a->tp = malloc(sizeof(cas_cuda_task) * 2 * (size_t)a->cap_tasks);
     a->tn = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
     a->tm = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
     a->cnt = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
@@ -214,7 +231,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->flat_passes = malloc(sizeof(cas_attn_pass) * (size_t)caps->max_passes);
     a->flat_ids = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->flat_pos = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
-    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tn || !a->tm || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
+    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
         !a->job_off) {
         st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
         goto fail;
@@ -247,6 +264,81 @@ static int class_rows(const cas_cuda_attn *a, int cls) {
     return cls == CLS_WIDE ? a->wide_rows
                            : cls == CLS_MID ? cas_cuda_wide_rows(a->shape.head_dim, 1)
                                             : CAS_CUDA_NARROW_ROWS;
+}
+
+/* Kind 10 runs the many-rows tasks in clusters of two CTAs, one pair of tasks
+ * per cluster (tasks 2i and 2i + 1), with the same number of key tiles so
+ * that the two pipelines stay in step. Row blocks b and b + 1 of one (pass,
+ * chunk, KV head) become a multicast pair over the union of their key ranges
+ * (a key outside a task's own range is masked by causality or the window
+ * that trimmed it); the rest are paired by equal tile counts, each loading
+ * its own keys, and the last one of a count gets a stand-in: a copy of
+ * itself that shares its loads and writes nothing. Pairs are ordered by
+ * work, largest first. tw[0, nw) is in creation order (pass, chunk, row
+ * block, KV head) with pad the creation index; the pairs replace it; returns
+ * the new count (2 x pairs). */
+static int64_t task_work(const cas_cuda_task *t) { return (int64_t)(t->kv1 - t->kv0) * t->nrows; }
+static int cmp_pair(const void *x, const void *y) {
+    const cas_cuda_task *a = x, *b = y;
+    int64_t wa = task_work(&a[0]) > task_work(&a[1]) ? task_work(&a[0]) : task_work(&a[1]);
+    int64_t wb = task_work(&b[0]) > task_work(&b[1]) ? task_work(&b[0]) : task_work(&b[1]);
+    if (wa != wb) return wa > wb ? -1 : 1;
+    return a[0].pad < b[0].pad ? -1 : a[0].pad > b[0].pad;
+}
+static int tiles_of(const cas_cuda_task *t) { return t->kv1 > t->kv0 ? (t->kv1 - t->kv0 + 127) / 128 : 0; }
+static int cmp_tiles(const void *x, const void *y) {
+    const cas_cuda_task *a = x, *b = y;
+    int ta = tiles_of(a), tb = tiles_of(b);
+    if (ta != tb) return ta > tb ? -1 : 1;
+    return a->pad < b->pad ? -1 : a->pad > b->pad;
+}
+static int32_t pair_tasks(cas_cuda_attn *a, int32_t nw, int32_t Hkv) {
+    cas_cuda_task *tw = a->tw, *tp = a->tp;
+    int32_t np = 0, ns = 0;
+    for (int32_t x = 0; x < nw; x++) tw[x].flags = 0;
+    /* bit 2 of flags marks a task already in a pair (cleared below) */
+    for (int32_t x = 0; x < nw; x++) {
+        if (tw[x].flags & 4) continue;
+        int32_t y = x + Hkv;
+        if (y < nw && tw[y].pass == tw[x].pass && tw[y].kv_head == tw[x].kv_head &&
+            tw[y].row0 == tw[x].row0 + tw[x].nrows) {
+            cas_cuda_task p = tw[x], q = tw[y];
+            /* an empty task (every key of the chunk masked for its rows) may
+             * carry a range outside the chunk: it takes its partner's */
+            int32_t k0, k1;
+            if (p.kv1 <= p.kv0) k0 = q.kv0, k1 = q.kv1;
+            else if (q.kv1 <= q.kv0) k0 = p.kv0, k1 = p.kv1;
+            else k0 = p.kv0 < q.kv0 ? p.kv0 : q.kv0, k1 = p.kv1 > q.kv1 ? p.kv1 : q.kv1;
+            p.kv0 = q.kv0 = k0;
+            p.kv1 = q.kv1 = k1;
+            p.flags = q.flags = 1;
+            tp[2 * np] = p;
+            tp[2 * np + 1] = q;
+            np++;
+            tw[x].flags = tw[y].flags = 4;
+        }
+    }
+    /* the unpaired ones, compacted to the front of tw, by tile count */
+    for (int32_t x = 0; x < nw; x++)
+        if (!(tw[x].flags & 4)) tw[ns++] = tw[x];
+    qsort(tw, (size_t)ns, sizeof(cas_cuda_task), cmp_tiles);
+    for (int32_t x = 0; x < ns;) {
+        if (x + 1 < ns && tiles_of(&tw[x + 1]) == tiles_of(&tw[x])) {
+            tp[2 * np] = tw[x];
+            tp[2 * np + 1] = tw[x + 1];
+            x += 2;
+        } else {
+            tp[2 * np] = tw[x];
+            tp[2 * np].flags = 1;
+            tp[2 * np + 1] = tp[2 * np];
+            tp[2 * np + 1].flags = 3;
+            x += 1;
+        }
+        np++;
+    }
+    qsort(tp, (size_t)np, 2 * sizeof(cas_cuda_task), cmp_pair);
+    memcpy(tw, tp, sizeof(cas_cuda_task) * 2 * (size_t)np);
+    return 2 * np;
 }
 
 /* Tasks of class cls (1: the many-rows kernel, 2: the mid list) when passes
@@ -436,7 +528,10 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         gp[i].len = passes[i].len;
         gp[i].tok_off = passes[i].tok_off;
         gp[i].n_tok = passes[i].n_tok;
-        gp[i].pad = 0;
+        /* runs: at least half of the page ids are their predecessor + 1 */
+        int32_t np = (passes[i].len + P - 1) / P, nrun = 0;
+        for (int32_t j = 1; j < np; j++) nrun += pages[passes[i].page_off + j] == pages[passes[i].page_off + j - 1] + 1;
+        gp[i].page_runs = np > 1 && 2 * nrun >= np - 1;
     }
     if (n_page_ids) memcpy(S + h->off_pages, pages, (size_t)n_page_ids * 4);
     if (n_tok_rows) {
@@ -472,6 +567,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                 if (k1 < k0) k1 = k0;
                 for (int32_t hk = 0; hk < Hkv; hk++) {
                     cas_cuda_task t;
+                    t.flags = 0;
                     t.pass = i;
                     t.kv_head = hk;
                     t.row0 = r0;
@@ -503,7 +599,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             }
         }
     }
-    qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
+    if (a->wide_kind == 10) nw = pair_tasks(a, nw, Hkv);
+    else qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tm, (size_t)nmid, sizeof(cas_cuda_task), cmp_task);
     for (int32_t i = 0; i < nw; i++) a->tw[i].pad = 0;
@@ -697,6 +794,8 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     if (!a) return "none";
     switch (a->wide_kind) {
+    case 10: return "wgmma-ws-mc";
+    case 9: return "wgmma-ws-tma";
     case 8: return "wgmma-ws-overlap";
     case 7: return "wgmma-ws64";
     case 6: return "wgmma-ws";

@@ -125,8 +125,9 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info);
 
 /* The many-rows (shared pass, prefill) kernel this context runs: "wgmma"
  * (Hopper, head_dim 128), "wgmma-overlap", "wgmma-ws" (warp-specialized),
- * "wgmma-ws64", "wgmma-ws-overlap", "mma.sync" or "mma.sync-2mtile".
- * Chosen at create; the environment variable CASCADE_CUDA_WIDE=1|2|3|4|6|7|8
+ * "wgmma-ws64", "wgmma-ws-overlap", "wgmma-ws-tma" (TMA page loads),
+ * "mma.sync" or "mma.sync-2mtile".
+ * Chosen at create; the environment variable CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9
  * forces one (a kind the device lacks falls back to mma.sync). */
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
 

@@ -32,7 +32,9 @@ typedef struct {
     int32_t len;      /* tokens in the segment */
     int32_t tok_off;  /* offset into tok_ids[] / tok_pos[] */
     int32_t n_tok;    /* query tokens of the pass */
-    int32_t pad;
+    int32_t page_runs; /* 1: most page ids follow their predecessor (pages allocated
+                          in a row): kind 9 looks for run boxes (its check costs
+                          where there are none) */
 } cas_cuda_pass;
 
 typedef struct {
@@ -43,7 +45,8 @@ typedef struct {
     int32_t kv0, kv1; /* key range [kv0, kv1) within the segment (trimmed by the masks) */
     int32_t qpos_min, qpos_max; /* least and greatest query position of the rows */
     int32_t pad;     /* host: creation order (stable sort); 0 on the device */
-    int32_t pad2;
+    int32_t flags;   /* kind 10's task pairs: bit 0 the pair shares its keys (multicast),
+                        bit 1 a stand-in that writes nothing (partner of an unpaired task) */
     int64_t o_off;   /* -1: direct into o/lse; else scratch float offset of (pass tok 0, head 0),
                         states [n_tok][Hq][D] */
     int64_t lse_off; /* scratch float offset of lse [n_tok][Hq] */
@@ -110,7 +113,8 @@ const char *cas_cuda_error_string(int err);
 /* The Hopper wgmma kernels (cuda_attn_wgmma.cu, sm_90a), kinds 3 (plain),
  * 4 (the next tile's S overlaps this tile's softmax), 6 and 7
  * (warp-specialized, 128- and 64-key tiles), 8 (6 with the next tile's
- * softmax during this tile's P V): head_dim 128 only
+ * softmax during this tile's P V), 9 (6 with TMA page loads), 10 (9 in
+ * clusters of two, pairs of tasks sharing keys multicast): head_dim 128 only
  * (cas_cuda_wgmma_supported); the launch and occupancy calls of those kinds
  * forward here. */
 int cas_cuda_wgmma_supported(int D);
@@ -118,6 +122,10 @@ int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const v
                                const void *v, const void *q, float *o, float *lse, float *scratch,
                                int kind, int grid, void *stream);
 int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm);
+/* Kind 10 runs in clusters of two CTAs over a list of task pairs (see the
+ * planner): *ctas is its persistent grid (clusters that fit at once x 2);
+ * 0 for the other kinds. */
+int cas_cuda_wgmma_cluster_grid(const cas_cuda_geom *g, int kind, int *ctas);
 
 #ifdef __cplusplus
 }

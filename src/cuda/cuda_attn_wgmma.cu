@@ -17,27 +17,35 @@
  * from the S registers (the accumulator layout is the A-fragment layout) and
  * V the transposed (N-major) B operand of the same layout.
  *
- * Pages of any size are gathered per 16-byte chunk, so no tensor map (TMA)
- * is used: a page of the pool may hold a single token. cp.async writes
+ * Pages of any size are gathered per 16-byte chunk (a page of the pool may
+ * hold a single token); kind 9 below adds TMA where pages allow it. cp.async writes
  * through the generic proxy and wgmma reads through the async proxy, hence
  * fence.proxy.async before the barrier that hands a stage over.
  *
- * That is v4's kernel (kinds 3, 4). The default since v5 is the
- * warp-specialized one further down (kinds 6-8): a producer warpgroup does the
- * gathers into mbarrier-guarded stages and two consumer warpgroups take turns
- * on the tensor cores.
+ * That is v4's kernel (kinds 3, 4). Since v5 the many-rows kernel is the
+ * warp-specialized one further down (kinds 6-10): a producer warpgroup fills
+ * mbarrier-guarded stages and two consumer warpgroups take turns on the
+ * tensor cores. Kind 9 (the default since v6) has the producer load full
+ * tiles with the bulk tensor copy engine (TMA) through tensor maps of the
+ * pool, one box per page or one per 64 keys of consecutive pages, and keeps
+ * the cp.async gathers for the rest; kind 10 runs kind 9 in clusters of two
+ * with multicast (measured slower).
  *
  * Compiled for sm_90a only; other targets get a stub that traps, and the
  * host selects these kernels only on compute capability 9.0 with head_dim 128
  * (the 64 instances are built but disabled: v4's failed the reference test on
  * the H200; CASCADE_CUDA_WIDE=1 or 2 selects mma.sync).
  */
+#include <cuda.h> /* CUtensorMap and its encoder's types only: no libcuda link (the
+                     * encoder comes through cudaGetDriverEntryPointByVersion) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math_constants.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -429,6 +437,62 @@ template <int R> __device__ __forceinline__ void reg_dealloc() {
 template <int R> __device__ __forceinline__ void reg_alloc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
 }
+/* one arrival on bar that also raises the bytes the phase waits for by tx */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t tx) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+                 "r"(tx)
+                 : "memory");
+}
+/* bulk tensor copy (TMA) of one box of the 4-D map at element coordinates
+ * (c0, c1, c2, c3) into shared memory at dst, completing its bytes on bar */
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            int c3, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+/* one box of the 3-D map at (c0, c1, c2) */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+/* the same box into the shared memory of every CTA of the cluster in mask
+ * (same offsets), completing on each one's barrier at bar's offset */
+__device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                               int c3, uint32_t bar, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
+                 : "memory");
+}
+/* one arrival on the barrier at the same offset in CTA `rank` of the cluster */
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, int rank) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+/* waits for a phase that CTAs of the cluster arrived on (acquire at cluster scope) */
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nLAB_WAITC:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra DONEC;\nbra LAB_WAITC;\nDONEC:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
 
 template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
@@ -450,16 +514,34 @@ template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
 #ifndef WS_CONSUMER_REGS
 #define WS_CONSUMER_REGS 232
 #endif
+/* with TMA (kind 9) the producer needs more than 40 (ptxas spilled), and
+ * the consumers fit in 224 without spilling */
+#ifndef WS_PRODUCER_REGS_TMA
+#define WS_PRODUCER_REGS_TMA 56
+#endif
+#ifndef WS_CONSUMER_REGS_TMA
+#define WS_CONSUMER_REGS_TMA 224
+#endif
+/* kind 10 (clusters): the producer spilled at 56, 64 / 216 spills nowhere */
+#ifndef WS_PRODUCER_REGS_MC
+#define WS_PRODUCER_REGS_MC 64
+#endif
+#ifndef WS_CONSUMER_REGS_MC
+#define WS_CONSUMER_REGS_MC 216
+#endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
 
-template <typename T, int D, int KEYS, int STAGES, bool OVL>
+template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                          float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
-                         int diag) {
+                         int diag, const __grid_constant__ CUtensorMap kmap,
+                         const __grid_constant__ CUtensorMap vmap, int tma_rows,
+                         const __grid_constant__ CUtensorMap krun, const __grid_constant__ CUtensorMap vrun,
+                         int tma_runs) {
 #if CAS_WGMMA_OK
     typedef ws_cfg<D, KEYS, STAGES> C;
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
@@ -471,8 +553,18 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    const int ntask = h->n_tasks_wide;
-    const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide);
+    /* MC (kind 10): clusters of two CTAs walk a list of task pairs (tasks 2i
+     * and 2i + 1, equal tile counts); CTA `crank` of a cluster runs task
+     * 2i + crank. A pair flagged multicast (flags bit 0) shares its key range:
+     * each CTA's producer loads half of every TMA tile into both CTAs. Every
+     * stage is released by the consumers of both CTAs (empty barriers count
+     * 16), so the two pipelines stay in step for unflagged pairs too. */
+    const int crank = MC ? (int)cluster_rank() : 0;
+    const int slot0 = MC ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
+    const int nslot_grid = MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
+    const int ntask = MC ? h->n_tasks_wide / 2 : h->n_tasks_wide;
+    const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide) + crank;
+    const int tstride = MC ? 2 : 1;
     const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
     const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
 
@@ -487,11 +579,13 @@ __global__ void __launch_bounds__(384, 1)
         for (int s = 0; s < STAGES; s++) {
             mbar_init(FULL_K(s), 128);
             mbar_init(FULL_V(s), 128);
-            mbar_init(EMPTY_K(s), 8);
-            mbar_init(EMPTY_V(s), 8);
+            mbar_init(EMPTY_K(s), MC ? 16 : 8);
+            mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
+        if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if (MC) cluster_sync_all();
+    else __syncthreads();
     const int64_t page_stride = (int64_t)P * Hkv * D;
 
     /* the warpgroup index, warp-uniform for the compiler (wgmma on a path it
@@ -499,21 +593,96 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (wg == 0) {
         /* ---- producer ---- */
-        reg_dealloc<WS_PRODUCER_REGS>();
+        reg_dealloc<MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        if (TMA && tma_rows > 0 && tid == 0) {
+            tma_prefetch_map(&kmap);
+            tma_prefetch_map(&vmap);
+            if (tma_runs) {
+                tma_prefetch_map(&krun);
+                tma_prefetch_map(&vrun);
+            }
+        }
+        /* TMA: lane b of warp 0 copies box b of a tile: key rows
+         * [b / CB x tma_rows, + tma_rows), columns [(b % CB) x 64, + 64)
+         * (recomputed per tile: the producer has few registers) */
+        constexpr int CB = D / 64;
         const int ch = tid % CPR, key0 = tid / CPR;
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
         int it = 0;
-        for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
-            const cas_cuda_task t = tasks[ti];
+        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+            const cas_cuda_task t = tasks[ti * tstride];
+            const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
+            const bool look_runs = tma_runs && passes[t.pass].page_runs && !mcast;
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
             const T *kb = kpool + (int64_t)t.kv_head * D + ch * 8;
             const T *vb = vpool + (int64_t)t.kv_head * D + ch * 8;
+            /* whole boxes of tma_rows keys lie in one page when the task
+             * starts on a multiple of tma_rows (a divisor of the page size) */
+            const bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
             for (int j = 0; j < ntiles; j++, it++) {
                 const int s = it % STAGES;
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
+                if (task_tma && t.kv0 + (j + 1) * KEYS <= t.kv1) {
+                    /* a full tile: one box per lane of warp 0, the bytes
+                     * counted by thread 0's expect-tx arrival; the other
+                     * producer threads only arrive (the barriers count 128) */
+                    /* multicast: this CTA loads every other box, for both */
+                    const int nsmall = KEYS / tma_rows * CB;
+                    bool boxer = tid < nsmall && (!mcast || (tid & 1) == crank);
+                    int pg = 0, pr = 0;
+                    if (tid < nsmall) {
+                        const int kidx = t.kv0 + j * KEYS + (tid / CB) * tma_rows;
+                        const int pi = kidx / P;
+                        pg = pg_list[pi];
+                        pr = kidx - pi * P;
+                    }
+                    bool run = false;
+#pragma unroll
+                    for (int kv = 0; kv < 2; kv++) {
+                        const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
+                        if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                        else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                        if (tid == 0 && !(diag & 1)) mbar_arrive_expect_tx(full, (uint32_t)C::TILE);
+                        else mbar_arrive(full);
+                        if (tid < 32 && !(diag & 1)) {
+                            /* runs: where the 64 keys of a group of boxes sit
+                             * in consecutive rows of the pool (pages
+                             * allocated in a row), the group's first box per
+                             * column block loads all 64 through the row map,
+                             * the others nothing. Decided after the first
+                             * wait, so that the page-id loads stay under it. */
+                            if (kv == 0 && look_runs) {
+                                const int G = 64 / tma_rows, rb = tid / CB, lead = (rb - rb % G) * CB + tid % CB;
+                                const long long grow = (long long)pg * P + pr;
+                                const long long grow0 = __shfl_sync(0xffffffffu, grow, lead);
+                                const bool ok = tid >= nsmall || (grow == grow0 + (long long)(rb % G) * tma_rows &&
+                                                                  grow0 + 64 <= 0x7fffffffLL);
+                                const uint32_t all = __ballot_sync(0xffffffffu, ok);
+                                const int g0 = (rb - rb % G) * CB;
+                                const uint32_t gm = (G * CB >= 32 ? 0xffffffffu : ((1u << (G * CB)) - 1u)) << g0;
+                                if (tid < nsmall && (all & gm) == gm) {
+                                    run = rb % G == 0;
+                                    boxer = run;
+                                    pr = (int)grow; /* the row coordinate of the run box */
+                                }
+                            }
+                            __syncwarp();
+                            const uint32_t dst = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE +
+                                                                   (tid % CB) * (KEYS * 128) + (tid / CB) * tma_rows * 128);
+                            if (boxer && mcast)
+                                tma_load_4d_mc(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
+                                               (uint16_t)3);
+                            else if (run)
+                                tma_load_3d(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full);
+                            else if (boxer)
+                                tma_load_4d(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
+                        }
+                    }
+                    continue;
+                }
                 const uint32_t dk = kv_s + (uint32_t)(s * 2 * C::TILE) + soff0;
                 const int k0 = t.kv0 + j * KEYS + key0;
                 /* this thread copies chunk ch of keys k0 + n KSTEP; the CPR
@@ -535,7 +704,8 @@ __global__ void __launch_bounds__(384, 1)
                 for (int kv = 0; kv < 2; kv++) {
                     const T *base = kv ? vb : kb;
                     const uint32_t d0 = dk + (uint32_t)(kv * C::TILE);
-                    mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                     if (diag & 1) { /* measurement only: no copies (wrong results) */
                         mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
                         continue;
@@ -554,7 +724,7 @@ __global__ void __launch_bounds__(384, 1)
         asm volatile("cp.async.wait_all;\n" ::: "memory");
     } else {
         /* ---- consumers ---- */
-        reg_alloc<WS_CONSUMER_REGS>();
+        reg_alloc<MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
         const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
@@ -564,9 +734,15 @@ __global__ void __launch_bounds__(384, 1)
         const int wrow = cw * 64 + (ctid >> 5) * 16; /* this warp's first row in the CTA */
         const int my_turn = WS_BAR_TURN0 + cw, other_turn = WS_BAR_TURN0 + 1 - cw, bar_wg = WS_BAR_WG0 + cw;
         if (cw == 1) nbar_arrive(WS_BAR_TURN0, 256); /* consumer 0 goes first */
+        /* a warp is done with a stage: lane 0 tells this CTA's producer, and
+         * with MC lane 1 the other CTA's (which may multicast into it) */
+        auto release = [&](uint32_t bar) {
+            if (lane == 0) mbar_arrive(bar);
+            if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
+        };
         int it = 0;
-        for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
-            const cas_cuda_task t = tasks[ti];
+        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+            const cas_cuda_task t = tasks[ti * tstride];
             const cas_cuda_pass ps = passes[t.pass];
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
             if (ctid < 64) {
@@ -703,7 +879,7 @@ __global__ void __launch_bounds__(384, 1)
                 nbar_arrive(other_turn, 256);
                 wg_wait<0>();
                 wg_fence_regs<KEYS / 2>(s);
-                if (lane == 0) mbar_arrive(EMPTY_K(s0));
+                release(EMPTY_K(s0));
                 if (OVL) {
                     softmax(0);
                     rescale_pack();
@@ -739,12 +915,12 @@ __global__ void __launch_bounds__(384, 1)
                     if constexpr (more) {
                         wg_wait<1>();
                         wg_fence_regs<KEYS / 2>(s);
-                        if (lane == 0) mbar_arrive(EMPTY_K(sn));
+                        release(EMPTY_K(sn));
                         softmax(i + 1);
                     }
                     wg_wait<0>();
                     wg_fence_regs<D / 2>(oacc);
-                    if (lane == 0) mbar_arrive(EMPTY_V(sc));
+                    release(EMPTY_V(sc));
                     if constexpr (more) rescale_pack();
                 } else {
                     mma_pv(sc);
@@ -754,10 +930,8 @@ __global__ void __launch_bounds__(384, 1)
                     wg_wait<0>();
                     wg_fence_regs<D / 2>(oacc);
                     wg_fence_regs<KEYS / 2>(s);
-                    if (lane == 0) {
-                        mbar_arrive(EMPTY_V(sc));
-                        if (more) mbar_arrive(EMPTY_K(sn));
-                    }
+                    release(EMPTY_V(sc));
+                    if (more) release(EMPTY_K(sn));
                 }
             };
             for (int i = 0; i + 1 < ntiles; i++, it++) step(i, std::true_type{});
@@ -776,7 +950,7 @@ __global__ void __launch_bounds__(384, 1)
             for (int hf = 0; hf < 2; hf++) {
                 const int r = wrow + (lane >> 2) + hf * 8;
                 const float l = lrow[hf], m = mrow[hf];
-                if (r < t.nrows) {
+                if (r < t.nrows && !(MC && (t.flags & 2))) { /* a stand-in writes nothing */
                     const float inv = l > 0.f ? 1.f / l : 0.f;
                     float *dst = obase + s_oo[r];
 #pragma unroll
@@ -791,6 +965,8 @@ __global__ void __launch_bounds__(384, 1)
         /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
         if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
     }
+    /* the other CTA may still arrive on this one's barriers until it is done */
+    if (MC) cluster_sync_all();
 #undef FULL_K
 #undef FULL_V
 #undef EMPTY_K
@@ -822,21 +998,133 @@ template <typename T, int D> struct wg_kernel<T, D, 6> {
     typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, false, false>; }
 };
 template <typename T, int D> struct wg_kernel<T, D, 7> {
     typedef ws_cfg<D, 64, 6> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false, false, false>; }
 };
 
 template <typename T, int D> struct wg_kernel<T, D, 8> {
     typedef ws_cfg<D, 128, 3> C;
     static constexpr int NT = C::NT;
     static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true>; }
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true, false, false>; }
 };
+/* kind 9: kind 6's kernel with the full tiles of K and V brought in by the
+ * bulk tensor copy engine (TMA) where the page size allows (tma_box_rows) */
+template <typename T, int D> struct wg_kernel<T, D, 9> {
+    typedef ws_cfg<D, 128, 3> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true, false>; }
+};
+
+/* kind 10: kind 9 in clusters of two CTAs that run pairs of tasks, K and V
+ * of a pair sharing its keys multicast to both (the planner pairs the row
+ * blocks of one KV chunk) */
+template <typename T, int D> struct wg_kernel<T, D, 10> {
+    typedef ws_cfg<D, 128, 3> C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true, true>; }
+};
+template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
+template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
+
+/* Rows of K or V one TMA box holds: the largest power of two up to 64 that
+ * divides the page size, so that a box never crosses a page; 0 (no TMA) when
+ * that is under 8 (the 128-byte swizzle repeats every 8 rows of 128 bytes,
+ * so each box must start on a 1024-byte boundary of the stage). */
+static int tma_box_rows(int P) {
+    int r = P & -P;
+    if (r > 64) r = 64;
+    return r >= 8 ? r : 0;
+}
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* The 4-D map of a pool [pages][P][Hkv][D] as (D, Hkv, P, pages), boxes of
+ * (64, 1, rows, 1) in the 128-byte swizzle that wgmma's K-major operand
+ * reads. The page extent is the int32 range of page ids rather than the
+ * pool's size: the plan validates page ids against the pool, and a map baked
+ * into a captured graph stays valid for every later plan. 0 on success. */
+static encode_tiled_fn tma_encoder(void) {
+    static encode_tiled_fn encode = NULL;
+    static int looked_up = 0;
+    if (!looked_up) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            encode = (encode_tiled_fn)fn;
+        looked_up = 1;
+    }
+    return encode;
+}
+static int tma_encode(CUtensorMap *map, const void *pool, int dtype, int D, int Hkv, int P, int rows) {
+    encode_tiled_fn encode = tma_encoder();
+    if (!encode || ((uintptr_t)pool & 15)) return -1;
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)Hkv, (cuuint64_t)P, (cuuint64_t)0x7fffffff};
+    const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)Hkv * D * 2, (cuuint64_t)P * Hkv * D * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
+    const cuuint32_t estr[4] = {1, 1, 1, 1};
+    CUresult r = encode(map, dtype == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                        const_cast<void *>(pool), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+/* The pool as rows: (D, Hkv, pages x P rows), boxes of (64, 1, 64): 64
+ * keys of consecutive rows, which cross pages when the page ids are
+ * consecutive (a run). Row coordinates are int32: rows up to 2^31 - 1. */
+static int tma_encode_rows(CUtensorMap *map, const void *pool, int dtype, int D, int Hkv) {
+    encode_tiled_fn encode = tma_encoder();
+    if (!encode || ((uintptr_t)pool & 15)) return -1;
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)Hkv, (cuuint64_t)0x7fffffff};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)Hkv * D * 2};
+    const cuuint32_t box[3] = {64, 1, 64};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    CUresult r = encode(map, dtype == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                        const_cast<void *>(pool), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* The maps of the last pools launched on, per host thread (encoding is a
+ * host-only call, but the launch path should not repeat it per layer). */
+struct tma_maps {
+    const void *k, *v;
+    cas_cuda_geom g;
+    int rows; /* 0: TMA off for these pools */
+    int runs; /* 1: the row maps below are valid (boxes of rows < 64) */
+    CUtensorMap km, vm, kr, vr;
+};
+static int tma_maps_for(tma_maps *m, const cas_cuda_geom *g, const void *k, const void *v) {
+    if (m->k == k && m->v == v && !memcmp(&m->g, g, sizeof *g)) return m->rows;
+    m->k = k;
+    m->v = v;
+    m->g = *g;
+    m->rows = tma_box_rows(g->page_size);
+    if (m->rows && (g->D % 64 || tma_encode(&m->km, k, g->dtype, g->D, g->Hkv, g->page_size, m->rows) ||
+                    tma_encode(&m->vm, v, g->dtype, g->D, g->Hkv, g->page_size, m->rows))) {
+        fprintf(stderr, "cascade cuda: no tensor map for pages of %d (D %d): kind 9 copies with cp.async\n",
+                g->page_size, g->D);
+        m->rows = 0;
+    }
+    /* CASCADE_CUDA_TMA_RUNS=0: no run boxes (measurement) */
+    static const int runs_env = getenv("CASCADE_CUDA_TMA_RUNS") ? atoi(getenv("CASCADE_CUDA_TMA_RUNS")) : 1;
+    m->runs = runs_env && m->rows > 0 && m->rows < 64 && !tma_encode_rows(&m->kr, k, g->dtype, g->D, g->Hkv) &&
+              !tma_encode_rows(&m->vr, v, g->dtype, g->D, g->Hkv);
+    return m->rows;
+}
 
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
@@ -849,9 +1137,31 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
      * producer copies nothing, so the time is that of the consumers alone */
     static const int diag = getenv("CASCADE_CUDA_WS_DIAG") ? atoi(getenv("CASCADE_CUDA_WS_DIAG")) : 0;
     int dg = diag;
+    /* kind 9: tensor maps of the pools (other kinds: zeroed, unused) */
+    static thread_local tma_maps maps;
+    static const CUtensorMap none = {};
+    int rows = KIND >= 9 ? tma_maps_for(&maps, g, k, v) : 0;
+    const CUtensorMap *km = rows ? &maps.km : &none, *vm = rows ? &maps.vm : &none;
+    int runs = rows ? maps.runs : 0;
+    const CUtensorMap *kr = runs ? &maps.kr : &none, *vr = runs ? &maps.vr : &none;
+    /* the kernels of kinds 3 and 4 take the first ten arguments only */
     void *args[] = {(void *)&plan_c, (void *)&kp, (void *)&vp, (void *)&qp, (void *)&o,
-                    (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg};
-    return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
+                    (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg,
+                    (void *)km, (void *)vm, (void *)&rows, (void *)kr, (void *)vr, (void *)&runs};
+    if (wg_cluster<T, D, KIND>::N == 1) return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = wg_cluster<T, D, KIND>::N;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid / wg_cluster<T, D, KIND>::N * wg_cluster<T, D, KIND>::N);
+    cfg.blockDim = dim3(K::NT);
+    cfg.dynamicSmemBytes = K::SMEM;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelExC(&cfg, K::fn(), args);
 }
 
 template <typename T, int D, int KIND> static int wg_occ(int *ctas) {
@@ -859,6 +1169,34 @@ template <typename T, int D, int KIND> static int wg_occ(int *ctas) {
     cudaError_t e = cudaFuncSetAttribute(K::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, K::fn(), K::NT, K::SMEM);
+}
+
+/* CTAs of the persistent grid of a cluster kind: clusters that fit at once
+ * (an SM of a GPC may be left over) times the cluster size; 0 otherwise */
+template <typename T, int D, int KIND> static int wg_cluster_grid(int *ctas) {
+    typedef wg_kernel<T, D, KIND> K;
+    *ctas = 0;
+    if (wg_cluster<T, D, KIND>::N == 1) return 0;
+    cudaError_t e = cudaFuncSetAttribute(K::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+    if (e != cudaSuccess) return (int)e;
+    int dev = 0, sms = 0, n = 0;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return (int)e;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = wg_cluster<T, D, KIND>::N;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(sms / wg_cluster<T, D, KIND>::N * wg_cluster<T, D, KIND>::N);
+    cfg.blockDim = dim3(K::NT);
+    cfg.dynamicSmemBytes = K::SMEM;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if ((e = cudaOccupancyMaxActiveClusters(&n, (const void *)K::fn(), &cfg)) != cudaSuccess) return (int)e;
+    *ctas = n * wg_cluster<T, D, KIND>::N;
+    return 0;
 }
 
 /* head_dim 64 compiles but failed the float64 reference on the H200 (bench/NOTES.md):
@@ -873,6 +1211,8 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 6: return F<T, DD, 6>(__VA_ARGS__);                                                  \
         case 7: return F<T, DD, 7>(__VA_ARGS__);                                                  \
         case 8: return F<T, DD, 8>(__VA_ARGS__);                                                  \
+        case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
+        case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
@@ -895,4 +1235,10 @@ extern "C" int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *pl
 extern "C" int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm) {
     *ctas_per_sm = 0;
     CAS_WG_DISPATCH(g, kind, wg_occ, ctas_per_sm);
+}
+
+extern "C" int cas_cuda_wgmma_cluster_grid(const cas_cuda_geom *g, int kind, int *ctas) {
+    *ctas = 0;
+    if (kind != 10) return 0;
+    CAS_WG_DISPATCH(g, kind, wg_cluster_grid, ctas);
 }

@@ -25,6 +25,9 @@
 #endif
 
 static int quick;
+/* 1: page ids in runs of consecutive ids (a fresh pool), broken every few
+ * pages, instead of a random permutation: the TMA kernel's run boxes */
+static int page_runs;
 
 #define CU(call)                                                                              \
     do {                                                                                      \
@@ -91,9 +94,12 @@ static int tcase_make(tcase *c, cas_rng *rng, cas_dtype dt, int D, int Hq, int H
     /* a random permutation of page ids; the prefix pages are request 0's */
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)c->num_pages);
     for (int i = 0; i < c->num_pages; i++) perm[i] = i;
-    for (int i = c->num_pages - 1; i > 0; i--) {
+    for (int i = c->num_pages - 1; i > 0 && !page_runs; i--) {
         int j = (int)cas_rng_range(rng, 0, i);
         int32_t tmp = perm[i]; perm[i] = perm[j]; perm[j] = tmp;
+    }
+    for (int i = 5; i + 1 < c->num_pages && page_runs; i += 11) { /* breaks */
+        int32_t tmp = perm[i]; perm[i] = perm[i + 1]; perm[i + 1] = tmp;
     }
     for (int i = 0; i < nid; i++) c->idx[i] = perm[i];
     for (int r = 1; r < B; r++)
@@ -312,6 +318,47 @@ static void run_cascade_case(cas_dtype dt, int D, int Hq, int Hkv, int P, int wi
     compare(&c, label, tol_o(dt), 2e-2);
     cas_cuda_attn_destroy(a);
     tcase_free(&c);
+}
+
+/* Page ids in runs: the TMA kernel loads 64 keys of consecutive pages as one
+ * box; pages of 8, 16 and 32, prefill rows and decode rows, causal, a
+ * window that starts tasks off the box grid. */
+static void test_page_runs(void) {
+    static const flat_cfg cfgs[] = {
+        {CAS_BF16, 128, 32, 8, 16, 3, {300, 1, 40}, {1200, 2000, 700}, 1, -1, 0},
+        {CAS_F16, 128, 16, 4, 8, 2, {200, 9}, {900, 1500}, 1, -1, 0},
+        {CAS_BF16, 128, 16, 2, 32, 2, {150, 70}, {1000, 333}, 1, 100, 0},
+    };
+    int n = (int)(sizeof cfgs / sizeof cfgs[0]);
+    cas_rng rng;
+    cas_rng_seed(&rng, 4321);
+    page_runs = 1;
+    for (int i = 0; i < n; i++) {
+        if (quick >= 2 && i > 0) break;
+        const flat_cfg *f = &cfgs[i];
+        cas_attn_params pr = cas_attn_params_default();
+        pr.causal = f->causal;
+        pr.window_left = f->window;
+        pr.logits_soft_cap = f->cap;
+        tcase c;
+        REQUIRE(tcase_make(&c, &rng, f->dt, f->D, f->Hq, f->Hkv, f->P, f->B, f->qlen, f->kvlen, 0, pr) == 0);
+        cas_cuda_attn *a = ctx_for(&c.shape, c.total_q, c.B, c.kvp[c.B]);
+        REQUIRE(a);
+        cas_attn_batch b = tcase_batch(&c);
+        cas_status st = cas_cuda_attn_plan_flat(a, &b, c.num_pages, &pr);
+        CHECKF(st == CAS_OK, "plan: %s", cas_last_error());
+        poison(&c);
+        CHECK(cas_cuda_attn_upload(a, 0) == CAS_OK);
+        st = cas_cuda_attn_run(a, c.dk, c.dv, c.dq, c.dO, c.dL, 0);
+        CHECKF(st == CAS_OK, "run: %s", cas_last_error());
+        char what[128];
+        snprintf(what, sizeof what, "page runs %s D%d %d:%d P%d B%d c%d w%d", cas_dtype_name(f->dt), f->D,
+                 f->Hq, f->Hkv, f->P, f->B, f->causal, f->window);
+        compare(&c, what, tol_o(f->dt), 2e-2);
+        cas_cuda_attn_destroy(a);
+        tcase_free(&c);
+    }
+    page_runs = 0;
 }
 
 static void test_cascade_passes(void) {
@@ -558,17 +605,27 @@ int main(void) {
     RUN(test_rejects);
     RUN(test_merge);
     /* every many-rows kernel kind the device has (CASCADE_CUDA_WIDE, see
-     * cuda_attn.h): 6 warp-specialized wgmma (Hopper, the default), 3 wgmma
+     * cuda_attn.h): 9 warp-specialized wgmma with TMA page loads (Hopper,
+     * the default), 6 the same with cp.async, 3 wgmma
      * (v4), 5 kind 3 with passes of <= 64 rows per KV head on the 64-row
      * mma.sync kernel (CASCADE_CUDA_MID_ROWS=64), 1 mma.sync;
-     * CASCADE_TEST_KINDS=6,8,7,3,5,4,1,2 picks others. A kind the device
+     * CASCADE_TEST_KINDS=10,9,6,8,7,3,5,4,1,2 picks others (9: kind 6 with
+     * TMA, 10: kind 9 in clusters of two with multicast). A kind the device
      * lacks falls back to 1 (then skipped). */
-    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "6,3,5,1";
-    for (const char *k = kinds; *k; k++) {
-        if (*k < '1' || *k > '8') continue;
-        char env[2] = {*k == '5' ? '3' : *k, 0};
+    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "9,6,3,5,1";
+    for (const char *k = kinds; *k;) {
+        char *end = NULL;
+        long kind = strtol(k, &end, 10);
+        if (end == k) { /* a separator */
+            k++;
+            continue;
+        }
+        k = end;
+        if (kind < 1 || kind > 10) continue;
+        char env[8];
+        snprintf(env, sizeof env, "%ld", kind == 5 ? 3L : kind);
         setenv("CASCADE_CUDA_WIDE", env, 1);
-        if (*k == '5') setenv("CASCADE_CUDA_MID_ROWS", "64", 1);
+        if (kind == 5) setenv("CASCADE_CUDA_MID_ROWS", "64", 1);
         else unsetenv("CASCADE_CUDA_MID_ROWS");
         cas_attn_shape probe = {32, 8, 128, 16, CAS_BF16};
         cas_cuda_attn *a = ctx_for(&probe, 4, 4, 64);
@@ -577,16 +634,17 @@ int main(void) {
             return 1;
         }
         const char *name = cas_cuda_attn_kernel_name(a);
-        int fell_back = *k != '1' && !strcmp(name, "mma.sync");
+        int fell_back = kind != 1 && !strcmp(name, "mma.sync");
         cas_cuda_attn_destroy(a);
         if (fell_back) {
             printf("skip kind %s: not on this device\n", env);
             continue;
         }
         printf("== many-rows kernel %s (CASCADE_CUDA_WIDE=%s%s)\n", name, env,
-               *k == '5' ? ", CASCADE_CUDA_MID_ROWS=64" : "");
+               kind == 5 ? ", CASCADE_CUDA_MID_ROWS=64" : "");
         RUN(test_flat_grid);
         RUN(test_cascade_passes);
+        RUN(test_page_runs);
         if (quick < 2) {
             RUN(test_cpu_plan);
             RUN(test_graph_replan);
