@@ -121,23 +121,54 @@ __global__ void __launch_bounds__(C::NT)
         const T *kbase = kpool + (int64_t)t.kv_head * D;
         const T *vbase = vpool + (int64_t)t.kv_head * D;
 
+        /* K/V tile loads: chunk ch = c % CPR of key c / CPR for c = tid +
+         * it NT. Where a warp's keys fit (KW keys per iteration, NI
+         * iterations: at most 32), lane j looks up the page and row of one
+         * of them (iteration j % NI, key j / NI of the iteration) and the
+         * CPR lanes of a key take them by shuffle: one page-id load and one
+         * division per lane and tile instead of one per 16-byte chunk */
+        constexpr int NI = (KEYS * CPR + NT - 1) / NT;
+        constexpr int KW = 32 / CPR;
+        constexpr bool SHARED_IDS = 32 % CPR == 0 && NT % 32 == 0 && KEYS * CPR % NT == 0 && NI * KW <= 32;
         auto load_tile = [&](int tile) {
             const int slot = tile % STAGES;
             T *dk = sK + (size_t)slot * KEYS * LD;
             T *dv = sV + (size_t)slot * KEYS * LD;
             const int k0 = t.kv0 + tile * KEYS;
+            if constexpr (SHARED_IDS) {
+                int pg_own = 0, pr_own = -1;
+                if (lane < NI * KW) {
+                    const int kidx = k0 + warp * KW + lane / NI + (lane % NI) * (NT / CPR);
+                    if (kidx < t.kv1) {
+                        const int pi = kidx / P;
+                        pg_own = pages[ps.page_off + pi];
+                        pr_own = kidx - pi * P;
+                    }
+                }
+                const int h = lane / CPR, ch = lane % CPR;
 #pragma unroll
-            for (int it = 0; it < (KEYS * CPR + NT - 1) / NT; it++) {
-                int c = tid + it * NT;
-                if (KEYS * CPR % NT == 0 || c < KEYS * CPR) {
-                    int key = c / CPR, ch = c - key * CPR;
-                    int kidx = k0 + key;
-                    int ok = kidx < t.kv1;
-                    int kk = ok ? kidx : t.kv0;
-                    int pg = pages[ps.page_off + kk / P];
-                    int64_t off = (int64_t)pg * page_stride + (int64_t)(kk % P) * Hkv * D + ch * 8;
-                    cp_async16(dk + key * LD + ch * 8, kbase + off, ok ? 16 : 0);
-                    cp_async16(dv + key * LD + ch * 8, vbase + off, ok ? 16 : 0);
+                for (int it = 0; it < NI; it++) {
+                    const int pg = __shfl_sync(0xffffffffu, pg_own, h * NI + it);
+                    const int pr = __shfl_sync(0xffffffffu, pr_own, h * NI + it);
+                    const int key = warp * KW + h + it * (NT / CPR);
+                    const int64_t off = (int64_t)pg * page_stride + (int64_t)(pr > 0 ? pr : 0) * (Hkv * D) + ch * 8;
+                    cp_async16(dk + key * LD + ch * 8, kbase + off, pr >= 0 ? 16 : 0);
+                    cp_async16(dv + key * LD + ch * 8, vbase + off, pr >= 0 ? 16 : 0);
+                }
+            } else {
+#pragma unroll
+                for (int it = 0; it < NI; it++) {
+                    int c = tid + it * NT;
+                    if (KEYS * CPR % NT == 0 || c < KEYS * CPR) {
+                        int key = c / CPR, ch = c - key * CPR;
+                        int kidx = k0 + key;
+                        int ok = kidx < t.kv1;
+                        int kk = ok ? kidx : t.kv0;
+                        int pg = pages[ps.page_off + kk / P];
+                        int64_t off = (int64_t)pg * page_stride + (int64_t)(kk % P) * Hkv * D + ch * 8;
+                        cp_async16(dk + key * LD + ch * 8, kbase + off, ok ? 16 : 0);
+                        cp_async16(dv + key * LD + ch * 8, vbase + off, ok ? 16 : 0);
+                    }
                 }
             }
         };
