@@ -408,9 +408,15 @@ __global__ void __launch_bounds__(C::NT)
 
 /* ---- merge kernels ------------------------------------------------------ */
 
-/* One warp per (merge token, q head): merges the token's scratch states. */
+/* One warp per (merge token, q head): merges the token's scratch states.
+ * The lanes look up 32 contributions at once (their offsets and lse), and
+ * the weighted sum loads eight states before it adds them, so that a warp
+ * waits for one round of loads per eight states instead of a chain of
+ * dependent loads per state; the sums run in contribution order as before.
+ * (Eight at a time needs the 128-register bound: ptxas capped D 128 at 64
+ * registers and spilled without it.) */
 template <int D>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 2)
     merge_plan_kernel(const char *__restrict__ plan, float *__restrict__ o,
                       float *__restrict__ lse, const float *__restrict__ scratch, int Hq) {
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
@@ -419,32 +425,59 @@ __global__ void __launch_bounds__(256)
     const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
     const int64_t *cl = reinterpret_cast<const int64_t *>(plan + h->off_contrib_lse);
     const int lane = threadIdx.x & 31;
+    constexpr int J = D / 32, U = 8;
     const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
     const int64_t n = (int64_t)h->n_merge_tok * Hq;
     for (int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; w < n; w += nw) {
         const int i = (int)(w / Hq), hh = (int)(w - (int64_t)i * Hq);
         const int tkn = mtok[i], c0 = indptr[i], c1 = indptr[i + 1];
         float m = -CUDART_INF_F;
-        for (int c = c0; c < c1; c++) m = fmaxf(m, scratch[cl[c] + hh]);
-        float acc[D / 32];
+        for (int c = c0 + lane; c < c1; c += 32) m = fmaxf(m, scratch[cl[c] + hh]);
 #pragma unroll
-        for (int j = 0; j < D / 32; j++) acc[j] = 0.f;
+        for (int x = 16; x > 0; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+        float acc[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) acc[j] = 0.f;
         float s = 0.f;
         if (m != -CUDART_INF_F) {
-            for (int c = c0; c < c1; c++) {
-                float l = scratch[cl[c] + hh];
-                if (l == -CUDART_INF_F) continue;
-                float f = __expf(l - m);
-                s += f;
-                const float *src = scratch + co[c] + (int64_t)hh * D;
+            for (int base = c0; base < c1; base += 32) {
+                /* lane k: contribution base + k (weight 0: an empty state, not read) */
+                float f = 0.f;
+                long long off = 0;
+                if (base + lane < c1) {
+                    const float l = scratch[cl[base + lane] + hh];
+                    if (l != -CUDART_INF_F) {
+                        f = __expf(l - m);
+                        off = co[base + lane] + (long long)hh * D;
+                    }
+                }
+                const int cnt = c1 - base < 32 ? c1 - base : 32;
+                for (int k0 = 0; k0 < cnt; k0 += U) {
+                    float fu[U], v[U][J];
 #pragma unroll
-                for (int j = 0; j < D / 32; j++) acc[j] += f * src[lane + 32 * j];
+                    for (int u = 0; u < U; u++) {
+                        fu[u] = __shfl_sync(0xffffffffu, f, (k0 + u) & 31);
+                        const long long ou = __shfl_sync(0xffffffffu, off, (k0 + u) & 31);
+                        const bool use = k0 + u < cnt && fu[u] != 0.f;
+#pragma unroll
+                        for (int j = 0; j < J; j++) v[u][j] = use ? scratch[ou + lane + 32 * j] : 0.f;
+                        if (!use) fu[u] = 0.f;
+                    }
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        if (fu[u] != 0.f) {
+                            s += fu[u];
+#pragma unroll
+                            for (int j = 0; j < J; j++) acc[j] += fu[u] * v[u][j];
+                        }
+                    }
+                }
             }
         }
         float *dst = o + ((int64_t)tkn * Hq + hh) * D;
         const float inv = s > 0.f ? 1.f / s : 0.f;
 #pragma unroll
-        for (int j = 0; j < D / 32; j++) dst[lane + 32 * j] = acc[j] * inv;
+        for (int j = 0; j < J; j++) dst[lane + 32 * j] = acc[j] * inv;
         if (lane == 0) lse[(int64_t)tkn * Hq + hh] = s > 0.f ? m + __logf(s) : -CUDART_INF_F;
     }
 }
