@@ -979,58 +979,33 @@ __global__ void __launch_bounds__(384, 1)
 /* ---- launchers ---------------------------------------------------------- */
 
 /* kinds: 3 plain, 4 next S during this softmax, 6 warp-specialized 128-key
- * tiles x 2 stages, 7 warp-specialized 64-key tiles x 4 stages, 8 kind 6
- * with the softmax of the next tile during this tile's P V */
+ * tiles x 3 stages, 7 warp-specialized 64-key tiles x 6 stages, 8 kind 6
+ * with the softmax of the next tile during this tile's P V, 9 kind 6 with
+ * the full tiles of K and V brought in by the bulk tensor copy engine (TMA)
+ * where the page size allows (tma_box_rows), 10 kind 9 in clusters of two
+ * CTAs that run pairs of tasks, K and V of a pair sharing its keys
+ * multicast to both (the planner pairs the row blocks of one KV chunk) */
+template <typename C_, typename T, void *(*F)()> struct wg_entry {
+    typedef C_ C;
+    static constexpr int NT = C::NT;
+    static constexpr size_t SMEM = C::SMEM;
+    static void *fn() { return F(); }
+};
+template <typename T, int D, bool OVL> void *wg_plain_fn() { return (void *)attn_wgmma_kernel<T, D, OVL>; }
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC> void *wg_ws_fn() {
+    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC>;
+}
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC>
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC>> {};
+
 template <typename T, int D, int KIND> struct wg_kernel;
-template <typename T, int D> struct wg_kernel<T, D, 3> {
-    typedef wg_cfg<D, false> C;
-    static constexpr int NT = C::NT;
-    static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_kernel<T, D, false>; }
-};
-template <typename T, int D> struct wg_kernel<T, D, 4> {
-    typedef wg_cfg<D, true> C;
-    static constexpr int NT = C::NT;
-    static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_kernel<T, D, true>; }
-};
-template <typename T, int D> struct wg_kernel<T, D, 6> {
-    typedef ws_cfg<D, 128, 3> C;
-    static constexpr int NT = C::NT;
-    static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, false, false>; }
-};
-template <typename T, int D> struct wg_kernel<T, D, 7> {
-    typedef ws_cfg<D, 64, 6> C;
-    static constexpr int NT = C::NT;
-    static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 64, 6, false, false, false>; }
-};
-
-template <typename T, int D> struct wg_kernel<T, D, 8> {
-    typedef ws_cfg<D, 128, 3> C;
-    static constexpr int NT = C::NT;
-    static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, true, false, false>; }
-};
-/* kind 9: kind 6's kernel with the full tiles of K and V brought in by the
- * bulk tensor copy engine (TMA) where the page size allows (tma_box_rows) */
-template <typename T, int D> struct wg_kernel<T, D, 9> {
-    typedef ws_cfg<D, 128, 3> C;
-    static constexpr int NT = C::NT;
-    static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true, false>; }
-};
-
-/* kind 10: kind 9 in clusters of two CTAs that run pairs of tasks, K and V
- * of a pair sharing its keys multicast to both (the planner pairs the row
- * blocks of one KV chunk) */
-template <typename T, int D> struct wg_kernel<T, D, 10> {
-    typedef ws_cfg<D, 128, 3> C;
-    static constexpr int NT = C::NT;
-    static constexpr size_t SMEM = C::SMEM;
-    static void *fn() { return (void *)attn_wgmma_ws_kernel<T, D, 128, 3, false, true, true>; }
-};
+template <typename T, int D> struct wg_kernel<T, D, 3> : wg_entry<wg_cfg<D, false>, T, wg_plain_fn<T, D, false>> {};
+template <typename T, int D> struct wg_kernel<T, D, 4> : wg_entry<wg_cfg<D, true>, T, wg_plain_fn<T, D, true>> {};
+template <typename T, int D> struct wg_kernel<T, D, 6> : wg_ws<T, D, 128, 3, false, false, false> {};
+template <typename T, int D> struct wg_kernel<T, D, 7> : wg_ws<T, D, 64, 6, false, false, false> {};
+template <typename T, int D> struct wg_kernel<T, D, 8> : wg_ws<T, D, 128, 3, true, false, false> {};
+template <typename T, int D> struct wg_kernel<T, D, 9> : wg_ws<T, D, 128, 3, false, true, false> {};
+template <typename T, int D> struct wg_kernel<T, D, 10> : wg_ws<T, D, 128, 3, false, true, true> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
