@@ -27,7 +27,7 @@ and bench/results/cpu-serve.md.
     python3 bench/serve_bench.py --url http://127.0.0.1:8000 --num-prompts 128
 """
 import argparse
-import http.client
+import asyncio
 import json
 import os
 import random
@@ -63,28 +63,49 @@ def model_id(url, key):
         return json.loads(r.read())["data"][0]["id"]
 
 
-def one_request(url, key, body, rec):
-    """Streams one completion; fills rec with timings (seconds) and counts."""
+async def one_request(url, key, body, rec):
+    """Streams one completion over one HTTP/1.1 connection; fills rec with
+    timings (seconds) and counts. All clients run in one asyncio thread, as
+    vLLM's benchmark does: a decode step's tokens for every stream wake that
+    one thread once, not one thread per stream."""
     u = urllib.parse.urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=3600)
-    headers = {"Content-Type": "application/json"}
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n")
     if key:
-        headers["Authorization"] = f"Bearer {key}"
+        head += f"Authorization: Bearer {key}\r\n"
     t0 = time.perf_counter()
     rec["start"] = t0
+    writer = None
     try:
-        conn.request("POST", "/v1/completions", json.dumps(body), headers)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            rec["error"] = f"HTTP {resp.status}: {resp.read()[:200]!r}"
+        reader, writer = await asyncio.open_connection(u.hostname, u.port)
+        writer.write(head.encode() + b"\r\n" + payload)
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        chunked = False
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            if k.strip().lower() == "transfer-encoding" and "chunked" in v.lower():
+                chunked = True
+        if status != 200:
+            rec["error"] = f"HTTP {status}: {(await reader.read(200))!r}"
             return
         chunks = []
         buf = b""
         done = False
         while not done:
-            data = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
-            if not data:
-                break
+            if chunked:
+                n = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                if n == 0:
+                    break
+                data = (await reader.readexactly(n + 2))[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    break
             buf += data
             while b"\n\n" in buf:
                 ev, buf = buf.split(b"\n\n", 1)
@@ -112,7 +133,8 @@ def one_request(url, key, body, rec):
     except Exception as e:  # noqa: BLE001 - a failed request is recorded, not fatal
         rec["error"] = f"{type(e).__name__}: {e}"
     finally:
-        conn.close()
+        if writer is not None:
+            writer.close()
 
 
 def pct(xs, p):
@@ -137,26 +159,27 @@ def summarize(name, xs, percentiles):
 
 def run_rate(args, url, model, rate, prompts):
     recs = [dict() for _ in prompts]
-    sem = threading.Semaphore(args.max_concurrency if args.max_concurrency > 0 else len(prompts))
     rng = random.Random(args.seed + 1)
-    threads = []
     m0 = scrape(url, args.api_key)
 
-    def go(i):
-        with sem:
-            body = {"model": model, "prompt": prompts[i], "max_tokens": args.output_tokens, "temperature": 0,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-            one_request(url, args.api_key, body, recs[i])
+    async def all_requests():
+        sem = asyncio.Semaphore(args.max_concurrency if args.max_concurrency > 0 else len(prompts))
+
+        async def go(i):
+            async with sem:
+                body = {"model": model, "prompt": prompts[i], "max_tokens": args.output_tokens, "temperature": 0,
+                        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                await one_request(url, args.api_key, body, recs[i])
+
+        tasks = []
+        for i in range(len(prompts)):
+            tasks.append(asyncio.create_task(go(i)))
+            if rate != float("inf") and i + 1 < len(prompts):
+                await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks)
 
     t_start = time.perf_counter()
-    for i in range(len(prompts)):
-        t = threading.Thread(target=go, args=(i,))
-        t.start()
-        threads.append(t)
-        if rate != float("inf") and i + 1 < len(prompts):
-            time.sleep(rng.expovariate(rate))
-    for t in threads:
-        t.join()
+    asyncio.run(all_requests())
     duration = time.perf_counter() - t_start
     m1 = scrape(url, args.api_key)
 
