@@ -70,28 +70,6 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, long *ou
 }
 
 /* "models/SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct.Q4_1" */
-/* The engine is created on a short-lived thread. Loading runs OpenMP
- * regions, and libgomp keeps the worker threads of a thread's regions until
- * that thread exits; loading on the main thread left an idle worker beside
- * the engine thread's own, and with more OpenMP threads than CPUs libgomp
- * cuts the time its workers spin between regions to almost nothing, so the
- * engine's workers slept and woke between every two regions of a step.
- * (cascade bench, which steps the engine on the loading thread, was about
- * 1.3x faster per step on 2 cores than the server for that reason.) */
-typedef struct {
-    cas_engine **e;
-    const cas_engine_opts *eo;
-    cas_status st;
-    char err[512];
-} create_job;
-
-static void *create_engine(void *arg) {
-    create_job *j = arg;
-    j->st = cas_engine_create(j->e, j->eo);
-    if (j->st != CAS_OK) snprintf(j->err, sizeof j->err, "%s", cas_last_error());
-    return NULL;
-}
-
 static char *file_stem(const char *path) {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
@@ -181,11 +159,8 @@ int cmd_serve(int argc, char **argv) {
     char *alias = file_stem(eo.model_path);
     fprintf(stderr, "serve: loading %s\n", eo.model_path);
     if (isatty(STDERR_FILENO)) eo.load_progress = load_bar;
-    create_job job = {.e = &e, .eo = &eo, .st = CAS_ERR_INTERNAL, .err = "cannot start the loading thread"};
-    pthread_t loader;
-    if (pthread_create(&loader, NULL, create_engine, &job) == 0) pthread_join(loader, NULL);
-    if (job.st != CAS_OK) {
-        fprintf(stderr, "serve: %s\n", job.err);
+    if (cas_engine_create(&e, &eo) != CAS_OK) {
+        fprintf(stderr, "serve: %s\n", cas_last_error());
         if (!strcmp(eo.model_path, DEFAULT_MODEL)) fprintf(stderr, "serve: run `make model` to fetch the default model\n");
         goto done;
     }
