@@ -1101,6 +1101,25 @@ static int tma_maps_for(tma_maps *m, const cas_cuda_geom *g, const void *k, cons
     return m->rows;
 }
 
+/* launch configuration of a cluster kind: clusters of wg_cluster::N CTAs,
+ * as many whole clusters as fit in `grid` CTAs (attr must outlive it) */
+template <typename T, int D, int KIND>
+static cudaLaunchConfig_t wg_cluster_cfg(cudaLaunchAttribute *attr, int grid, cudaStream_t st) {
+    typedef wg_kernel<T, D, KIND> K;
+    cudaLaunchConfig_t cfg = {};
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = wg_cluster<T, D, KIND>::N;
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid / wg_cluster<T, D, KIND>::N * wg_cluster<T, D, KIND>::N);
+    cfg.blockDim = dim3(K::NT);
+    cfg.dynamicSmemBytes = K::SMEM;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                      const void *q, float *o, float *lse, float *scratch, int grid, cudaStream_t st) {
@@ -1124,18 +1143,8 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                     (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg,
                     (void *)km, (void *)vm, (void *)&rows, (void *)kr, (void *)vr, (void *)&runs};
     if (wg_cluster<T, D, KIND>::N == 1) return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = wg_cluster<T, D, KIND>::N;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(grid / wg_cluster<T, D, KIND>::N * wg_cluster<T, D, KIND>::N);
-    cfg.blockDim = dim3(K::NT);
-    cfg.dynamicSmemBytes = K::SMEM;
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = wg_cluster_cfg<T, D, KIND>(&attr, grid, st);
     return (int)cudaLaunchKernelExC(&cfg, K::fn(), args);
 }
 
@@ -1158,17 +1167,8 @@ template <typename T, int D, int KIND> static int wg_cluster_grid(int *ctas) {
     if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return (int)e;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = wg_cluster<T, D, KIND>::N;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(sms / wg_cluster<T, D, KIND>::N * wg_cluster<T, D, KIND>::N);
-    cfg.blockDim = dim3(K::NT);
-    cfg.dynamicSmemBytes = K::SMEM;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = wg_cluster_cfg<T, D, KIND>(&attr, sms, 0);
     if ((e = cudaOccupancyMaxActiveClusters(&n, (const void *)K::fn(), &cfg)) != cudaSuccess) return (int)e;
     *ctas = n * wg_cluster<T, D, KIND>::N;
     return 0;
