@@ -38,11 +38,6 @@ struct cas_cuda_attn {
     cas_cuda_geom geom;
     int device, num_sms, occ_wide, occ_narrow;
     int wide_grid; /* CTAs of the many-rows kernel's persistent grid */
-    int narrow_grid; /* CTAs of the narrow kernel's persistent grid */
-    /* > 0: the narrow kernel gets this many SMs and the many-rows kernel
-     * (one CTA per SM) the others, launched first, so that the two run side
-     * by side (CASCADE_CUDA_NARROW_SMS, an experiment) */
-    int narrow_sms;
     int wide_kind, wide_rows; /* kernel kind of the many-rows tasks and its rows per CTA */
     /* passes of more than CAS_CUDA_NARROW_ROWS and at most mid_rows rows per
      * KV head go to the 64-row mma.sync kernel (mid task list) when the
@@ -181,15 +176,6 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
             goto fail;
         }
         a->wide_grid = a->num_sms * a->occ_wide;
-        a->narrow_grid = a->num_sms * a->occ_narrow;
-        const char *nenv = getenv("CASCADE_CUDA_NARROW_SMS");
-        a->narrow_sms = nenv && *nenv ? atoi(nenv) : 0;
-        if (a->narrow_sms < 0 || a->narrow_sms >= a->num_sms || a->occ_wide != 1 || a->wide_kind == 10)
-            a->narrow_sms = 0;
-        if (a->narrow_sms > 0) {
-            a->wide_grid = a->num_sms - a->narrow_sms;
-            a->narrow_grid = a->narrow_sms * a->occ_narrow;
-        }
         if (a->wide_kind == 10) { /* clusters of two: the pairs that fit at once */
             int ctas = 0, e4 = cas_cuda_wgmma_cluster_grid(&a->geom, a->wide_kind, &ctas);
             if (e4 || ctas < 2) {
@@ -755,36 +741,29 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
         return cas_error(CAS_ERR_INVALID, "cuda attn run: NULL argument");
     int e;
     /* narrow tasks (decode rows, memory bound) on the side stream, wide ones
-     * (many rows, tensor-core bound) on the caller's: they overlap. With
-     * narrow_sms the wide kernel is launched first, on the SMs it leaves. */
+     * (many rows, tensor-core bound) on the caller's: they overlap */
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_fork, stream));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side, a->ev_fork, 0));
-    for (int step = 0; step < 2; step++) {
-        const int narrow = (step == 0) == (a->narrow_sms == 0);
-        if (narrow) {
-            e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0, a->narrow_grid,
-                                     a->side);
-            if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__,
-                                    __LINE__, cas_cuda_error_string(e));
-            CAS_CUDA_CHECK(cudaEventRecord(a->ev_join, a->side));
-            /* mid tasks (a few rows per KV head, 64-row mma.sync) on a second
-             * side stream: launched whenever the context has the list, so
-             * that a graph captured once stays valid for every plan */
-            if (a->mid_rows > 0) {
-                CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side2, a->ev_fork, 0));
-                e = cas_cuda_launch_attn_mid(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->mid_grid,
-                                             a->side2);
-                if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: mid attention launch: %s", __FILE__,
-                                        __LINE__, cas_cuda_error_string(e));
-                CAS_CUDA_CHECK(cudaEventRecord(a->ev_join2, a->side2));
-            }
-        } else {
-            e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
-                                     a->wide_grid, stream);
-            if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__,
-                                    __LINE__, cas_cuda_error_string(e));
-        }
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
+                             a->num_sms * a->occ_narrow, a->side);
+    if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
+                            cas_cuda_error_string(e));
+    CAS_CUDA_CHECK(cudaEventRecord(a->ev_join, a->side));
+    /* mid tasks (a few rows per KV head, 64-row mma.sync) on a second side
+     * stream: launched whenever the context has the list, so that a graph
+     * captured once stays valid for every plan */
+    if (a->mid_rows > 0) {
+        CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side2, a->ev_fork, 0));
+        e = cas_cuda_launch_attn_mid(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->mid_grid,
+                                     a->side2);
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: mid attention launch: %s", __FILE__,
+                                __LINE__, cas_cuda_error_string(e));
+        CAS_CUDA_CHECK(cudaEventRecord(a->ev_join2, a->side2));
     }
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
+                             a->wide_grid, stream);
+    if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
+                            cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));
     if (a->mid_rows > 0) CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join2, 0));
     e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
