@@ -29,6 +29,14 @@
  * 24 grid cases with 32-64 rows per KV head (1.10x in geometric mean, same
  * run; bench/NOTES.md, v4d). CASCADE_CUDA_MID_ROWS=64 turns it on. */
 #define CAS_CUDA_DEFAULT_MID_ROWS 0
+/* Kind 11: decode tails of at most this many rows per KV head (tokens x
+ * group heads: the N of the tail warps' transposed products) run on the
+ * many-rows kernel's spare producer warps, split into tasks of about
+ * CAS_CUDA_DEFAULT_FUSE_CHUNK keys (the tail warps take them one at a time
+ * and stop when their CTA's consumers are done: smaller tasks end closer
+ * together, more of them cost more states to merge). */
+#define CAS_CUDA_FUSED_ROWS 8
+#define CAS_CUDA_DEFAULT_FUSE_CHUNK 256
 
 #define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
 
@@ -44,18 +52,23 @@ struct cas_cuda_attn {
      * many-rows kernel is wgmma, whose 128-row CTA would be mostly padding;
      * 0: no mid list (every such pass on the many-rows kernel) */
     int mid_rows, occ_mid, mid_grid;
+    /* kind 11: decode-tail passes of at most CAS_CUDA_FUSED_ROWS rows go to
+     * the fused list, in chunks of about fuse_chunk keys, when the plan has
+     * many-rows work for them to run beside */
+    int fuse_chunk;
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
     /* pinned staging and its device copy */
     char *stage;
     char *dplan;
     float *dscratch;
+    int *dcounter; /* kind 11: the fused list's next task (zeroed by each run) */
     cudaEvent_t upload_done, ev_fork, ev_join, ev_join2;
     cudaStream_t side, side2;
 
     /* host work arrays (allocated at create) */
-    cas_cuda_task *tw, *tn, *tm; /* [2 cap_tasks] wide (kind 10: pairs with stand-ins),
-                                    [cap_tasks] narrow, mid */
+    cas_cuda_task *tw, *tn, *tm, *tf; /* [2 cap_tasks] wide (kind 10: pairs with stand-ins),
+                                         [cap_tasks] narrow, mid, fused */
     cas_cuda_task *tp;           /* [2 cap_tasks] kind 10: the pairs being built */
     int32_t *cnt, *fill;     /* [max_total_q] */
     int32_t *direct_tok;     /* [max_total_q] */
@@ -73,6 +86,7 @@ static int64_t plan_bytes_cap(const cas_cuda_attn_caps *c, int64_t cap_tasks, in
     b += ALIGN16(c->max_page_ids * 4);
     b += 2 * ALIGN16((int64_t)c->max_tok_rows * 4);
     b += 4 * ALIGN16(cap_tasks * (int64_t)sizeof(cas_cuda_task)); /* the wide list twice */
+    b += 16; /* the fused list: its tasks are counted in the narrow list's capacity */
     b += ALIGN16((int64_t)c->max_total_q * 4) + ALIGN16(((int64_t)c->max_total_q + 1) * 4);
     b += 2 * ALIGN16(cap_states * 8);
     return b + 64;
@@ -83,6 +97,7 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     if (a->stage) cudaFreeHost(a->stage);
     if (a->dplan) cudaFree(a->dplan);
     if (a->dscratch) cudaFree(a->dscratch);
+    if (a->dcounter) cudaFree(a->dcounter);
     if (a->upload_done) cudaEventDestroy(a->upload_done);
     if (a->ev_fork) cudaEventDestroy(a->ev_fork);
     if (a->ev_join) cudaEventDestroy(a->ev_join);
@@ -93,6 +108,7 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     free(a->tp);
     free(a->tn);
     free(a->tm);
+    free(a->tf);
     free(a->cnt);
     free(a->fill);
     free(a->direct_tok);
@@ -149,15 +165,17 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
          * softmax of the next tile during this tile's P V) or 9 (kind 6 with
          * full tiles loaded by the bulk tensor copy engine, TMA, where the
          * page size allows) or 10 (kind 9 in clusters of two CTAs, K and V
-         * multicast to the pair of row blocks of one KV chunk) forces a kind
-         * (benchmarks, tests); a kind the device lacks falls back to 1. */
+         * multicast to the pair of row blocks of one KV chunk) or 11 (kind 9
+         * whose spare producer warps run the decode tails beside the
+         * many-rows tasks) forces a kind (benchmarks, tests); a kind the
+         * device lacks falls back to 1. */
         int major = 0, minor = 0;
         TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a->device));
         TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a->device));
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || kind > 10 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || kind > 11 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -165,7 +183,12 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
          * threshold (rows per KV head of a pass) */
         const char *menv = getenv("CASCADE_CUDA_MID_ROWS");
         a->mid_rows = kind >= 3 ? (menv && *menv ? atoi(menv) : CAS_CUDA_DEFAULT_MID_ROWS) : 0;
-        if (a->mid_rows <= CAS_CUDA_NARROW_ROWS) a->mid_rows = 0;
+        if (a->mid_rows <= CAS_CUDA_NARROW_ROWS || kind == 11) a->mid_rows = 0;
+        /* CASCADE_CUDA_FUSE_CHUNK: keys per fused task (default 256) */
+        const char *fenv = getenv("CASCADE_CUDA_FUSE_CHUNK");
+        a->fuse_chunk = fenv && *fenv ? atoi(fenv) : CAS_CUDA_DEFAULT_FUSE_CHUNK;
+        if (a->fuse_chunk < 16) a->fuse_chunk = 16;
+        a->fuse_chunk = (a->fuse_chunk + 15) / 16 * 16;
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
@@ -207,6 +230,8 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     TRY(cudaMallocHost((void **)&a->stage, (size_t)a->cap_bytes));
     TRY(cudaMalloc((void **)&a->dplan, (size_t)a->cap_bytes));
     TRY(cudaMalloc((void **)&a->dscratch, (size_t)(a->scratch_floats > 0 ? a->scratch_floats : 1) * 4));
+    TRY(cudaMalloc((void **)&a->dcounter, 256));
+    TRY(cudaMemset(a->dcounter, 0, 256));
     memset(a->stage, 0, (size_t)a->cap_bytes);
     TRY(cudaMemset(a->dplan, 0, (size_t)a->cap_bytes)); /* an empty plan: zero tasks */
     TRY(cudaEventCreateWithFlags(&a->upload_done, cudaEventDisableTiming));
@@ -222,6 +247,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->tp = malloc(sizeof(cas_cuda_task) * 2 * (size_t)a->cap_tasks);
     a->tn = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
     a->tm = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
+    a->tf = malloc(sizeof(cas_cuda_task) * (size_t)a->cap_tasks);
     a->cnt = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->fill = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->direct_tok = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
@@ -231,7 +257,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->flat_passes = malloc(sizeof(cas_attn_pass) * (size_t)caps->max_passes);
     a->flat_ids = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->flat_pos = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
-    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
+    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->tf || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
         !a->job_off) {
         st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
         goto fail;
@@ -432,6 +458,15 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     /* wait until the previous upload has read the staging */
     CAS_CUDA_CHECK(cudaEventSynchronize(a->upload_done));
 
+    /* kind 11: which passes go to the fused list (decode tails beside a
+     * many-rows pass; without one there is nothing to run them beside and
+     * the narrow kernel is faster) */
+    int has_wide = 0;
+    for (int32_t i = 0; i < n_passes && a->wide_kind == 11; i++)
+        if (pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_WIDE && passes[i].len > 0) has_wide = 1;
+#define FUSED(i) (has_wide && passes[i].n_tok > 0 && (int64_t)passes[i].n_tok * group <= CAS_CUDA_FUSED_ROWS)
+    int64_t Lf = a->fuse_chunk;
+
     /* split-KV: aim for a couple of waves of CTAs */
     int64_t work = 0; /* CTA x keys */
     for (int32_t i = 0; i < n_passes; i++) {
@@ -459,7 +494,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         for (int32_t i = 0; i < n_passes; i++) {
             int32_t len = passes[i].len;
             const int cls = pass_class(a, (int64_t)passes[i].n_tok * group);
-            const int64_t Li = cls == CLS_WIDE ? Lw : cls == CLS_MID ? Lm : L;
+            const int64_t Li = cls == CLS_WIDE ? Lw : cls == CLS_MID ? Lm : FUSED(i) ? (Lf < L ? Lf : L) : L;
             int32_t ns = (int32_t)((len + Li - 1) / Li);
             if (ns < 1) ns = 1;
             if (ns > cp->max_split) ns = cp->max_split;
@@ -479,6 +514,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         L *= 2;
         Lw *= 2;
         Lm *= 2;
+        Lf *= 2;
     }
 
     /* contributions per token, direct passes */
@@ -540,7 +576,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     }
 
     /* tasks */
-    int32_t nw = 0, nn = 0, nmid = 0;
+    int32_t nw = 0, nn = 0, nmid = 0, nf = 0;
     int64_t kv_read = 0;
     for (int32_t i = 0; i < n_passes; i++) {
         const cas_attn_pass *p = &passes[i];
@@ -591,6 +627,9 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                     } else if (cls == CLS_MID) {
                         t.pad = nmid;
                         a->tm[nmid++] = t;
+                    } else if (FUSED(i)) {
+                        t.pad = nf;
+                        a->tf[nf++] = t;
                     } else {
                         t.pad = nn;
                         a->tn[nn++] = t;
@@ -603,9 +642,12 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     else qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tm, (size_t)nmid, sizeof(cas_cuda_task), cmp_task);
+    qsort(a->tf, (size_t)nf, sizeof(cas_cuda_task), cmp_task);
+#undef FUSED
     for (int32_t i = 0; i < nw; i++) a->tw[i].pad = 0;
     for (int32_t i = 0; i < nn; i++) a->tn[i].pad = 0;
     for (int32_t i = 0; i < nmid; i++) a->tm[i].pad = 0;
+    for (int32_t i = 0; i < nf; i++) a->tf[i].pad = 0;
     h->off_tasks_wide = off;
     memcpy(S + off, a->tw, (size_t)nw * sizeof(cas_cuda_task));
     off = ALIGN16(off + (int64_t)nw * (int64_t)sizeof(cas_cuda_task));
@@ -615,6 +657,9 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->off_tasks_mid = off;
     memcpy(S + off, a->tm, (size_t)nmid * sizeof(cas_cuda_task));
     off = ALIGN16(off + (int64_t)nmid * (int64_t)sizeof(cas_cuda_task));
+    h->off_tasks_fused = off;
+    memcpy(S + off, a->tf, (size_t)nf * sizeof(cas_cuda_task));
+    off = ALIGN16(off + (int64_t)nf * (int64_t)sizeof(cas_cuda_task));
 
     /* merge lists */
     int32_t nm = 0;
@@ -662,6 +707,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->n_tasks_wide = nw;
     h->n_tasks_narrow = nn;
     h->n_tasks_mid = nmid;
+    h->n_tasks_fused = nf;
     h->total_q = total_q;
     h->n_merge_tok = nm;
     h->causal = params->causal ? 1 : 0;
@@ -676,6 +722,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     a->info.tasks_wide = nw;
     a->info.tasks_narrow = nn;
     a->info.tasks_mid = nmid;
+    a->info.tasks_fused = nf;
     a->info.merge_tokens = nm;
     a->info.contribs = ncontrib;
     a->info.plan_bytes = off;
@@ -740,6 +787,21 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
     if (!a || !k || !v || !q || !o || !lse)
         return cas_error(CAS_ERR_INVALID, "cuda attn run: NULL argument");
     int e;
+    if (a->wide_kind == 11) {
+        /* the many-rows kernel with the decode tails on its spare warps, then
+         * the narrow kernel (a programmatic dependent: its CTAs take SMs as
+         * they free up) for its own list and the fused tasks left; one
+         * stream, the counter zeroed first (a memset node in a graph) */
+        CAS_CUDA_CHECK(cudaMemsetAsync(a->dcounter, 0, sizeof(int), stream));
+        e = cas_cuda_launch_attn_fused(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->dcounter,
+                                       a->wide_grid, a->num_sms * a->occ_narrow, stream);
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: fused attention launch: %s", __FILE__,
+                                __LINE__, cas_cuda_error_string(e));
+        e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
+                                cas_cuda_error_string(e));
+        return CAS_OK;
+    }
     /* narrow tasks (decode rows, memory bound) on the side stream, wide ones
      * (many rows, tensor-core bound) on the caller's: they overlap */
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_fork, stream));
@@ -794,6 +856,7 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     if (!a) return "none";
     switch (a->wide_kind) {
+    case 11: return "wgmma-ws-tma-tails";
     case 10: return "wgmma-ws-mc";
     case 9: return "wgmma-ws-tma";
     case 8: return "wgmma-ws-overlap";

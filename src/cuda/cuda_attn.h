@@ -118,6 +118,7 @@ cas_attn_cost cas_cuda_attn_cost(void);
 typedef struct {
     int32_t passes, tasks_wide, tasks_narrow, merge_tokens, contribs;
     int32_t tasks_mid; /* tasks of few-row passes on mma.sync next to wgmma */
+    int32_t tasks_fused; /* kind 11: decode-tail tasks run beside the many-rows tasks */
     int64_t plan_bytes;     /* bytes uploaded */
     int64_t kv_tokens_read; /* per KV head, over all tasks (each row block reads its range) */
 } cas_cuda_attn_info;
@@ -126,9 +127,11 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info);
 /* The many-rows (shared pass, prefill) kernel this context runs: "wgmma"
  * (Hopper, head_dim 128), "wgmma-overlap", "wgmma-ws" (warp-specialized),
  * "wgmma-ws64", "wgmma-ws-overlap", "wgmma-ws-tma" (TMA page loads),
- * "mma.sync" or "mma.sync-2mtile".
- * Chosen at create; the environment variable CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9
- * forces one (a kind the device lacks falls back to mma.sync). */
+ * "wgmma-ws-mc" (clusters, multicast), "wgmma-ws-tma-tails" (TMA, decode
+ * tails on the spare producer warps), "mma.sync" or "mma.sync-2mtile".
+ * Chosen at create; the environment variable
+ * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11 forces one (a kind the device lacks
+ * falls back to mma.sync). */
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
 
 /* Merges of attention states in device memory (f32), the semantics of

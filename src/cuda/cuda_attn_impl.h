@@ -67,8 +67,13 @@ typedef struct {
     int32_t group;          /* Hq / Hkv */
     int32_t n_tasks_mid;    /* tasks of passes with few rows per KV head for the 64-row
                                mma.sync kernel when the many-rows kernel is wgmma */
+    int32_t n_tasks_fused;  /* kind 11: decode-tail tasks (at most 8 rows) that the
+                               many-rows kernel's spare producer warps and then the narrow
+                               kernel take from a shared counter (cas_cuda_launch_attn_fused) */
+    int32_t pad0;
     int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,
-        off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse, off_tasks_mid;
+        off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse, off_tasks_mid,
+        off_tasks_fused;
     int64_t block_bytes;    /* bytes of the whole block */
 } cas_cuda_plan_hdr;
 
@@ -96,6 +101,17 @@ int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k
 int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const void *k,
                              const void *v, const void *q, float *o, float *lse, float *scratch,
                              int grid, void *stream);
+/* Kind 11: the many-rows kernel (wgmma, TMA) whose producer warpgroup runs
+ * the fused list's decode tails on its three spare warps while the
+ * consumers run the many-rows tasks, then the narrow kernel (its own list,
+ * then what is left of the fused list), launched as a programmatic
+ * dependent of the first so that its CTAs take SMs as they free up.
+ * counter (device int) must be zero before the launch; the two kernels
+ * take fused tasks from it. wide_grid: CTAs of the many-rows kernel,
+ * narrow_grid: of the narrow one. */
+int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k,
+                               const void *v, const void *q, float *o, float *lse, float *scratch,
+                               int *counter, int wide_grid, int narrow_grid, void *stream);
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,
                           const float *scratch, int grid, void *stream);
 /* CTAs per SM the attention kernel reaches (occupancy), for the grid size.
@@ -114,13 +130,15 @@ const char *cas_cuda_error_string(int err);
  * 4 (the next tile's S overlaps this tile's softmax), 6 and 7
  * (warp-specialized, 128- and 64-key tiles), 8 (6 with the next tile's
  * softmax during this tile's P V), 9 (6 with TMA page loads), 10 (9 in
- * clusters of two, pairs of tasks sharing keys multicast): head_dim 128 only
+ * clusters of two, pairs of tasks sharing keys multicast), 11 (9 whose
+ * spare producer warps run decode tails; counter: see
+ * cas_cuda_launch_attn_fused, NULL for the other kinds): head_dim 128 only
  * (cas_cuda_wgmma_supported); the launch and occupancy calls of those kinds
  * forward here. */
 int cas_cuda_wgmma_supported(int D);
 int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,
-                               int kind, int grid, void *stream);
+                               int *counter, int kind, int grid, void *stream);
 int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm);
 /* Kind 10 runs in clusters of two CTAs over a list of task pairs (see the
  * planner): *ctas is its persistent grid (clusters that fit at once x 2);

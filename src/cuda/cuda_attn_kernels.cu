@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(C::NT)
     attn_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                 const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                 float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
-                int list) {
+                int list, int *counter) {
     constexpr int D = C::D, WN = C::WN, MT = C::MT, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
     constexpr int ROWS = C::ROWS, KEYS = C::KEYS, LD = C::LD, CPR = C::CPR;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -92,8 +92,7 @@ __global__ void __launch_bounds__(C::NT)
     const int wm = warp % C::WM, wn = warp / C::WM;
     const int64_t page_stride = (int64_t)P * Hkv * D; /* elements per page */
 
-    for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) {
-        const cas_cuda_task t = tasks[ti];
+    auto run_task = [&](const cas_cuda_task &t) {
         const cas_cuda_pass ps = passes[t.pass];
         for (int r0 = tid; r0 < ROWS; r0 += NT) {
             int r = r0 < t.nrows ? r0 : t.nrows - 1; /* padding rows repeat the last row */
@@ -403,6 +402,28 @@ __global__ void __launch_bounds__(C::NT)
             }
         }
         __syncthreads();
+    };
+    for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) run_task(tasks[ti]);
+    if (counter && list == 0) {
+        /* kind 11: the fused list's tasks that the many-rows kernel's tail
+         * warps have not taken, one at a time from the shared counter */
+        __shared__ int s_next;
+        const int nf = h->n_tasks_fused;
+        const cas_cuda_task *ft = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_fused);
+        for (;;) {
+            if (tid == 0) s_next = atomicAdd(counter, 1);
+            __syncthreads();
+            const int ti = s_next;
+            __syncthreads();
+            if (ti >= nf) break;
+            run_task(ft[ti]);
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        /* launched as a programmatic dependent of the many-rows kernel: do
+         * not complete before it, so that the merge after this grid sees
+         * both */
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
     }
 }
 
@@ -543,8 +564,29 @@ static int launch_one(const cas_cuda_geom *g, const void *plan, const void *k, c
                       cudaStream_t st) {
     attn_kernel<T, C><<<grid, C::NT, C::SMEM, st>>>(
         (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq,
-        g->Hkv, g->page_size, list);
+        g->Hkv, g->page_size, list, (int *)NULL);
     return (int)cudaGetLastError();
+}
+
+/* the narrow kernel over its list and then the fused list (counter), as a
+ * programmatic dependent of the kernel launched before it on st */
+template <typename T, typename C>
+static int launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
+                             const void *q, float *o, float *lse, float *scratch, int *counter,
+                             int grid, cudaStream_t st) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(C::NT);
+    cfg.dynamicSmemBytes = C::SMEM;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelEx(&cfg, attn_kernel<T, C>, (const char *)plan, (const T *)k,
+                                   (const T *)v, (const T *)q, o, lse, scratch, g->Hq, g->Hkv,
+                                   g->page_size, 0, counter);
 }
 
 template <typename T, typename C> static int occ_one(int *ctas) {
@@ -589,11 +631,25 @@ extern "C" int cas_cuda_wide_rows(int D, int kind) {
 extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
                                     const void *v, const void *q, float *o, float *lse,
                                     float *scratch, int wide, int grid, void *stream) {
-    if (wide >= 3) return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, wide, grid, stream);
+    if (wide >= 3)
+        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, NULL, wide, grid, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
                  rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide != 0, grid,
                                           (cudaStream_t)stream)));
+    return rc;
+}
+
+extern "C" int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k,
+                                          const void *v, const void *q, float *o, float *lse,
+                                          float *scratch, int *counter, int wide_grid,
+                                          int narrow_grid, void *stream) {
+    int rc = cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, counter, 11, wide_grid, stream);
+    if (rc) return rc;
+    rc = (int)cudaErrorInvalidValue;
+    CAS_DISPATCH(g, 0,
+                 rc = (launch_narrow_pdl<T_, C_>(g, plan, k, v, q, o, lse, scratch, counter,
+                                                 narrow_grid, (cudaStream_t)stream)));
     return rc;
 }
 

@@ -494,14 +494,282 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
+/* ---- decode tails on the producer's spare warps (kind 11) -----------------
+ *
+ * With TMA only warp 0 of the producer warpgroup issues copies; in kind 11
+ * its warps 1-3 run the plan's fused list: decode tails (a task of at most 8
+ * rows: a request's group heads over a chunk of its own KV) while the
+ * consumers keep the tensor cores on the shared pass. Each warp takes a task
+ * from a counter shared with the narrow kernel (launched after this one, it
+ * takes what is left) and stops taking once the consumers of its CTA are
+ * done, so that the SM goes to the narrow kernel.
+ *
+ * A warp computes the tail transposed, keys as the M dimension of mma.sync
+ * m16n8k16, so that 8 rows fill N and the accumulators fit the producer's
+ * registers: S^T = K Q^T (16 keys x 8 rows, Q as B fragments in registers),
+ * the online softmax per column, then O^T += V^T P^T with d as M (D/16
+ * m-tiles of 16 x 8). P^T comes out of the S^T accumulators as 8 x 8 blocks
+ * with keys on rows; movmatrix transposes each into the B fragment. K and V
+ * (16 keys each) are staged by cp.async, rows padded by 16 bytes (ldmatrix
+ * without bank conflicts, addresses as immediate offsets from one base per
+ * lane); K of the next 16 keys loads during this block's softmax and P V, V
+ * of the next during the next S, and the L2 is asked for the keys TL_PF
+ * blocks ahead. */
+template <int D> struct tail_cfg {
+    static constexpr int CPR = D / 8;
+    static constexpr uint32_t LDB = D * 2 + 16; /* row pitch, bytes */
+    static constexpr uint32_t KV_BYTES = 16 * LDB;
+    static constexpr uint32_t WARP_BYTES = 2 * KV_BYTES;
+    static constexpr int WARPS = 3;
+    static constexpr uint32_t BYTES = WARPS * WARP_BYTES;
+    static_assert(CPR >= 8 && 32 % CPR == 0, "tail warps: head_dim 64 or 128");
+};
+#define TL_PF 4
+__device__ __forceinline__ uint32_t movm_t(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+__device__ __forceinline__ void ldsm_x4_a(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_ta(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const T *__restrict__ kpool,
+                                           const T *__restrict__ vpool, const T *__restrict__ q,
+                                           float *__restrict__ o, float *__restrict__ lse,
+                                           float *__restrict__ scratch, int Hq, int Hkv, int P,
+                                           int *counter, uint32_t area, const volatile int *cdone,
+                                           int ndone) {
+    typedef tail_cfg<D> C;
+    constexpr int CPR = C::CPR, KPI = 32 / CPR, NKS = D / 16;
+    constexpr uint32_t LDB = C::LDB;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
+    const int nf = h->n_tasks_fused;
+    const float sl = h->soft_cap > 0.f ? 1.f : h->scale_log2;
+    const uint32_t sK = area, sV = area + C::KV_BYTES;
+    /* per-lane bases: ldmatrix of K (A fragment of S^T, k-step ks at + 32 ks),
+     * ldmatrix.trans of V (A fragment of O^T, m-tile i at + 32 i), cp.async
+     * destination (chunk lane % CPR of key lane / CPR, + n KPI rows) */
+    const uint32_t kA = sK + (uint32_t)((lane & 7) + ((lane >> 3) & 1) * 8) * LDB + (uint32_t)(lane >> 4) * 16;
+    const uint32_t vA = sV + (uint32_t)((lane & 7) + (lane >> 4) * 8) * LDB + (uint32_t)((lane >> 3) & 1) * 16;
+    const uint32_t dK = sK + (uint32_t)(lane / CPR) * LDB + (uint32_t)(lane % CPR) * 16;
+    const int page_stride = P * Hkv * D, row_stride = Hkv * D;
+    for (;;) {
+        int ti = 0;
+        if (lane == 0) ti = *cdone >= ndone ? nf : atomicAdd(counter, 1);
+        ti = __shfl_sync(0xffffffffu, ti, 0);
+        if (ti >= nf) break;
+        const cas_cuda_task *tp = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_fused) + ti;
+        const int kv0 = tp->kv0, kv1 = tp->kv1, nrows = tp->nrows, row0 = tp->row0, kvh = tp->kv_head;
+        const cas_cuda_pass *pp = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes) + tp->pass;
+        const int32_t *pg_list = reinterpret_cast<const int32_t *>(plan + h->off_pages) + pp->page_off;
+        const int tok_off = pp->tok_off, pos0 = pp->pos0, group = h->group;
+        const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos) + tok_off;
+        const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids) + tok_off;
+        const T *kb = kpool + (int64_t)kvh * D + (lane % CPR) * 8;
+        const T *vb = vpool + (int64_t)kvh * D + (lane % CPR) * 8;
+        /* Q of row g as B fragments (k-step ks: d 16 ks + 2c, + 8), zero past nrows */
+        uint32_t qf[NKS][2];
+        {
+            const int r = g < nrows ? g : nrows - 1, row = row0 + r, tk = row / group;
+            const unsigned int *qr = reinterpret_cast<const unsigned int *>(
+                q + ((int64_t)tok_ids[tk] * Hq + kvh * group + (row - tk * group)) * D + 2 * c);
+#pragma unroll
+            for (int ks = 0; ks < NKS; ks++) {
+                qf[ks][0] = g < nrows ? __ldg(qr + 8 * ks) : 0u;
+                qf[ks][1] = g < nrows ? __ldg(qr + 8 * ks + 4) : 0u;
+            }
+        }
+        /* this thread's S^T / O^T columns are rows 2c and 2c + 1 (padding rows repeat the last) */
+        int qp[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = 2 * c + e < nrows ? 2 * c + e : nrows - 1;
+            qp[e] = tok_pos[(row0 + r) / group];
+        }
+        const int nb = kv1 > kv0 ? (kv1 - kv0 + 15) / 16 : 0;
+        /* lane j < 16 looks up key j of block b: page id and row (-1: past the range) */
+        auto lookup = [&](int b, int &pg, int &pr) {
+            const int kidx = kv0 + b * 16 + (lane & 15);
+            pg = pg_list[0];
+            pr = -1;
+            if (kidx < kv1) {
+                const int pi = kidx / P;
+                pg = pg_list[pi];
+                pr = kidx - pi * P;
+            }
+        };
+        auto issue = [&](uint32_t dst, const T *base, int pg, int pr) {
+#pragma unroll
+            for (int n = 0; n < 16 / KPI; n++) {
+                const int key = lane / CPR + n * KPI;
+                const int pgk = __shfl_sync(0xffffffffu, pg, key), prk = __shfl_sync(0xffffffffu, pr, key);
+                const T *src = base + (int64_t)pgk * page_stride + (prk > 0 ? prk : 0) * row_stride;
+                cp_async16_s(dst + (uint32_t)(n * KPI) * LDB, src, prk >= 0 ? 16 : 0);
+            }
+        };
+        /* L2 prefetch of block b: lane l takes key l / 2, half l % 2 of its K and V rows */
+        auto prefetch = [&](int b) {
+            const int kidx = kv0 + b * 16 + (lane >> 1);
+            if (b < nb && kidx < kv1) {
+                const int pi = kidx / P;
+                const int64_t off = (int64_t)pg_list[pi] * page_stride + (kidx - pi * P) * row_stride +
+                                    (lane & 1) * (D / 2) - (lane % CPR) * 8;
+                prefetch_l2(kb + off);
+                prefetch_l2(vb + off);
+            }
+        };
+        for (int b = 1; b < TL_PF && b < nb; b++) prefetch(b);
+        {
+            int pg = 0, pr = -1;
+            if (nb > 0) {
+                lookup(0, pg, pr);
+                issue(dK, kb, pg, pr);
+            }
+            cp_async_commit();
+            if (nb > 0) issue(dK + C::KV_BYTES, vb, pg, pr);
+            cp_async_commit();
+        }
+
+        float oacc[NKS][4];
+#pragma unroll
+        for (int i = 0; i < NKS; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+        float mrow[2] = {-CUDART_INF_F, -CUDART_INF_F}, lrow[2] = {0.f, 0.f};
+        for (int b = 0; b < nb; b++) {
+            int pgn = 0, prn = -1;
+            if (b + 1 < nb) lookup(b + 1, pgn, prn);
+            prefetch(b + TL_PF);
+            cp_async_wait<1>();
+            __syncwarp();
+            /* S^T = K Q^T: 16 keys x 8 rows */
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int ks = 0; ks < NKS; ks++) {
+                uint32_t ka[4];
+                ldsm_x4_a(ka, kA + 32 * ks);
+                mma_op<T>::run(s, ka, qf[ks][0], qf[ks][1]);
+            }
+            __syncwarp();
+            if (b + 1 < nb) issue(dK, kb, pgn, prn);
+            cp_async_commit();
+            /* s[e]: key g, row 2c + e; s[2 + e]: key g + 8 */
+            const int kb0 = kv0 + b * 16;
+            const int causal = h->causal, window = h->window_left;
+            const bool full = kb0 + 16 <= kv1 && (!causal || pos0 + kb0 + 15 <= tp->qpos_min) &&
+                              (window < 0 || pos0 + kb0 >= tp->qpos_max - window);
+            const float cap = h->soft_cap;
+            if (cap > 0.f) {
+                const float scale = h->scale;
+#pragma unroll
+                for (int j = 0; j < 4; j++) s[j] = cap * tanhf(s[j] * scale / cap) * LOG2E_F;
+            }
+            if (!full) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int key = kb0 + g + 8 * (j >> 1), kabs = pos0 + key, qq = qp[j & 1];
+                    const bool vis = key < kv1 && (!causal || kabs <= qq) && (window < 0 || kabs >= qq - window);
+                    if (!vis) s[j] = -CUDART_INF_F;
+                }
+            }
+            float al[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float mx = fmaxf(s[e], s[2 + e]);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float mn = fmaxf(mrow[e], mx);
+                const float mu = mn == -CUDART_INF_F ? 0.f : mn * sl;
+                al[e] = ex2_fast(fmaf(mrow[e], sl, -mu));
+                mrow[e] = mn;
+                s[e] = ex2_fast(fmaf(s[e], sl, -mu));
+                s[2 + e] = ex2_fast(fmaf(s[2 + e], sl, -mu));
+                lrow[e] = lrow[e] * al[e] + s[e] + s[2 + e];
+            }
+#pragma unroll
+            for (int i = 0; i < NKS; i++) {
+                oacc[i][0] *= al[0];
+                oacc[i][1] *= al[1];
+                oacc[i][2] *= al[0];
+                oacc[i][3] *= al[1];
+            }
+            /* P^T blocks (keys 0-7, 8-15 x rows) transposed into the B fragment */
+            const uint32_t pb0 = movm_t(mma_op<T>::pack(s[0], s[1]));
+            const uint32_t pb1 = movm_t(mma_op<T>::pack(s[2], s[3]));
+            cp_async_wait<1>();
+            __syncwarp();
+            /* O^T += V^T P^T: m-tile i is d 16 i .. 16 i + 15 */
+#pragma unroll
+            for (int i = 0; i < NKS; i++) {
+                uint32_t va[4];
+                ldsm_x4_ta(va, vA + 32 * i);
+                mma_op<T>::run(oacc[i], va, pb0, pb1);
+            }
+            __syncwarp();
+            if (b + 1 < nb) issue(dK + C::KV_BYTES, vb, pgn, prn);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 4);
+            lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 8);
+            lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 16);
+        }
+        /* oacc[i][e]: d 16 i + g, row 2c + e; oacc[i][2 + e]: d 16 i + g + 8 */
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = 2 * c + e;
+            if (r >= nrows) continue;
+            const int row = row0 + r, tk = row / group, hq = kvh * group + (row - tk * group);
+            const int64_t o_off = tp->o_off;
+            int64_t oo, lo;
+            float *ob, *lb;
+            if (o_off < 0) {
+                const int64_t tokid = tok_ids[tk];
+                oo = (tokid * Hq + hq) * D;
+                lo = tokid * Hq + hq;
+                ob = o;
+                lb = lse;
+            } else {
+                oo = o_off + ((int64_t)tk * Hq + hq) * D;
+                lo = tp->lse_off + (int64_t)tk * Hq + hq;
+                ob = scratch;
+                lb = scratch;
+            }
+            const float l = lrow[e], inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+            for (int i = 0; i < NKS; i++) {
+                ob[oo + 16 * i + g] = oacc[i][e] * inv;
+                ob[oo + 16 * i + g + 8] = oacc[i][2 + e] * inv;
+            }
+            if (g == 0) lb[lo] = l > 0.f ? (mrow[e] * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
+        }
+    }
+}
+
+template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
     static constexpr int NT = 384, ROWS = 128;
     static constexpr int CPR = D / 8;
     static constexpr int KSTEP = 128 / CPR;   /* keys one pass of the producer's 128 threads covers */
     static constexpr int NIT = KEYS / KSTEP;  /* 16-byte copies per producer thread per K or V tile */
     static constexpr size_t TILE = (size_t)KEYS * D * 2;
-    static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE;
+    /* kind 11: the tail warps' staging after the K/V stages */
+    static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0);
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
     static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
 };
@@ -529,11 +797,22 @@ template <int D_, int KEYS_, int STAGES_> struct ws_cfg {
 #ifndef WS_CONSUMER_REGS_MC
 #define WS_CONSUMER_REGS_MC 216
 #endif
+/* kind 11: the tail warps hold a transposed O (D / 4 floats per thread) and
+ * Q (D / 8 registers) in the producer warpgroup's registers. 104 / 200: the
+ * consumers' loop and the tail warps' block loop spill nothing (SASS: a few
+ * spills per tail task, none per block); at 120 / 192 the consumers' loop
+ * spilled */
+#ifndef WS_PRODUCER_REGS_TAIL
+#define WS_PRODUCER_REGS_TAIL 104
+#endif
+#ifndef WS_CONSUMER_REGS_TAIL
+#define WS_CONSUMER_REGS_TAIL 200
+#endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
 
-template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC>
+template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
@@ -541,9 +820,12 @@ __global__ void __launch_bounds__(384, 1)
                          int diag, const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap vmap, int tma_rows,
                          const __grid_constant__ CUtensorMap krun, const __grid_constant__ CUtensorMap vrun,
-                         int tma_runs) {
+                         int tma_runs, int *counter) {
 #if CAS_WGMMA_OK
-    typedef ws_cfg<D, KEYS, STAGES> C;
+    typedef ws_cfg<D, KEYS, STAGES, TAILS> C;
+    /* kind 11: the narrow kernel (a programmatic dependent) may start its CTAs
+     * on SMs this grid leaves free; it waits for this grid before it ends */
+    if (TAILS) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
     extern __shared__ __align__(16) unsigned char smem[];
     /* K/V stages, 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
@@ -551,6 +833,7 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ int s_qpos[128];
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
+    __shared__ int s_cdone; /* kind 11: consumer warps done with their tasks */
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
     /* MC (kind 10): clusters of two CTAs walk a list of task pairs (tasks 2i
@@ -569,6 +852,10 @@ __global__ void __launch_bounds__(384, 1)
     const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
 
     const int tid = threadIdx.x, lane = tid & 31;
+    /* kind 11 with fused tasks: warp 0 alone produces (the full barriers
+     * count its 32 threads), warps 1-3 run tails */
+    const bool fuse = TAILS && h->n_tasks_fused > 0;
+    const int nprod = fuse ? 32 : 128;
     const uint32_t bar0 = smem_u32(s_bar);
 #define FULL_K(s) (bar0 + 8u * (uint32_t)(s))
 #define FULL_V(s) (bar0 + 8u * (uint32_t)(STAGES + (s)))
@@ -577,12 +864,13 @@ __global__ void __launch_bounds__(384, 1)
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(FULL_K(s), 128);
-            mbar_init(FULL_V(s), 128);
+            mbar_init(FULL_K(s), nprod);
+            mbar_init(FULL_V(s), nprod);
             mbar_init(EMPTY_K(s), MC ? 16 : 8);
             mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        s_cdone = 0;
     }
     if (MC) cluster_sync_all();
     else __syncthreads();
@@ -593,7 +881,13 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (wg == 0) {
         /* ---- producer ---- */
-        reg_dealloc<MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        reg_dealloc<TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        if (TAILS && fuse && tid >= 32) {
+            tail_warps<T, D>(plan, kpool, vpool, q, o, lse, scratch, Hq, Hkv, P, counter,
+                             kv_s + (uint32_t)(2 * STAGES * C::TILE) + (uint32_t)((tid / 32 - 1) * tail_cfg<D>::WARP_BYTES),
+                             &s_cdone, 8);
+            return;
+        }
         if (TMA && tma_rows > 0 && tid == 0) {
             tma_prefetch_map(&kmap);
             tma_prefetch_map(&vmap);
@@ -683,6 +977,41 @@ __global__ void __launch_bounds__(384, 1)
                     }
                     continue;
                 }
+                if (TAILS && fuse) {
+                    /* warp 0 alone: lane copies chunk lane % CPR of keys lane / CPR + n (32 / CPR),
+                     * 32 keys per round, their page ids looked up one per lane */
+                    constexpr int KPR = 32 / CPR;
+                    const int ch32 = lane % CPR;
+#pragma unroll
+                    for (int kv = 0; kv < 2; kv++) {
+                        const T *base = (kv ? vpool : kpool) + (int64_t)t.kv_head * D + ch32 * 8;
+                        const uint32_t d0 = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE);
+                        mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                        if (diag & 1) {
+                            mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
+                            continue;
+                        }
+                        for (int g0 = 0; g0 < KEYS; g0 += 32) {
+                            const int kidx = t.kv0 + j * KEYS + g0 + lane;
+                            int pgo = pg_list[0], pro = -1;
+                            if (kidx < t.kv1) {
+                                const int pi = kidx / P;
+                                pgo = pg_list[pi];
+                                pro = kidx - pi * P;
+                            }
+#pragma unroll
+                            for (int n = 0; n < 32 / KPR; n++) {
+                                const int kl = lane / CPR + n * KPR, key = g0 + kl;
+                                const int pg = __shfl_sync(0xffffffffu, pgo, kl), pr = __shfl_sync(0xffffffffu, pro, kl);
+                                const int64_t off = (int64_t)pg * page_stride + (pr > 0 ? (int64_t)pr * row_stride : 0);
+                                const uint32_t so = (uint32_t)((ch32 >> 3) * (KEYS * 128) + key * 128 + (((ch32 & 7) ^ (key & 7)) << 4));
+                                cp_async16_s(d0 + so, base + off, pr >= 0 ? 16 : 0);
+                            }
+                        }
+                        mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
+                    }
+                    continue;
+                }
                 const uint32_t dk = kv_s + (uint32_t)(s * 2 * C::TILE) + soff0;
                 const int k0 = t.kv0 + j * KEYS + key0;
                 /* this thread copies chunk ch of keys k0 + n KSTEP; the CPR
@@ -724,7 +1053,7 @@ __global__ void __launch_bounds__(384, 1)
         asm volatile("cp.async.wait_all;\n" ::: "memory");
     } else {
         /* ---- consumers ---- */
-        reg_alloc<MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
+        reg_alloc<TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
         const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
@@ -964,6 +1293,8 @@ __global__ void __launch_bounds__(384, 1)
         }
         /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
         if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
+        /* kind 11: the tail warps stop taking tasks once all 8 consumer warps are here */
+        if (TAILS && lane == 0) atomicAdd(&s_cdone, 1);
     }
     /* the other CTA may still arrive on this one's barriers until it is done */
     if (MC) cluster_sync_all();
@@ -992,11 +1323,11 @@ template <typename C_, typename T, void *(*F)()> struct wg_entry {
     static void *fn() { return F(); }
 };
 template <typename T, int D, bool OVL> void *wg_plain_fn() { return (void *)attn_wgmma_kernel<T, D, OVL>; }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC> void *wg_ws_fn() {
-    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC>;
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS> void *wg_ws_fn() {
+    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS>;
 }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC>> {};
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false>
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
 template <typename T, int D> struct wg_kernel<T, D, 3> : wg_entry<wg_cfg<D, false>, T, wg_plain_fn<T, D, false>> {};
@@ -1006,6 +1337,7 @@ template <typename T, int D> struct wg_kernel<T, D, 7> : wg_ws<T, D, 64, 6, fals
 template <typename T, int D> struct wg_kernel<T, D, 8> : wg_ws<T, D, 128, 3, true, false, false> {};
 template <typename T, int D> struct wg_kernel<T, D, 9> : wg_ws<T, D, 128, 3, false, true, false> {};
 template <typename T, int D> struct wg_kernel<T, D, 10> : wg_ws<T, D, 128, 3, false, true, true> {};
+template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, false, true, false, true> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1122,7 +1454,8 @@ static cudaLaunchConfig_t wg_cluster_cfg(cudaLaunchAttribute *attr, int grid, cu
 
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                     const void *q, float *o, float *lse, float *scratch, int grid, cudaStream_t st) {
+                     const void *q, float *o, float *lse, float *scratch, int *counter, int grid,
+                     cudaStream_t st) {
     typedef wg_kernel<T, D, KIND> K;
     const char *plan_c = (const char *)plan;
     const T *kp = (const T *)k, *vp = (const T *)v, *qp = (const T *)q;
@@ -1141,7 +1474,8 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     /* the kernels of kinds 3 and 4 take the first ten arguments only */
     void *args[] = {(void *)&plan_c, (void *)&kp, (void *)&vp, (void *)&qp, (void *)&o,
                     (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg,
-                    (void *)km, (void *)vm, (void *)&rows, (void *)kr, (void *)vr, (void *)&runs};
+                    (void *)km, (void *)vm, (void *)&rows, (void *)kr, (void *)vr, (void *)&runs,
+                    (void *)&counter};
     if (wg_cluster<T, D, KIND>::N == 1) return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = wg_cluster_cfg<T, D, KIND>(&attr, grid, st);
@@ -1188,6 +1522,7 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 8: return F<T, DD, 8>(__VA_ARGS__);                                                  \
         case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
         case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
+        case 11: return F<T, DD, 11>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
@@ -1203,8 +1538,10 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
 
 extern "C" int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,
                                           const void *v, const void *q, float *o, float *lse,
-                                          float *scratch, int kind, int grid, void *stream) {
-    CAS_WG_DISPATCH(g, kind, wg_launch, g, plan, k, v, q, o, lse, scratch, grid, (cudaStream_t)stream);
+                                          float *scratch, int *counter, int kind, int grid,
+                                          void *stream) {
+    CAS_WG_DISPATCH(g, kind, wg_launch, g, plan, k, v, q, o, lse, scratch, counter, grid,
+                    (cudaStream_t)stream);
 }
 
 extern "C" int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm) {
