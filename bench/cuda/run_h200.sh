@@ -8,10 +8,11 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench diag bench2 fuse cli ncu grid sanitize (default: test bench cli grid)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
+#   SANITIZE_KINDS (kinds under compute-sanitizer), FUSE_CHUNKS, FUSE_CASES (step fuse),
 #   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
@@ -43,13 +44,13 @@ fi
 command -v cuobjdump >/dev/null && cuobjdump --dump-sass "$T" > "$W/sass.txt" 2>/dev/null &&
   echo "in the test binary: HGMMA $(grep -c HGMMA "$W/sass.txt"), UTMALDG $(grep -c UTMALDG "$W/sass.txt")"
 if has test; then
-  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-9,6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
+  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-11,9,6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
   timeout ${TEST_TIMEOUT:-200} "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi
 if has bench; then
-  BENCH_KINDS=${BENCH_KINDS:-9 6 8 3 1}
-  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (9 wgmma-ws-tma, 6 wgmma-ws, 7 wgmma-ws64, 8 wgmma-ws-overlap, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
+  BENCH_KINDS=${BENCH_KINDS:-11 9 6 8 3 1}
+  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (11 wgmma-ws-tma-tails, 9 wgmma-ws-tma, 6 wgmma-ws, 7 wgmma-ws64, 8 wgmma-ws-overlap, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
   for k in $BENCH_KINDS; do
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 256 --prefix 32768 --suffix 512 --json "$W/b256_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
@@ -102,6 +103,15 @@ if has bench2; then
     done
   done
 fi
+if has fuse; then
+  echo "== kind 11 (tails on the spare producer warps) against kind 9 in the same process (ab_ms), fused chunk lengths"
+  for ch in ${FUSE_CHUNKS:-128 256 512}; do
+    CASCADE_CUDA_FUSE_CHUNK=$ch CASCADE_BENCH_AB=9 CASCADE_CUDA_WIDE=11 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/fuse_one_c$ch.json" 2>&1 | tail -1 | sed "s/^/chunk $ch /"
+  done
+  for c in ${FUSE_CASES:-"1024 8 128" "1024 64 512" "4096 16 512" "16384 64 2048" "16384 256 512" "32768 16 512" "32768 128 128" "32768 256 2048"}; do set -- $c
+    CASCADE_BENCH_AB=9 CASCADE_CUDA_WIDE=11 timeout 60 "$BB" --prefix $1 --batch $2 --suffix $3 --json "$W/fuse_$1_$2_$3.json" 2>&1 | tail -1 | sed "s/^/k11 vs k9 /"
+  done
+fi
 if has cli && [ -n "$CAS" ]; then
   echo "== cascade attn-bench --backend cuda"
   CASCADE_CUDA_WIDE=${GRID_WIDE:-} timeout 90 "$CAS" attn-bench --backend cuda --batch 64 --prefix 32768 --suffix 512 --repeats 30 --warmup 5 --json > "$W/cli_headline.json" 2> "$W/cli.err"; echo "cli rc=$?"
@@ -122,8 +132,8 @@ if has grid; then
   cat "$OUT/grid.txt"
 fi
 if has sanitize && [ $(left) -gt 60 ]; then
-  echo "== memcheck / racecheck (quick, kind ${GRID_WIDE:-3}), $(left) s left"
-  export CASCADE_TEST_KINDS=${GRID_WIDE:-3}
+  export CASCADE_TEST_KINDS=${SANITIZE_KINDS:-${GRID_WIDE:-3}}
+  echo "== memcheck / racecheck (quick, kinds $CASCADE_TEST_KINDS), $(left) s left"
   CASCADE_TEST_QUICK=1 timeout $(( $(left) / 2 )) compute-sanitizer --tool memcheck --error-exitcode 9 "$T" > "$W/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$W/memcheck.log" | head -3
   CASCADE_TEST_QUICK=2 timeout $(( $(left) - 5 )) compute-sanitizer --tool racecheck --error-exitcode 9 "$T" > "$W/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$W/racecheck.log" | head -3
 fi

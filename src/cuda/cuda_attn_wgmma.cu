@@ -497,34 +497,37 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap *map) {
 /* ---- decode tails on the producer's spare warps (kind 11) -----------------
  *
  * With TMA only warp 0 of the producer warpgroup issues copies; in kind 11
- * its warps 1-3 run the plan's fused list: decode tails (a task of at most 8
- * rows: a request's group heads over a chunk of its own KV) while the
- * consumers keep the tensor cores on the shared pass. Each warp takes a task
+ * its warps 1-3 run the plan's fused list together: decode tails (a task of
+ * at most 8 rows: a request's group heads over a chunk of its own KV) while
+ * the consumers keep the tensor cores on the shared pass, in the producer's
+ * 56 registers (the consumers keep their 224). The three warps take a task
  * from a counter shared with the narrow kernel (launched after this one, it
- * takes what is left) and stops taking once the consumers of its CTA are
- * done, so that the SM goes to the narrow kernel.
+ * takes what is left), and only while the consumers of their CTA have more
+ * tiles left than one tail task took the last time (in consumer tiles), so
+ * that a late task does not hold the SM after the shared pass.
  *
- * A warp computes the tail transposed, keys as the M dimension of mma.sync
- * m16n8k16, so that 8 rows fill N and the accumulators fit the producer's
- * registers: S^T = K Q^T (16 keys x 8 rows, Q as B fragments in registers),
- * the online softmax per column, then O^T += V^T P^T with d as M (D/16
- * m-tiles of 16 x 8). P^T comes out of the S^T accumulators as 8 x 8 blocks
- * with keys on rows; movmatrix transposes each into the B fragment. K and V
- * (16 keys each) are staged by cp.async, rows padded by 16 bytes (ldmatrix
- * without bank conflicts, addresses as immediate offsets from one base per
- * lane); K of the next 16 keys loads during this block's softmax and P V, V
- * of the next during the next S, and the L2 is asked for the keys TL_PF
- * blocks ahead. */
+ * The tail is computed transposed, keys as the M dimension of mma.sync
+ * m16n8k16, so that 8 rows fill N: S^T = K Q^T (16 keys x 8 rows), the
+ * online softmax per column, then O^T += V^T P^T with d as M. Every warp
+ * computes the same S^T and softmax (a few mma each) and its own third of
+ * the D/16 m-tiles of O^T, so that its accumulators stay small. P^T comes
+ * out of the S^T accumulators as 8 x 8 blocks with keys on rows; movmatrix
+ * transposes each into the B fragment. Q (8 rows) and three buffers of K
+ * and V (16 keys each) are staged by cp.async, rows padded by 16 bytes
+ * (ldmatrix without bank conflicts, addresses as immediate offsets from one
+ * base per lane); the next 32 keys load while these are used, and the L2 is
+ * asked for the keys TL_PF blocks ahead. */
 template <int D> struct tail_cfg {
-    static constexpr int CPR = D / 8;
+    static constexpr int CPR = D / 8, NMT = D / 16, WARPS = 3, MTW = (NMT + WARPS - 1) / WARPS;
     static constexpr uint32_t LDB = D * 2 + 16; /* row pitch, bytes */
-    static constexpr uint32_t KV_BYTES = 16 * LDB;
-    static constexpr uint32_t WARP_BYTES = 2 * KV_BYTES;
-    static constexpr int WARPS = 3;
-    static constexpr uint32_t BYTES = WARPS * WARP_BYTES;
-    static_assert(CPR >= 8 && 32 % CPR == 0, "tail warps: head_dim 64 or 128");
+    static constexpr uint32_t Q_BYTES = 8 * LDB, KV_BYTES = 16 * LDB;
+    static constexpr int NBUF = 3; /* buffers of K and V: two blocks in flight */
+    static constexpr uint32_t BYTES = Q_BYTES + 2 * NBUF * KV_BYTES;
+    static_assert(CPR >= 8, "tail warps: head_dim 64 or 128");
 };
-#define TL_PF 4
+#define TL_PF 8    /* blocks of 16 keys the L2 prefetch runs ahead */
+#define TL_BAR 5   /* named barrier of the three tail warps (1-4: the consumers') */
+#define TL_EST0 4  /* consumer tiles a first tail task is assumed to take */
 __device__ __forceinline__ uint32_t movm_t(uint32_t x) {
     uint32_t y;
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -544,131 +547,133 @@ __device__ __forceinline__ void prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
+/* The three tail warps (threads 32-127). cdone: consumer warps done; ctile:
+ * tiles consumer warpgroup 0 has finished; ctiles: the CTA's tiles in all;
+ * s_ti: the task index broadcast. */
 template <typename T, int D>
 __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const T *__restrict__ kpool,
                                            const T *__restrict__ vpool, const T *__restrict__ q,
                                            float *__restrict__ o, float *__restrict__ lse,
                                            float *__restrict__ scratch, int Hq, int Hkv, int P,
                                            int *counter, uint32_t area, const volatile int *cdone,
-                                           int ndone) {
+                                           int ndone, const volatile int *ctile, int ctiles,
+                                           volatile int *s_ti) {
     typedef tail_cfg<D> C;
-    constexpr int CPR = C::CPR, KPI = 32 / CPR, NKS = D / 16;
+    constexpr int CPR = C::CPR, NKS = D / 16, MTW = C::MTW;
     constexpr uint32_t LDB = C::LDB;
-    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int tt = threadIdx.x - 32, w = tt >> 5, lane = tt & 31, g = lane >> 2, c = lane & 3;
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
     const int nf = h->n_tasks_fused;
-    const float sl = h->soft_cap > 0.f ? 1.f : h->scale_log2;
-    const uint32_t sK = area, sV = area + C::KV_BYTES;
-    /* per-lane bases: ldmatrix of K (A fragment of S^T, k-step ks at + 32 ks),
-     * ldmatrix.trans of V (A fragment of O^T, m-tile i at + 32 i), cp.async
-     * destination (chunk lane % CPR of key lane / CPR, + n KPI rows) */
-    const uint32_t kA = sK + (uint32_t)((lane & 7) + ((lane >> 3) & 1) * 8) * LDB + (uint32_t)(lane >> 4) * 16;
-    const uint32_t vA = sV + (uint32_t)((lane & 7) + (lane >> 4) * 8) * LDB + (uint32_t)((lane >> 3) & 1) * 16;
-    const uint32_t dK = sK + (uint32_t)(lane / CPR) * LDB + (uint32_t)(lane % CPR) * 16;
-    const int page_stride = P * Hkv * D, row_stride = Hkv * D;
+    const uint32_t sQ = area, sB = area + C::Q_BYTES;
+    /* per-lane ldmatrix bases: Q (B fragments of S^T, k-steps 2kp, 2kp + 1 at
+     * + 64 kp), K (A fragment of S^T, k-step ks at + 32 ks), V (A fragment of
+     * O^T, m-tile i at + 32 i); buffer x at + 2 x KV_BYTES */
+    constexpr int NBUF = C::NBUF;
+    const uint32_t qA = sQ + (uint32_t)(lane & 7) * LDB + (uint32_t)(lane >> 3) * 16;
+    const uint32_t kA = sB + (uint32_t)((lane & 7) + ((lane >> 3) & 1) * 8) * LDB + (uint32_t)(lane >> 4) * 16;
+    const uint32_t vA = sB + C::KV_BYTES + (uint32_t)((lane & 7) + (lane >> 4) * 8) * LDB +
+                        (uint32_t)((lane >> 3) & 1) * 16 + (uint32_t)(w * MTW) * 32;
+    int est = TL_EST0;
     for (;;) {
-        int ti = 0;
-        if (lane == 0) ti = *cdone >= ndone ? nf : atomicAdd(counter, 1);
-        ti = __shfl_sync(0xffffffffu, ti, 0);
+        if (tt == 0) {
+            const int left = *cdone >= ndone ? 0 : ctiles - *ctile;
+            *s_ti = left >= est ? atomicAdd(counter, 1) : nf;
+        }
+        nbar_sync(TL_BAR, 96);
+        const int ti = *s_ti, tile0 = *ctile;
         if (ti >= nf) break;
         const cas_cuda_task *tp = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_fused) + ti;
         const int kv0 = tp->kv0, kv1 = tp->kv1, nrows = tp->nrows, row0 = tp->row0, kvh = tp->kv_head;
         const cas_cuda_pass *pp = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes) + tp->pass;
         const int32_t *pg_list = reinterpret_cast<const int32_t *>(plan + h->off_pages) + pp->page_off;
-        const int tok_off = pp->tok_off, pos0 = pp->pos0, group = h->group;
-        const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos) + tok_off;
-        const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids) + tok_off;
-        const T *kb = kpool + (int64_t)kvh * D + (lane % CPR) * 8;
-        const T *vb = vpool + (int64_t)kvh * D + (lane % CPR) * 8;
-        /* Q of row g as B fragments (k-step ks: d 16 ks + 2c, + 8), zero past nrows */
-        uint32_t qf[NKS][2];
-        {
-            const int r = g < nrows ? g : nrows - 1, row = row0 + r, tk = row / group;
-            const unsigned int *qr = reinterpret_cast<const unsigned int *>(
-                q + ((int64_t)tok_ids[tk] * Hq + kvh * group + (row - tk * group)) * D + 2 * c);
-#pragma unroll
-            for (int ks = 0; ks < NKS; ks++) {
-                qf[ks][0] = g < nrows ? __ldg(qr + 8 * ks) : 0u;
-                qf[ks][1] = g < nrows ? __ldg(qr + 8 * ks + 4) : 0u;
-            }
-        }
-        /* this thread's S^T / O^T columns are rows 2c and 2c + 1 (padding rows repeat the last) */
-        int qp[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int r = 2 * c + e < nrows ? 2 * c + e : nrows - 1;
-            qp[e] = tok_pos[(row0 + r) / group];
+        const int tok_off = pp->tok_off, group = h->group;
+        const T *kb = kpool + (int64_t)kvh * D, *vb = vpool + (int64_t)kvh * D;
+        const int64_t page_stride = (int64_t)P * Hkv * D;
+        const int row_stride = Hkv * D;
+        /* Q rows into shared memory, zero past nrows */
+        for (int cc = tt; cc < 8 * CPR; cc += 96) {
+            const int r = cc / CPR, ch = cc - r * CPR, rr = r < nrows ? r : nrows - 1;
+            const int row = row0 + rr, tk = row / group;
+            const int64_t qoff = ((int64_t)__ldg(&reinterpret_cast<const int32_t *>(plan + h->off_tok_ids)[tok_off + tk]) * Hq +
+                                  kvh * group + (row - tk * group)) * D;
+            cp_async16_s(sQ + (uint32_t)r * LDB + (uint32_t)ch * 16, q + qoff + ch * 8, r < nrows ? 16 : 0);
         }
         const int nb = kv1 > kv0 ? (kv1 - kv0 + 15) / 16 : 0;
-        /* lane j < 16 looks up key j of block b: page id and row (-1: past the range) */
-        auto lookup = [&](int b, int &pg, int &pr) {
-            const int kidx = kv0 + b * 16 + (lane & 15);
-            pg = pg_list[0];
-            pr = -1;
-            if (kidx < kv1) {
-                const int pi = kidx / P;
-                pg = pg_list[pi];
-                pr = kidx - pi * P;
+        /* K and V of block b into buffer b % NBUF: chunk cc % CPR of key cc / CPR */
+        auto issue = [&](int b) {
+            const uint32_t dst = sB + (uint32_t)(b % NBUF) * 2 * C::KV_BYTES;
+            for (int cc = tt; cc < 16 * CPR; cc += 96) {
+                const int key = cc / CPR, ch = cc - key * CPR, kidx = kv0 + b * 16 + key;
+                int64_t off = 0;
+                if (kidx < kv1) {
+                    const int pi = kidx / P;
+                    off = (int64_t)pg_list[pi] * page_stride + (int64_t)(kidx - pi * P) * row_stride;
+                }
+                const uint32_t d = dst + (uint32_t)key * LDB + (uint32_t)ch * 16;
+                cp_async16_s(d, kb + off + ch * 8, kidx < kv1 ? 16 : 0);
+                cp_async16_s(d + C::KV_BYTES, vb + off + ch * 8, kidx < kv1 ? 16 : 0);
             }
         };
-        auto issue = [&](uint32_t dst, const T *base, int pg, int pr) {
-#pragma unroll
-            for (int n = 0; n < 16 / KPI; n++) {
-                const int key = lane / CPR + n * KPI;
-                const int pgk = __shfl_sync(0xffffffffu, pg, key), prk = __shfl_sync(0xffffffffu, pr, key);
-                const T *src = base + (int64_t)pgk * page_stride + (prk > 0 ? prk : 0) * row_stride;
-                cp_async16_s(dst + (uint32_t)(n * KPI) * LDB, src, prk >= 0 ? 16 : 0);
-            }
-        };
-        /* L2 prefetch of block b: lane l takes key l / 2, half l % 2 of its K and V rows */
+        /* L2 prefetch of block b: thread tt < 64 takes key tt / 4, a 128-byte
+         * line (tt / 2) % 2 of its row, of K (tt even) or V */
         auto prefetch = [&](int b) {
-            const int kidx = kv0 + b * 16 + (lane >> 1);
-            if (b < nb && kidx < kv1) {
+            const int kidx = kv0 + b * 16 + (tt >> 2);
+            if (tt < 64 && b < nb && kidx < kv1) {
                 const int pi = kidx / P;
-                const int64_t off = (int64_t)pg_list[pi] * page_stride + (kidx - pi * P) * row_stride +
-                                    (lane & 1) * (D / 2) - (lane % CPR) * 8;
-                prefetch_l2(kb + off);
-                prefetch_l2(vb + off);
+                const int64_t off = (int64_t)pg_list[pi] * page_stride + (int64_t)(kidx - pi * P) * row_stride +
+                                    ((tt >> 1) & 1) * (D / 2);
+                prefetch_l2((tt & 1 ? vb : kb) + off);
             }
         };
-        for (int b = 1; b < TL_PF && b < nb; b++) prefetch(b);
-        {
-            int pg = 0, pr = -1;
-            if (nb > 0) {
-                lookup(0, pg, pr);
-                issue(dK, kb, pg, pr);
-            }
-            cp_async_commit();
-            if (nb > 0) issue(dK + C::KV_BYTES, vb, pg, pr);
+        for (int b = 1; b < TL_PF; b++) prefetch(b);
+#pragma unroll
+        for (int b = 0; b < NBUF - 1; b++) {
+            if (b < nb) issue(b);
             cp_async_commit();
         }
-
-        float oacc[NKS][4];
+        int qp[2]; /* this thread's columns are rows 2c and 2c + 1 (padding rows repeat the last) */
+        {
+            const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos) + tok_off;
 #pragma unroll
-        for (int i = 0; i < NKS; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+            for (int e = 0; e < 2; e++) {
+                const int r = 2 * c + e < nrows ? 2 * c + e : nrows - 1;
+                qp[e] = tok_pos[(row0 + r) / group];
+            }
+        }
+        float oacc[MTW][4];
+#pragma unroll
+        for (int i = 0; i < MTW; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
         float mrow[2] = {-CUDART_INF_F, -CUDART_INF_F}, lrow[2] = {0.f, 0.f};
+        const float sl = h->soft_cap > 0.f ? 1.f : h->scale_log2;
+        /* a block of keys from kb0 is all visible when kb0 + 16 <= kv1, kb0 <= klast
+         * (causal) and kb0 >= kfirst (window) */
+        const int pos0 = pp->pos0, causal = h->causal, window = h->window_left;
+        const int klast = causal ? tp->qpos_min - pos0 - 15 : INT_MAX;
+        const int kfirst = window >= 0 ? tp->qpos_max - window - pos0 : INT_MIN;
         for (int b = 0; b < nb; b++) {
-            int pgn = 0, prn = -1;
-            if (b + 1 < nb) lookup(b + 1, pgn, prn);
+            /* buffer (b + NBUF - 1) % NBUF held block b - 1, done (barrier below) */
+            if (b + NBUF - 1 < nb) issue(b + NBUF - 1);
+            cp_async_commit();
             prefetch(b + TL_PF);
-            cp_async_wait<1>();
-            __syncwarp();
+            cp_async_wait<NBUF - 1>();
+            nbar_sync(TL_BAR, 96);
+            const uint32_t xo = (uint32_t)(b % NBUF) * 2 * C::KV_BYTES;
             /* S^T = K Q^T: 16 keys x 8 rows */
             float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int ks = 0; ks < NKS; ks++) {
-                uint32_t ka[4];
-                ldsm_x4_a(ka, kA + 32 * ks);
-                mma_op<T>::run(s, ka, qf[ks][0], qf[ks][1]);
+            for (int kp = 0; kp < NKS / 2; kp++) {
+                uint32_t qb[4];
+                ldsm_x4_a(qb, qA + 64 * kp);
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    uint32_t ka[4];
+                    ldsm_x4_a(ka, kA + xo + 32 * (2 * kp + hh));
+                    mma_op<T>::run(s, ka, qb[2 * hh], qb[2 * hh + 1]);
+                }
             }
-            __syncwarp();
-            if (b + 1 < nb) issue(dK, kb, pgn, prn);
-            cp_async_commit();
             /* s[e]: key g, row 2c + e; s[2 + e]: key g + 8 */
             const int kb0 = kv0 + b * 16;
-            const int causal = h->causal, window = h->window_left;
-            const bool full = kb0 + 16 <= kv1 && (!causal || pos0 + kb0 + 15 <= tp->qpos_min) &&
-                              (window < 0 || pos0 + kb0 >= tp->qpos_max - window);
+            const bool full = kb0 + 16 <= kv1 && kb0 <= klast && kb0 >= kfirst;
             const float cap = h->soft_cap;
             if (cap > 0.f) {
                 const float scale = h->scale;
@@ -699,7 +704,7 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
                 lrow[e] = lrow[e] * al[e] + s[e] + s[2 + e];
             }
 #pragma unroll
-            for (int i = 0; i < NKS; i++) {
+            for (int i = 0; i < MTW; i++) {
                 oacc[i][0] *= al[0];
                 oacc[i][1] *= al[1];
                 oacc[i][2] *= al[0];
@@ -708,28 +713,25 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
             /* P^T blocks (keys 0-7, 8-15 x rows) transposed into the B fragment */
             const uint32_t pb0 = movm_t(mma_op<T>::pack(s[0], s[1]));
             const uint32_t pb1 = movm_t(mma_op<T>::pack(s[2], s[3]));
-            cp_async_wait<1>();
-            __syncwarp();
-            /* O^T += V^T P^T: m-tile i is d 16 i .. 16 i + 15 */
+            /* O^T += V^T P^T: this warp's m-tiles w MTW + i (d 16 (w MTW + i) ..) */
 #pragma unroll
-            for (int i = 0; i < NKS; i++) {
-                uint32_t va[4];
-                ldsm_x4_ta(va, vA + 32 * i);
-                mma_op<T>::run(oacc[i], va, pb0, pb1);
+            for (int i = 0; i < MTW; i++) {
+                if (w * MTW + i < C::NMT) {
+                    uint32_t va[4];
+                    ldsm_x4_ta(va, vA + xo + 32 * i);
+                    mma_op<T>::run(oacc[i], va, pb0, pb1);
+                }
             }
-            __syncwarp();
-            if (b + 1 < nb) issue(dK + C::KV_BYTES, vb, pgn, prn);
-            cp_async_commit();
+            nbar_sync(TL_BAR, 96); /* buffer b % NBUF is free for block b + NBUF */
         }
         cp_async_wait<0>();
-        __syncwarp();
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 4);
             lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 8);
             lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 16);
         }
-        /* oacc[i][e]: d 16 i + g, row 2c + e; oacc[i][2 + e]: d 16 i + g + 8 */
+        /* oacc[i][e]: d 16 (w MTW + i) + g, row 2c + e; oacc[i][2 + e]: d + 8 */
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int r = 2 * c + e;
@@ -739,7 +741,7 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
             int64_t oo, lo;
             float *ob, *lb;
             if (o_off < 0) {
-                const int64_t tokid = tok_ids[tk];
+                const int64_t tokid = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids)[tok_off + tk];
                 oo = (tokid * Hq + hq) * D;
                 lo = tokid * Hq + hq;
                 ob = o;
@@ -752,12 +754,18 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
             }
             const float l = lrow[e], inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-            for (int i = 0; i < NKS; i++) {
-                ob[oo + 16 * i + g] = oacc[i][e] * inv;
-                ob[oo + 16 * i + g + 8] = oacc[i][2 + e] * inv;
+            for (int i = 0; i < MTW; i++) {
+                if (w * MTW + i < C::NMT) {
+                    ob[oo + 16 * (w * MTW + i) + g] = oacc[i][e] * inv;
+                    ob[oo + 16 * (w * MTW + i) + g + 8] = oacc[i][2 + e] * inv;
+                }
             }
-            if (g == 0) lb[lo] = l > 0.f ? (mrow[e] * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
+            if (w == 0 && g == 0) lb[lo] = l > 0.f ? (mrow[e] * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
         }
+        /* the consumer tiles this task took, plus one: the least the consumers
+         * must have left for the next */
+        if (tt == 0) est = *ctile - tile0 + 1;
+        nbar_sync(TL_BAR, 96); /* Q and the buffers are free, s_ti read */
     }
 }
 
@@ -797,16 +805,14 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
 #ifndef WS_CONSUMER_REGS_MC
 #define WS_CONSUMER_REGS_MC 216
 #endif
-/* kind 11: the tail warps hold a transposed O (D / 4 floats per thread) and
- * Q (D / 8 registers) in the producer warpgroup's registers. 104 / 200: the
- * consumers' loop and the tail warps' block loop spill nothing (SASS: a few
- * spills per tail task, none per block); at 120 / 192 the consumers' loop
- * spilled */
+/* kind 11: the tail warps run in the producer's registers (each holds a third
+ * of a transposed O); the consumers keep kind 9's 224 (with 200 the same
+ * consumer code ran the 16k prefill at 466 TFLOP/s instead of 568) */
 #ifndef WS_PRODUCER_REGS_TAIL
-#define WS_PRODUCER_REGS_TAIL 104
+#define WS_PRODUCER_REGS_TAIL 56
 #endif
 #ifndef WS_CONSUMER_REGS_TAIL
-#define WS_CONSUMER_REGS_TAIL 200
+#define WS_CONSUMER_REGS_TAIL 224
 #endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
@@ -833,7 +839,9 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ int s_qpos[128];
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
-    __shared__ int s_cdone; /* kind 11: consumer warps done with their tasks */
+    __shared__ int s_cdone, s_ctile, s_tti; /* kind 11: consumer warps done with their tasks,
+                                              tiles consumer warpgroup 0 finished, the tail
+                                              warps' task index */
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
     /* MC (kind 10): clusters of two CTAs walk a list of task pairs (tasks 2i
@@ -871,6 +879,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         s_cdone = 0;
+        s_ctile = 0;
     }
     if (MC) cluster_sync_all();
     else __syncthreads();
@@ -883,9 +892,14 @@ __global__ void __launch_bounds__(384, 1)
         /* ---- producer ---- */
         reg_dealloc<TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
         if (TAILS && fuse && tid >= 32) {
+            /* the consumer tiles of this CTA's tasks, the budget the tail warps work within */
+            int ctiles = 0;
+            for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+                const int nk = tasks[ti * tstride].kv1 - tasks[ti * tstride].kv0;
+                ctiles += nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
+            }
             tail_warps<T, D>(plan, kpool, vpool, q, o, lse, scratch, Hq, Hkv, P, counter,
-                             kv_s + (uint32_t)(2 * STAGES * C::TILE) + (uint32_t)((tid / 32 - 1) * tail_cfg<D>::WARP_BYTES),
-                             &s_cdone, 8);
+                             kv_s + (uint32_t)(2 * STAGES * C::TILE), &s_cdone, 8, &s_ctile, ctiles, &s_tti);
             return;
         }
         if (TMA && tma_rows > 0 && tid == 0) {
@@ -1261,6 +1275,11 @@ __global__ void __launch_bounds__(384, 1)
                     wg_fence_regs<KEYS / 2>(s);
                     release(EMPTY_V(sc));
                     if (more) release(EMPTY_K(sn));
+                }
+                /* kind 11: the tail warps' clock */
+                if (TAILS && cw == 0 && ctid == 0) {
+                    volatile int *ct = &s_ctile;
+                    *ct = *ct + 1;
                 }
             };
             for (int i = 0; i + 1 < ntiles; i++, it++) step(i, std::true_type{});
