@@ -38,6 +38,13 @@ pl5 = sum(1 for c, *_ in pl if c["planned_ms"] <= 1.05 * min(c["flat_ms"], c["ca
 summary = ("better of flat/cascade faster than FlashInfer's best: %d/%d; cascade >= 2x FlashInfer fa2 cascade: %d/%d; "
            "cascade within 25%% of roofline (P >= 16384, B >= 64): %d/%d; planned within 5%% of the better: %d/%d"
            % (beat_best, n, two_x, n, within, len(big), pl5, len(pl)))
+ab = [c for c, *_ in rows if c.get("cascade_ab_ms")]
+if ab:
+    import math
+    g = math.exp(sum(math.log(c["cascade_ab_ms"] / c["cascade_ms"]) for c in ab) / len(ab))
+    summary += ("; cascade against kind %d in the same run: faster in %d/%d, %.2fx in geometric mean (%.2fx to %.2fx)"
+                % (ab[0]["ab_kind"], sum(1 for c in ab if c["cascade_ms"] < c["cascade_ab_ms"]), len(ab), g,
+                   min(c["cascade_ab_ms"] / c["cascade_ms"] for c in ab), max(c["cascade_ab_ms"] / c["cascade_ms"] for c in ab)))
 with open(sys.argv[4], "a") as f:
     f.write("\n" + summary + "\n")
 print(summary)

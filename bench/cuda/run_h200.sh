@@ -13,6 +13,8 @@
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
 #   SANITIZE_KINDS (kinds under compute-sanitizer), FUSE_CHUNKS, FUSE_CASES (step fuse),
+#   GRID_AB (a kind the grid also times each cascade with; 9 when the grid runs 11),
+#   GRID_RESERVE (seconds the grid leaves for the steps after it),
 #   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
@@ -127,7 +129,9 @@ if has ncu; then
 fi
 if has grid; then
   echo "== grid (CASCADE_CUDA_WIDE=${GRID_WIDE:-default}), $(left) s left"
-  CASCADE_CUDA_WIDE=${GRID_WIDE:-} timeout $(( $(left) - 20 )) "$BB" --grid --json "$OUT/h200-attention.json" > "$OUT/grid.txt" 2> "$OUT/grid.err"; echo "grid rc=$?"; head -1 "$OUT/grid.err"
+  # kind 11 (tails on the producer's spare warps) is timed against kind 9 in the same process
+  AB=${GRID_AB:-}; [ -z "$AB" ] && [ "${GRID_WIDE:-}" = 11 ] && AB=9
+  CASCADE_BENCH_AB=$AB CASCADE_CUDA_WIDE=${GRID_WIDE:-} timeout $(( $(left) - ${GRID_RESERVE:-20} )) "$BB" --grid --json "$OUT/h200-attention.json" > "$OUT/grid.txt" 2> "$OUT/grid.err"; echo "grid rc=$? (ab kind ${AB:-none})"; head -1 "$OUT/grid.err"
   [ -f "$OUT/h200-attention.json" ] && python3 bench/cuda/plot_h200.py "$OUT/h200-attention.json" bench/cuda/anchor-flashinfer-grid.json "$OUT/h200-attention.png" "$OUT/table.md" 2>&1 | tail -1
   cat "$OUT/grid.txt"
 fi
