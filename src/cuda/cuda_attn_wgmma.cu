@@ -431,6 +431,16 @@ __device__ __forceinline__ float ex2_fast(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+/* the online softmax's running max m of a row after a tile whose max is mx
+ * (raw logits; x sl is the log2 domain): returns the factor the row's state
+ * is rescaled by, mu the offset the tile's exponents subtract */
+__device__ __forceinline__ float online_max(float &m, float mx, float sl, float &mu) {
+    const float mn = fmaxf(m, mx);
+    mu = mn == -CUDART_INF_F ? 0.f : mn * sl;
+    const float al = ex2_fast(fmaf(m, sl, -mu));
+    m = mn;
+    return al;
+}
 template <int R> __device__ __forceinline__ void reg_dealloc() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
@@ -695,10 +705,8 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-                const float mn = fmaxf(mrow[e], mx);
-                const float mu = mn == -CUDART_INF_F ? 0.f : mn * sl;
-                al[e] = ex2_fast(fmaf(mrow[e], sl, -mu));
-                mrow[e] = mn;
+                float mu;
+                al[e] = online_max(mrow[e], mx, sl, mu);
                 s[e] = ex2_fast(fmaf(s[e], sl, -mu));
                 s[2 + e] = ex2_fast(fmaf(s[2 + e], sl, -mu));
                 lrow[e] = lrow[e] * al[e] + s[e] + s[2 + e];
@@ -1174,10 +1182,8 @@ __global__ void __launch_bounds__(384, 1)
                     for (int nt = 0; nt < KEYS / 8; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float mn = fmaxf(mrow[hf], mx);
-                    const float mu = mn == -CUDART_INF_F ? 0.f : mn * sl;
-                    al[hf] = ex2_fast(fmaf(mrow[hf], sl, -mu));
-                    mrow[hf] = mn;
+                    float mu;
+                    al[hf] = online_max(mrow[hf], mx, sl, mu);
                     float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < KEYS / 8; nt++) {
