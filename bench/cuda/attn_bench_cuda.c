@@ -89,6 +89,7 @@ typedef struct {
     double err_flat, err_cascade, err_planned;
     double flat_GBps, cascade_GBps, roofline_ms;
     int planned_shared;
+    int fused_tail, fused_narrow; /* kind 11: the cascade's fused tasks by who ran them (-1: none) */
 } result_t;
 
 static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, double tflops,
@@ -215,6 +216,10 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
             res->flat_eager_ms = te;
             res->err_flat = err;
         } else if (mode == 1) {
+            cas_cuda_attn_info inf;
+            cas_cuda_attn_get_info(a, &inf);
+            res->fused_tail = res->fused_narrow = -1;
+            if (inf.tasks_fused > 0) CS(cas_cuda_attn_fused_split(a, &res->fused_tail, &res->fused_narrow));
             res->cascade_ms = tg;
             res->cascade_eager_ms = te;
             res->err_cascade = err;
@@ -317,6 +322,8 @@ static void print_result(FILE *f, const result_t *r, int comma) {
         fprintf(f, "\"cascade_mid_ms\": %.5f, ", r->cascade_mid_ms);
     if (isfinite(r->cascade_ab_ms))
         fprintf(f, "\"cascade_ab_ms\": %.5f, \"ab_kind\": %d, ", r->cascade_ab_ms, atoi(getenv("CASCADE_BENCH_AB")));
+    if (r->fused_tail >= 0)
+        fprintf(f, "\"fused_tasks_tail_warps\": %d, \"fused_tasks_narrow\": %d, ", r->fused_tail, r->fused_narrow);
     fprintf(f,
             "\"max_abs_err_flat\": %.3g, \"max_abs_err_cascade\": %.3g, \"flat_GBps\": %.1f, "
             "\"cascade_GBps\": %.1f, \"roofline_ms\": %.5f}%s\n",

@@ -109,9 +109,11 @@ if has fuse; then
   echo "== kind 11 (tails on the spare producer warps) against kind 9 in the same process (ab_ms), fused chunk lengths"
   for ch in ${FUSE_CHUNKS:-128 256 512}; do
     CASCADE_CUDA_FUSE_CHUNK=$ch CASCADE_BENCH_AB=9 CASCADE_CUDA_WIDE=11 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/fuse_one_c$ch.json" 2>&1 | tail -1 | sed "s/^/chunk $ch /"
+    grep -o '"cascade_ab_ms[^,]*\|"fused_tasks[^,]*' "$W/fuse_one_c$ch.json" | tr '\n' ' '; echo
   done
   for c in ${FUSE_CASES:-"1024 8 128" "1024 64 512" "4096 16 512" "16384 64 2048" "16384 256 512" "32768 16 512" "32768 128 128" "32768 256 2048"}; do set -- $c
     CASCADE_BENCH_AB=9 CASCADE_CUDA_WIDE=11 timeout 60 "$BB" --prefix $1 --batch $2 --suffix $3 --json "$W/fuse_$1_$2_$3.json" 2>&1 | tail -1 | sed "s/^/k11 vs k9 /"
+    grep -o '"cascade_ab_ms[^,]*\|"fused_tasks[^,]*' "$W/fuse_$1_$2_$3.json" | tr '\n' ' '; echo
   done
 fi
 if has cli && [ -n "$CAS" ]; then

@@ -792,7 +792,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
          * the narrow kernel (a programmatic dependent: its CTAs take SMs as
          * they free up) for its own list and the fused tasks left; one
          * stream, the counter zeroed first (a memset node in a graph) */
-        CAS_CUDA_CHECK(cudaMemsetAsync(a->dcounter, 0, sizeof(int), stream));
+        CAS_CUDA_CHECK(cudaMemsetAsync(a->dcounter, 0, 3 * sizeof(int), stream));
         e = cas_cuda_launch_attn_fused(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->dcounter,
                                        a->wide_grid, a->num_sms * a->occ_narrow, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: fused attention launch: %s", __FILE__,
@@ -847,6 +847,18 @@ cas_attn_cost cas_cuda_attn_cost(void) {
     c.pass_overhead_s = 1e-6;
     c.row_merge_s = 5e-12;         /* per row x head x D element merged */
     return c;
+}
+
+cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, int32_t *by_narrow) {
+    if (!a || !by_tail_warps || !by_narrow) return cas_error(CAS_ERR_INVALID, "cuda attn: NULL argument");
+    int32_t c[3] = {0, 0, 0};
+    if (a->wide_kind == 11) {
+        CAS_CUDA_CHECK(cudaDeviceSynchronize());
+        CAS_CUDA_CHECK(cudaMemcpy(c, a->dcounter, sizeof c, cudaMemcpyDeviceToHost));
+    }
+    *by_tail_warps = c[1];
+    *by_narrow = c[2];
+    return CAS_OK;
 }
 
 void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {

@@ -123,6 +123,10 @@ typedef struct {
     int64_t kv_tokens_read; /* per KV head, over all tasks (each row block reads its range) */
 } cas_cuda_attn_info;
 void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info);
+/* Kind 11, measurement: of the last finished run's fused tasks, how many the
+ * many-rows kernel's tail warps ran and how many the narrow kernel did
+ * (synchronous; zeros for the other kinds). */
+cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, int32_t *by_narrow);
 
 /* The many-rows (shared pass, prefill) kernel this context runs: "wgmma"
  * (Hopper, head_dim 128), "wgmma-overlap", "wgmma-ws" (warp-specialized),

@@ -417,6 +417,7 @@ __global__ void __launch_bounds__(C::NT)
             __syncthreads();
             if (ti >= nf) break;
             run_task(ft[ti]);
+            if (tid == 0) atomicAdd(counter + 2, 1); /* tasks the narrow kernel ran */
         }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         /* launched as a programmatic dependent of the many-rows kernel: do

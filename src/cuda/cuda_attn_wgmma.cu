@@ -772,7 +772,10 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
         }
         /* the consumer tiles this task took, plus one: the least the consumers
          * must have left for the next */
-        if (tt == 0) est = *ctile - tile0 + 1;
+        if (tt == 0) {
+            est = *ctile - tile0 + 1;
+            atomicAdd(counter + 1, 1); /* tasks the tail warps ran (cas_cuda_attn_fused_split) */
+        }
         nbar_sync(TL_BAR, 96); /* Q and the buffers are free, s_ti read */
     }
 }
