@@ -98,6 +98,7 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
     const int lastlen = U - (up - 1) * ps;
     const int total_q = B * Q;
     const cas_attn_shape sh = {o->Hq, o->Hkv, o->D, ps, o->dt};
+    res->fused_tail = res->fused_narrow = -1;
     if ((int64_t)pp + (int64_t)B * up > pool_pages) {
         fprintf(stderr, "pool too small\n");
         exit(1);
