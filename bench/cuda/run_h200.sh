@@ -12,7 +12,8 @@
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
-#   SANITIZE_KINDS (kinds under compute-sanitizer), FUSE_CHUNKS, FUSE_CASES (step fuse),
+#   SANITIZE_KINDS (kinds under compute-sanitizer), FUSE_CHUNKS, FUSE_CASES (step fuse:
+#   cases as P,B,U separated by spaces),
 #   GRID_AB (a kind the grid also times each cascade with; 9 when the grid runs 11),
 #   GRID_RESERVE (seconds the grid leaves for the steps after it),
 #   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run)
@@ -111,7 +112,8 @@ if has fuse; then
     CASCADE_CUDA_FUSE_CHUNK=$ch CASCADE_BENCH_AB=9 CASCADE_CUDA_WIDE=11 timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/fuse_one_c$ch.json" 2>&1 | tail -1 | sed "s/^/chunk $ch /"
     grep -o '"cascade_ab_ms[^,]*\|"fused_tasks[^,]*' "$W/fuse_one_c$ch.json" | tr '\n' ' '; echo
   done
-  for c in ${FUSE_CASES:-"1024 8 128" "1024 64 512" "4096 16 512" "16384 64 2048" "16384 256 512" "32768 16 512" "32768 128 128" "32768 256 2048"}; do set -- $c
+  for c in ${FUSE_CASES:-1024,8,128 1024,64,512 4096,16,512 16384,64,2048 16384,256,512 32768,16,512 32768,128,128 32768,256,2048}; do
+    IFS=, read -r p1 p2 p3 <<< "$c"; set -- "$p1" "$p2" "$p3"
     CASCADE_BENCH_AB=9 CASCADE_CUDA_WIDE=11 timeout 60 "$BB" --prefix $1 --batch $2 --suffix $3 --json "$W/fuse_$1_$2_$3.json" 2>&1 | tail -1 | sed "s/^/k11 vs k9 /"
     grep -o '"cascade_ab_ms[^,]*\|"fused_tasks[^,]*' "$W/fuse_$1_$2_$3.json" | tr '\n' ' '; echo
   done
