@@ -29,12 +29,14 @@
  * 24 grid cases with 32-64 rows per KV head (1.10x in geometric mean, same
  * run; bench/NOTES.md, v4d). CASCADE_CUDA_MID_ROWS=64 turns it on. */
 #define CAS_CUDA_DEFAULT_MID_ROWS 0
-/* Kind 11: decode tails of at most this many rows per KV head (tokens x
- * group heads: the N of the tail warps' transposed products) run on the
- * many-rows kernel's spare producer warps, split into tasks of about
- * CAS_CUDA_DEFAULT_FUSE_CHUNK keys (the tail warps take them one at a time
- * and stop when their CTA's consumers are done: smaller tasks end closer
- * together, more of them cost more states to merge). */
+/* Kind 11 (an experiment, slower than kind 9 on the H200: bench/NOTES.md,
+ * v8): decode tails of at most this many rows per KV head (tokens x group
+ * heads: the N of the tail warps' transposed products) run on the many-rows
+ * kernel's spare producer warps, split into tasks of about
+ * CAS_CUDA_DEFAULT_FUSE_CHUNK keys (the tail warps take one at a time while
+ * their CTA's consumers have more tiles left than the last task took:
+ * smaller tasks end closer together, more of them cost more states to
+ * merge). */
 #define CAS_CUDA_FUSED_ROWS 8
 #define CAS_CUDA_DEFAULT_FUSE_CHUNK 256
 
