@@ -219,7 +219,6 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
         } else if (mode == 1) {
             cas_cuda_attn_info inf;
             cas_cuda_attn_get_info(a, &inf);
-            res->fused_tail = res->fused_narrow = -1;
             if (inf.tasks_fused > 0) CS(cas_cuda_attn_fused_split(a, &res->fused_tail, &res->fused_narrow));
             res->cascade_ms = tg;
             res->cascade_eager_ms = te;

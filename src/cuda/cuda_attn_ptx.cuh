@@ -29,16 +29,20 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+/* ldmatrix x4 (.trans: each 8 x 8 matrix transposed) from a shared-memory
+ * address, or a pointer into shared memory */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+                 : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
+                 : "r"(addr));
 }
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) { ldsm_x4(r, smem_u32(p)); }
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) { ldsm_x4_t(r, smem_u32(p)); }
 
 template <typename T> struct mma_op;
 template <> struct mma_op<__nv_bfloat16> {

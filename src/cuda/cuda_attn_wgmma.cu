@@ -543,16 +543,6 @@ __device__ __forceinline__ uint32_t movm_t(uint32_t x) {
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
     return y;
 }
-__device__ __forceinline__ void ldsm_x4_a(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_ta(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
 __device__ __forceinline__ void prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
@@ -673,11 +663,11 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
 #pragma unroll
             for (int kp = 0; kp < NKS / 2; kp++) {
                 uint32_t qb[4];
-                ldsm_x4_a(qb, qA + 64 * kp);
+                ldsm_x4(qb, qA + 64 * kp);
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     uint32_t ka[4];
-                    ldsm_x4_a(ka, kA + xo + 32 * (2 * kp + hh));
+                    ldsm_x4(ka, kA + xo + 32 * (2 * kp + hh));
                     mma_op<T>::run(s, ka, qb[2 * hh], qb[2 * hh + 1]);
                 }
             }
@@ -726,7 +716,7 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
             for (int i = 0; i < MTW; i++) {
                 if (w * MTW + i < C::NMT) {
                     uint32_t va[4];
-                    ldsm_x4_ta(va, vA + xo + 32 * i);
+                    ldsm_x4_t(va, vA + xo + 32 * i);
                     mma_op<T>::run(oacc[i], va, pb0, pb1);
                 }
             }
