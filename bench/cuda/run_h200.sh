@@ -8,7 +8,7 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 fuse cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench diag bench2 fuse ab cli ncu grid sanitize (default: test bench cli grid)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
@@ -16,7 +16,9 @@
 #   cases as P,B,U separated by spaces),
 #   GRID_AB (a kind the grid also times each cascade with; 9 when the grid runs 11),
 #   GRID_RESERVE (seconds the grid leaves for the steps after it),
-#   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run)
+#   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run),
+#   AB_CASES, OLD_BB, AB_WIDE (step ab: cases P,B,U timed with this build and with the
+#   attn_bench_cuda at OLD_BB, default $CARRY/old_attn_bench_cuda, alternating)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
 set -u
@@ -33,9 +35,11 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linu
 T= ; BB= ; CAS=
 if [ -x "$CARRY/test_cuda_attn" ]; then
   export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$PWD/$CARRY/lib
-  ldd "$CARRY/cascade" | grep -q "not found" && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$PWD/$CARRY/lib2
-  ldd "$CARRY/cascade" | grep "not found"
-  T=$CARRY/test_cuda_attn; BB=$CARRY/attn_bench_cuda; CAS=$CARRY/cascade
+  for b in "$CARRY"/cascade "$CARRY"/test_cuda_attn; do
+    [ -x "$b" ] && ldd "$b" | grep -q "not found" && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$PWD/$CARRY/lib2
+  done
+  T=$CARRY/test_cuda_attn; BB=$CARRY/attn_bench_cuda; CAS=$CARRY/cascade; [ -x "$CAS" ] || CAS=
+  ldd "$T" | grep "not found"
   ldd "$T" | grep -q "not found" && T=
 fi
 if [ -z "$T" ]; then
@@ -116,6 +120,21 @@ if has fuse; then
     IFS=, read -r p1 p2 p3 <<< "$c"; set -- "$p1" "$p2" "$p3"
     CASCADE_BENCH_AB=9 CASCADE_CUDA_WIDE=11 timeout 60 "$BB" --prefix $1 --batch $2 --suffix $3 --json "$W/fuse_$1_$2_$3.json" 2>&1 | tail -1 | sed "s/^/k11 vs k9 /"
     grep -o '"cascade_ab_ms[^,]*\|"fused_tasks[^,]*' "$W/fuse_$1_$2_$3.json" | tr '\n' ' '; echo
+  done
+fi
+if has ab && [ -x "${OLD_BB:-$CARRY/old_attn_bench_cuda}" ]; then
+  OB=${OLD_BB:-$CARRY/old_attn_bench_cuda}
+  echo "== A/B: this tree's attn_bench_cuda (new) against $OB (old), alternating, kind ${AB_WIDE:-default}"
+  for c in ${AB_CASES:-32768,64,512 16384,64,128 32768,64,2048 1024,16,512 4096,64,128 16384,256,512}; do
+    IFS=, read -r p1 p2 p3 <<< "$c"
+    for r in 1 2; do for v in new old; do
+      b=$BB; [ $v = old ] && b=$OB
+      CASCADE_CUDA_WIDE=${AB_WIDE:-} timeout 60 "$b" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/ab_${v}_${p1}_${p2}_${p3}_$r.json" 2>&1 | tail -1 | sed "s/^/$v /"
+    done; done
+  done
+  for v in new old; do
+    b=$BB; [ $v = old ] && b=$OB
+    CASCADE_CUDA_WIDE=${AB_WIDE:-} timeout 60 "$b" --unshared --json "$W/ab_${v}_unshared.json" 2>&1 | grep -E "unshared" | sed "s/^/$v /"
   done
 fi
 if has cli && [ -n "$CAS" ]; then
