@@ -16,9 +16,6 @@
  * merge their states at the end (decode rows: few rows, the bytes are the
  * work). The "wide" instance is 4 x 1 (64 rows), the "narrow" one 1 x 4.
  *
- * A CTA's tasks are one stream of tiles: the loads of the next task begin
- * while this one computes its last tiles and writes its state.
- *
  * Grids are persistent and their size never depends on the plan; task counts
  * are read from the plan block in device memory, so a captured graph replays
  * correctly after a re-plan.
@@ -49,14 +46,10 @@ template <int D_, int WM_, int WN_, int MT_, int BN_, int STAGES_> struct cfg {
     static constexpr size_t KV_STAGE = (size_t)KEYS * LD * 2;
     static constexpr size_t MERGE_BYTES = WN > 1 ? (size_t)WN * ROWS * (D + 2) * 4 : 0;
     static constexpr size_t KV_BYTES = 2 * STAGES * KV_STAGE;
-    /* two Q buffers (this task's and the next one's); the split-key merge
-     * runs in one stage (K and V of a stage are contiguous) */
-    static constexpr size_t SMEM = 2 * Q_BYTES + KV_BYTES;
+    static constexpr size_t SMEM = Q_BYTES + (KV_BYTES > MERGE_BYTES ? KV_BYTES : MERGE_BYTES);
     static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
     static_assert(BN % 16 == 0, "BN must be a multiple of 16");
     static_assert(WN == 1 || MT == 1, "split keys only with one m-tile per warp");
-    static_assert(MERGE_BYTES <= 2 * KV_STAGE, "the merge of the split keys must fit one stage");
-    static_assert(STAGES >= 2 && STAGES <= 4, "cp_async_wait_n covers up to 2 groups in flight");
 };
 
 /* wide: 4 warps x 1 m-tile (64 rows), 64 keys per stage; wide2: 4 warps x 2
@@ -67,19 +60,6 @@ template <int D> struct narrow_cfg : cfg<D, 1, 4, 1, 16, (D <= 128 ? 3 : 2)> {};
 
 /* ---- the attention kernel ----------------------------------------------- */
 
-/* cp.async.wait_group with a count known at run time (0 .. 2) */
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-    if (n >= 2) cp_async_wait<2>();
-    else if (n == 1) cp_async_wait<1>();
-    else cp_async_wait<0>();
-}
-
-/* The CTA's tasks form one stream of K/V tiles: the loads run STAGES - 1
- * tiles ahead of the products across task boundaries, so that the next
- * task's first tiles (and its queries, in the second of two Q buffers) are in
- * flight while this task finishes and writes its state (v9; before, every
- * task filled its pipeline from empty, which cost the short decode tails a
- * quarter of their bandwidth). The loader is at most one task ahead. */
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::NT)
     attn_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
@@ -89,12 +69,11 @@ __global__ void __launch_bounds__(C::NT)
     constexpr int D = C::D, WN = C::WN, MT = C::MT, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
     constexpr int ROWS = C::ROWS, KEYS = C::KEYS, LD = C::LD, CPR = C::CPR;
     extern __shared__ __align__(16) unsigned char smem[];
-    /* [2][ROWS][LD] queries, then STAGES stages of [K tile | V tile] */
-    T *sQ0 = reinterpret_cast<T *>(smem);
-    T *sKV = reinterpret_cast<T *>(smem + 2 * C::Q_BYTES);
-    __shared__ int s_qpos[2][ROWS];
-    __shared__ long long s_oo[2][ROWS], s_lo[2][ROWS];
-    __shared__ int s_next;
+    T *sQ = reinterpret_cast<T *>(smem);
+    T *sK = reinterpret_cast<T *>(smem + C::Q_BYTES);
+    T *sV = sK + (size_t)STAGES * KEYS * LD;
+    __shared__ int s_qpos[ROWS];
+    __shared__ long long s_qrow[ROWS], s_oo[ROWS], s_lo[ROWS];
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
     /* list: 0 narrow tasks, 1 many-rows tasks, 2 mid tasks (few rows per KV
@@ -113,166 +92,91 @@ __global__ void __launch_bounds__(C::NT)
     const int wm = warp % C::WM, wn = warp / C::WM;
     const int64_t page_stride = (int64_t)P * Hkv * D; /* elements per page */
 
-    /* ---- the task source: this CTA's share of the list (stride gridDim.x),
-     * then (kind 11, counter) the fused list's tasks that the many-rows
-     * kernel's tail warps have not taken, one at a time from the counter.
-     * Called by all threads alike, after a barrier. */
-    int next_static = blockIdx.x;
-    bool exhausted = false;
-    const bool take_fused = counter && list == 0;
-    auto fetch = [&]() -> const cas_cuda_task * {
-        if (next_static < ntask) {
-            const cas_cuda_task *p = tasks + next_static;
-            next_static += gridDim.x;
-            return p;
-        }
-        if (take_fused) {
-            const int nf = h->n_tasks_fused;
-            if (tid == 0) {
-                const int ti = atomicAdd(counter, 1);
-                s_next = ti;
-                if (ti < nf) atomicAdd(counter + 2, 1); /* tasks the narrow kernel ran */
-            }
-            __syncthreads();
-            const int ti = s_next;
-            if (ti < nf) return reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_fused) + ti;
-        }
-        exhausted = true;
-        return nullptr;
-    };
-
-    /* ---- the loader: the task whose tiles it issues, its next tile */
-    const cas_cuda_task *l_task = nullptr;
-    int l_kv0 = 0, l_kv1 = 0, l_pgoff = 0, l_nt = 0, l_j = 0, l_buf = 1;
-    const T *l_kbase = kpool, *l_vbase = vpool;
-    bool l_ahead = false;     /* the loader is on the task after the computed one */
-    int issued = 0, consumed = 0; /* tiles of the stream: issued, computed (slot: index % STAGES) */
-
-    /* the rows' positions and output offsets into buffer buf, the queries
-     * into Q buffer buf (no commit: they join the group of the task's first
-     * tile), and the loader onto the task */
-    auto prep = [&](const cas_cuda_task *tp, int buf) {
-        const cas_cuda_task &t = *tp;
-        const cas_cuda_pass &ps = passes[t.pass];
-        const int nrows = t.nrows, row0 = t.row0, tok_off = ps.tok_off, kvh = t.kv_head;
-        const int64_t o_off = t.o_off, lse_off = t.lse_off;
-        for (int r0 = tid; r0 < ROWS; r0 += NT) {
-            const int r = r0 < nrows ? r0 : nrows - 1; /* padding rows repeat the last row */
-            const int row = row0 + r, tk = row / group, g = row - tk * group, hq = kvh * group + g;
-            s_qpos[buf][r0] = tok_pos[tok_off + tk];
-            if (o_off < 0) {
-                const long long tokid = tok_ids[tok_off + tk];
-                s_oo[buf][r0] = (tokid * Hq + hq) * D;
-                s_lo[buf][r0] = tokid * Hq + hq;
-            } else {
-                s_oo[buf][r0] = o_off + ((long long)tk * Hq + hq) * D;
-                s_lo[buf][r0] = lse_off + (long long)tk * Hq + hq;
-            }
-        }
-        const int nkeys = t.kv1 - t.kv0;
-        l_task = tp;
-        l_kv0 = t.kv0;
-        l_kv1 = t.kv1;
-        l_pgoff = ps.page_off;
-        l_nt = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
-        l_j = 0;
-        l_buf = buf;
-        l_kbase = kpool + (int64_t)kvh * D;
-        l_vbase = vpool + (int64_t)kvh * D;
-        if (l_nt > 0) {
-            T *dq = sQ0 + (size_t)buf * ROWS * LD;
-            for (int c = tid; c < ROWS * CPR; c += NT) {
-                const int r = c / CPR, ch = c - r * CPR, rr = r < nrows ? r : nrows - 1;
-                const int row = row0 + rr, tk = row / group, hq = kvh * group + (row - tk * group);
-                const long long qrow = ((long long)tok_ids[tok_off + tk] * Hq + hq) * D;
-                cp_async16(dq + r * LD + ch * 8, q + qrow + ch * 8, r < nrows ? 16 : 0);
-            }
-        }
-    };
-
-    /* K/V tile loads: chunk ch = c % CPR of key c / CPR for c = tid +
-     * it NT. Where a warp's keys fit (KW keys per iteration, NI
-     * iterations: at most 32), lane j looks up the page and row of one
-     * of them (iteration j % NI, key j / NI of the iteration) and the
-     * CPR lanes of a key take them by shuffle: one page-id load and one
-     * division per lane and tile instead of one per 16-byte chunk */
-    constexpr int NI = (KEYS * CPR + NT - 1) / NT;
-    constexpr int KW = 32 / CPR;
-    constexpr bool SHARED_IDS = 32 % CPR == 0 && NT % 32 == 0 && KEYS * CPR % NT == 0 && NI * KW <= 32;
-    auto load_tile = [&](int tile, int slot) {
-        T *dk = sKV + (size_t)slot * 2 * KEYS * LD;
-        T *dv = dk + (size_t)KEYS * LD;
-        const int k0 = l_kv0 + tile * KEYS, kv1 = l_kv1;
-        const int32_t *pg_list = pages + l_pgoff;
-        if constexpr (SHARED_IDS) {
-            int pg_own = 0, pr_own = -1;
-            if (lane < NI * KW) {
-                const int kidx = k0 + warp * KW + lane / NI + (lane % NI) * (NT / CPR);
-                if (kidx < kv1) {
-                    const int pi = kidx / P;
-                    pg_own = pg_list[pi];
-                    pr_own = kidx - pi * P;
-                }
-            }
-            const int hh = lane / CPR, ch = lane % CPR;
-#pragma unroll
-            for (int it = 0; it < NI; it++) {
-                const int pg = __shfl_sync(0xffffffffu, pg_own, hh * NI + it);
-                const int pr = __shfl_sync(0xffffffffu, pr_own, hh * NI + it);
-                const int key = warp * KW + hh + it * (NT / CPR);
-                const int64_t off = (int64_t)pg * page_stride + (int64_t)(pr > 0 ? pr : 0) * (Hkv * D) + ch * 8;
-                cp_async16(dk + key * LD + ch * 8, l_kbase + off, pr >= 0 ? 16 : 0);
-                cp_async16(dv + key * LD + ch * 8, l_vbase + off, pr >= 0 ? 16 : 0);
-            }
-        } else {
-#pragma unroll
-            for (int it = 0; it < NI; it++) {
-                int c = tid + it * NT;
-                if (KEYS * CPR % NT == 0 || c < KEYS * CPR) {
-                    int key = c / CPR, ch = c - key * CPR;
-                    int kidx = k0 + key;
-                    int ok = kidx < kv1;
-                    int kk = ok ? kidx : l_kv0;
-                    int pg = pg_list[kk / P];
-                    int64_t off = (int64_t)pg * page_stride + (int64_t)(kk % P) * Hkv * D + ch * 8;
-                    cp_async16(dk + key * LD + ch * 8, l_kbase + off, ok ? 16 : 0);
-                    cp_async16(dv + key * LD + ch * 8, l_vbase + off, ok ? 16 : 0);
-                }
-            }
-        }
-    };
-    /* issue tiles (one commit group each) until `limit` are issued, moving
-     * the loader onto the next task when this one's are all issued */
-    auto fill = [&](int limit) {
-        while (issued < limit) {
-            if (l_j < l_nt) {
-                load_tile(l_j, issued % STAGES);
-                cp_async_commit();
-                l_j++;
-                issued++;
-            } else if (!l_ahead && !exhausted) {
-                const cas_cuda_task *p = fetch();
-                if (!p) break;
-                prep(p, l_buf ^ 1);
-                l_ahead = true;
-            } else {
-                break;
-            }
-        }
-    };
-
-    const cas_cuda_task *ct = fetch();
-    if (ct) prep(ct, 0);
-    int c_buf = 0;
-    while (ct) {
-        const cas_cuda_task &t = *ct;
+    auto run_task = [&](const cas_cuda_task &t) {
         const cas_cuda_pass ps = passes[t.pass];
+        for (int r0 = tid; r0 < ROWS; r0 += NT) {
+            int r = r0 < t.nrows ? r0 : t.nrows - 1; /* padding rows repeat the last row */
+            int row = t.row0 + r;
+            int tk = row / group, g = row - tk * group;
+            int tokid = tok_ids[ps.tok_off + tk];
+            int hq = t.kv_head * group + g;
+            s_qpos[r0] = tok_pos[ps.tok_off + tk];
+            s_qrow[r0] = ((long long)tokid * Hq + hq) * D;
+            if (t.o_off < 0) {
+                s_oo[r0] = ((long long)tokid * Hq + hq) * D;
+                s_lo[r0] = (long long)tokid * Hq + hq;
+            } else {
+                s_oo[r0] = t.o_off + ((long long)tk * Hq + hq) * D;
+                s_lo[r0] = t.lse_off + (long long)tk * Hq + hq;
+            }
+        }
+        __syncthreads();
+        for (int c = tid; c < ROWS * CPR; c += NT) {
+            int r = c / CPR, ch = c - r * CPR;
+            cp_async16(sQ + r * LD + ch * 8, q + s_qrow[r] + ch * 8, r < t.nrows ? 16 : 0);
+        }
         const int nkeys = t.kv1 - t.kv0;
         const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
-        /* the rows of buffer c_buf are written; the last task's epilogue is
-         * done with its stage */
-        __syncthreads();
-        fill(consumed + STAGES - 1);
+        const T *kbase = kpool + (int64_t)t.kv_head * D;
+        const T *vbase = vpool + (int64_t)t.kv_head * D;
+
+        /* K/V tile loads: chunk ch = c % CPR of key c / CPR for c = tid +
+         * it NT. Where a warp's keys fit (KW keys per iteration, NI
+         * iterations: at most 32), lane j looks up the page and row of one
+         * of them (iteration j % NI, key j / NI of the iteration) and the
+         * CPR lanes of a key take them by shuffle: one page-id load and one
+         * division per lane and tile instead of one per 16-byte chunk */
+        constexpr int NI = (KEYS * CPR + NT - 1) / NT;
+        constexpr int KW = 32 / CPR;
+        constexpr bool SHARED_IDS = 32 % CPR == 0 && NT % 32 == 0 && KEYS * CPR % NT == 0 && NI * KW <= 32;
+        auto load_tile = [&](int tile) {
+            const int slot = tile % STAGES;
+            T *dk = sK + (size_t)slot * KEYS * LD;
+            T *dv = sV + (size_t)slot * KEYS * LD;
+            const int k0 = t.kv0 + tile * KEYS;
+            if constexpr (SHARED_IDS) {
+                int pg_own = 0, pr_own = -1;
+                if (lane < NI * KW) {
+                    const int kidx = k0 + warp * KW + lane / NI + (lane % NI) * (NT / CPR);
+                    if (kidx < t.kv1) {
+                        const int pi = kidx / P;
+                        pg_own = pages[ps.page_off + pi];
+                        pr_own = kidx - pi * P;
+                    }
+                }
+                const int h = lane / CPR, ch = lane % CPR;
+#pragma unroll
+                for (int it = 0; it < NI; it++) {
+                    const int pg = __shfl_sync(0xffffffffu, pg_own, h * NI + it);
+                    const int pr = __shfl_sync(0xffffffffu, pr_own, h * NI + it);
+                    const int key = warp * KW + h + it * (NT / CPR);
+                    const int64_t off = (int64_t)pg * page_stride + (int64_t)(pr > 0 ? pr : 0) * (Hkv * D) + ch * 8;
+                    cp_async16(dk + key * LD + ch * 8, kbase + off, pr >= 0 ? 16 : 0);
+                    cp_async16(dv + key * LD + ch * 8, vbase + off, pr >= 0 ? 16 : 0);
+                }
+            } else {
+#pragma unroll
+                for (int it = 0; it < NI; it++) {
+                    int c = tid + it * NT;
+                    if (KEYS * CPR % NT == 0 || c < KEYS * CPR) {
+                        int key = c / CPR, ch = c - key * CPR;
+                        int kidx = k0 + key;
+                        int ok = kidx < t.kv1;
+                        int kk = ok ? kidx : t.kv0;
+                        int pg = pages[ps.page_off + kk / P];
+                        int64_t off = (int64_t)pg * page_stride + (int64_t)(kk % P) * Hkv * D + ch * 8;
+                        cp_async16(dk + key * LD + ch * 8, kbase + off, ok ? 16 : 0);
+                        cp_async16(dv + key * LD + ch * 8, vbase + off, ok ? 16 : 0);
+                    }
+                }
+            }
+        };
+
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; s++) {
+            if (s < ntiles) load_tile(s);
+            cp_async_commit();
+        }
 
         float oacc[MT][D / 8][4];
         float mrow[MT][2], lrow[MT][2];
@@ -283,25 +187,26 @@ __global__ void __launch_bounds__(C::NT)
             for (int i = 0; i < D / 8; i++) oacc[mt][i][0] = oacc[mt][i][1] = oacc[mt][i][2] = oacc[mt][i][3] = 0.f;
             mrow[mt][0] = mrow[mt][1] = -CUDART_INF_F;
             lrow[mt][0] = lrow[mt][1] = 0.f;
-            qp[mt][0] = s_qpos[c_buf][(wm * MT + mt) * 16 + (lane >> 2)];
-            qp[mt][1] = s_qpos[c_buf][(wm * MT + mt) * 16 + (lane >> 2) + 8];
+            qp[mt][0] = s_qpos[(wm * MT + mt) * 16 + (lane >> 2)];
+            qp[mt][1] = s_qpos[(wm * MT + mt) * 16 + (lane >> 2) + 8];
         }
         uint32_t qf[C::Q_REGS ? D / 16 : 1][4];
-        const T *Qw = sQ0 + (size_t)c_buf * ROWS * LD + (size_t)(wm * MT * 16) * LD;
+        const T *Qw = sQ + (size_t)(wm * MT * 16) * LD;
         const int lrow8 = ((lane >> 3) & 1) * 8 + (lane & 7), lcol8 = (lane >> 4) * 8;
 
         for (int i = 0; i < ntiles; i++) {
-            cp_async_wait_n(issued - consumed - 1);
+            cp_async_wait<STAGES - 2>();
             __syncthreads();
-            fill(consumed + STAGES);
+            if (i + STAGES - 1 < ntiles) load_tile(i + STAGES - 1);
+            cp_async_commit();
             if (C::Q_REGS && i == 0) {
 #pragma unroll
                 for (int ks = 0; ks < (C::Q_REGS ? D / 16 : 1); ks++)
                     ldsm_x4(qf[ks], Qw + lrow8 * LD + ks * 16 + lcol8);
             }
-            const int slot = consumed % STAGES;
-            const T *Kt = sKV + (size_t)slot * 2 * KEYS * LD + (size_t)wn * BN * LD;
-            const T *Vt = Kt + (size_t)KEYS * LD;
+            const int slot = i % STAGES;
+            const T *Kt = sK + (size_t)slot * KEYS * LD + (size_t)wn * BN * LD;
+            const T *Vt = sV + (size_t)slot * KEYS * LD + (size_t)wn * BN * LD;
 
             float s[MT][BN / 8][4];
 #pragma unroll
@@ -423,8 +328,8 @@ __global__ void __launch_bounds__(C::NT)
                     }
                 }
             }
-            consumed++;
         }
+        cp_async_wait<0>();
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -434,7 +339,6 @@ __global__ void __launch_bounds__(C::NT)
             }
         float *obase = t.o_off < 0 ? o : scratch;
         float *lbase = t.o_off < 0 ? lse : scratch;
-        const int nrows = t.nrows;
 
         if constexpr (WN == 1) {
 #pragma unroll
@@ -443,23 +347,22 @@ __global__ void __launch_bounds__(C::NT)
                 for (int hf = 0; hf < 2; hf++) {
                     const int r = (wm * MT + mt) * 16 + (lane >> 2) + hf * 8;
                     const float l = lrow[mt][hf], m = mrow[mt][hf];
-                    if (r < nrows) {
+                    if (r < t.nrows) {
                         const float inv = l > 0.f ? 1.f / l : 0.f;
-                        float *dst = obase + s_oo[c_buf][r];
+                        float *dst = obase + s_oo[r];
 #pragma unroll
                         for (int dt = 0; dt < D / 8; dt++) {
                             float2 v = make_float2(oacc[mt][dt][2 * hf] * inv, oacc[mt][dt][2 * hf + 1] * inv);
                             *reinterpret_cast<float2 *>(dst + dt * 8 + (lane & 3) * 2) = v;
                         }
                         if ((lane & 3) == 0)
-                            lbase[s_lo[c_buf][r]] = l > 0.f ? (m + log2f(l)) * LN2_F : -CUDART_INF_F;
+                            lbase[s_lo[r]] = l > 0.f ? (m + log2f(l)) * LN2_F : -CUDART_INF_F;
                     }
                 }
         } else {
-            /* merge the WN warps' states of the same rows in the stage of
-             * the last tile computed (the others may hold the next task's) */
+            /* merge the WN warps' states of the same rows through shared memory */
             __syncthreads();
-            float *mo = reinterpret_cast<float *>(sKV + (size_t)((consumed + STAGES - 1) % STAGES) * 2 * KEYS * LD);
+            float *mo = reinterpret_cast<float *>(smem + C::Q_BYTES); /* [WN][ROWS][D] */
             float *mm = mo + (size_t)WN * ROWS * D;                    /* [WN][ROWS] */
             float *ml = mm + WN * ROWS;                                 /* [WN][ROWS] */
             const int rA = wm * 16 + (lane >> 2), rB = rA + 8;
@@ -480,7 +383,7 @@ __global__ void __launch_bounds__(C::NT)
             __syncthreads();
             for (int idx = tid; idx < ROWS * D; idx += NT) {
                 const int r = idx / D, d = idx - r * D;
-                if (r >= nrows) continue;
+                if (r >= t.nrows) continue;
                 float ms = -CUDART_INF_F;
 #pragma unroll
                 for (int w = 0; w < WN; w++) ms = fmaxf(ms, mm[w * ROWS + r]);
@@ -494,34 +397,35 @@ __global__ void __launch_bounds__(C::NT)
                     }
                 }
                 const bool any = ls > 0.f;
-                obase[s_oo[c_buf][r] + d] = any ? acc / ls : 0.f;
-                if (d == 0) lbase[s_lo[c_buf][r]] = any ? (ms + log2f(ls)) * LN2_F : -CUDART_INF_F;
+                obase[s_oo[r] + d] = any ? acc / ls : 0.f;
+                if (d == 0) lbase[s_lo[r]] = any ? (ms + log2f(ls)) * LN2_F : -CUDART_INF_F;
             }
         }
-        /* the next task: the loader's, once it has one (a task without
-         * tiles leaves it on this one) */
-        if (!l_ahead && !exhausted) {
-            __syncthreads(); /* s_next and buffer c_buf ^ 1 are free (fetch, prep) */
-            const cas_cuda_task *p = fetch();
-            if (p) {
-                prep(p, l_buf ^ 1);
-                l_ahead = true;
-            }
+        __syncthreads();
+    };
+    for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) run_task(tasks[ti]);
+    if (counter && list == 0) {
+        /* kind 11: the fused list's tasks that the many-rows kernel's tail
+         * warps have not taken, one at a time from the shared counter */
+        __shared__ int s_next;
+        const int nf = h->n_tasks_fused;
+        const cas_cuda_task *ft = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_fused);
+        for (;;) {
+            if (tid == 0) s_next = atomicAdd(counter, 1);
+            __syncthreads();
+            const int ti = s_next;
+            __syncthreads();
+            if (ti >= nf) break;
+            run_task(ft[ti]);
+            if (tid == 0) atomicAdd(counter + 2, 1); /* tasks the narrow kernel ran */
         }
-        if (!l_ahead) break;
-        ct = l_task;
-        c_buf = l_buf;
-        l_ahead = false;
-    }
-    cp_async_wait<0>();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (take_fused) {
         /* launched as a programmatic dependent of the many-rows kernel: do
          * not complete before it, so that the merge after this grid sees
          * both */
         asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    }
 #endif
+    }
 }
 
 /* ---- merge kernels ------------------------------------------------------ */

@@ -557,7 +557,7 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
                                            float *__restrict__ scratch, int Hq, int Hkv, int P,
                                            int *counter, uint32_t area, const volatile int *cdone,
                                            int ndone, const volatile int *ctile, int ctiles,
-                                           volatile int *s_ti, int diag) {
+                                           volatile int *s_ti) {
     typedef tail_cfg<D> C;
     constexpr int CPR = C::CPR, NKS = D / 16, MTW = C::MTW;
     constexpr uint32_t LDB = C::LDB;
@@ -660,10 +660,8 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
             const uint32_t xo = (uint32_t)(b % NBUF) * 2 * C::KV_BYTES;
             /* S^T = K Q^T: 16 keys x 8 rows */
             float s[4] = {0.f, 0.f, 0.f, 0.f};
-            /* CASCADE_CUDA_WS_DIAG bit 1 (measurement only, wrong results):
-             * no tensor-core products in the tail warps */
 #pragma unroll
-            for (int kp = 0; kp < ((diag & 2) ? 0 : NKS / 2); kp++) {
+            for (int kp = 0; kp < NKS / 2; kp++) {
                 uint32_t qb[4];
                 ldsm_x4(qb, qA + 64 * kp);
 #pragma unroll
@@ -716,7 +714,7 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
             /* O^T += V^T P^T: this warp's m-tiles w MTW + i (d 16 (w MTW + i) ..) */
 #pragma unroll
             for (int i = 0; i < MTW; i++) {
-                if (w * MTW + i < C::NMT && !(diag & 2)) {
+                if (w * MTW + i < C::NMT) {
                     uint32_t va[4];
                     ldsm_x4_t(va, vA + xo + 32 * i);
                     mma_op<T>::run(oacc[i], va, pb0, pb1);
@@ -902,7 +900,7 @@ __global__ void __launch_bounds__(384, 1)
                 ctiles += nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
             }
             tail_warps<T, D>(plan, kpool, vpool, q, o, lse, scratch, Hq, Hkv, P, counter,
-                             kv_s + (uint32_t)(2 * STAGES * C::TILE), &s_cdone, 8, &s_ctile, ctiles, &s_tti, diag);
+                             kv_s + (uint32_t)(2 * STAGES * C::TILE), &s_cdone, 8, &s_ctile, ctiles, &s_tti);
             return;
         }
         if (TMA && tma_rows > 0 && tid == 0) {
