@@ -8,7 +8,7 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 fuse ab cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench diag bench2 fuse ab part cli ncu grid sanitize (default: test bench cli grid)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
@@ -18,7 +18,9 @@
 #   GRID_RESERVE (seconds the grid leaves for the steps after it),
 #   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run),
 #   AB_CASES, OLD_BB, AB_WIDE (step ab: cases P,B,U timed with this build and with the
-#   attn_bench_cuda at OLD_BB, default $CARRY/old_attn_bench_cuda, alternating)
+#   attn_bench_cuda at OLD_BB, default $CARRY/old_attn_bench_cuda, alternating),
+#   PART_KS, PART_CASES, PART_TEST_KS (step part: CASCADE_CUDA_NARROW_SMS values timed on
+#   the unshared flat run and the cases P,B,U, and tested with kind 9)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
 set -u
@@ -135,6 +137,25 @@ if has ab && [ -x "${OLD_BB:-$CARRY/old_attn_bench_cuda}" ]; then
   for v in new old; do
     b=$BB; [ $v = old ] && b=$OB
     CASCADE_CUDA_WIDE=${AB_WIDE:-} timeout 60 "$b" --unshared --json "$W/ab_${v}_unshared.json" 2>&1 | grep -E "unshared" | sed "s/^/$v /"
+  done
+fi
+if has part; then
+  # SM partition: the narrow kernel keeps k SMs, the many-rows kernel runs on the rest
+  for k in ${PART_TEST_KS:-61 1}; do
+    echo "== test-cuda kind 9 quick with CASCADE_CUDA_NARROW_SMS=$k"
+    CASCADE_CUDA_NARROW_SMS=$k CASCADE_TEST_KINDS=9 CASCADE_TEST_QUICK=1 timeout 120 "$T" > "$W/test_part_$k.log" 2>&1; echo "test rc=$?"
+    grep -E "^FAIL|passed" "$W/test_part_$k.log" | tail -5
+  done
+  echo "== SM partition sweep (CASCADE_CUDA_NARROW_SMS=k, 0: none), $(left) s left"
+  for k in ${PART_KS:-0 120 110 100 88 66}; do
+    CASCADE_CUDA_NARROW_SMS=$k timeout 60 "$BB" --unshared --json "$W/part_unshared_$k.json" 2>&1 | grep -E "unshared" | sed "s/^/k=$k /"
+  done
+  for c in ${PART_CASES:-32768,64,512 32768,64,2048 16384,256,2048 16384,128,2048 32768,256,512 16384,64,128}; do
+    IFS=, read -r p1 p2 p3 <<< "$c"
+    for k in ${PART_KS:-0 120 110 100 88 66}; do
+      [ "$(left)" -lt 30 ] && break
+      CASCADE_CUDA_NARROW_SMS=$k timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/part_${p1}_${p2}_${p3}_$k.json" 2>&1 | tail -1 | sed "s/^/k=$k /"
+    done
   done
 fi
 if has cli && [ -n "$CAS" ]; then

@@ -64,7 +64,8 @@ struct cas_cuda_attn {
     char *stage;
     char *dplan;
     float *dscratch;
-    int *dcounter; /* kind 11: the fused list's next task (zeroed by each run) */
+    int *dcounter; /* [0..2] kind 11: the fused list's next task and counts (zeroed by each
+                      run); [8..9] the narrow kernel's SM partition (zeroed by the merge) */
     cudaEvent_t upload_done, ev_fork, ev_join, ev_join2;
     cudaStream_t side, side2;
 
@@ -406,6 +407,35 @@ static int64_t class_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_a
     return n;
 }
 
+/* SM partition of a run with both decode tails (narrow kernel, bound by
+ * HBM bytes) and many-rows work (wgmma, bound by the tensor cores): without
+ * one, the narrow kernel's persistent grid holds every SM until its list is
+ * done and the many-rows kernel follows it; with one, the narrow kernel
+ * keeps `part` SMs and the many-rows kernel runs on the others at the same
+ * time. Returns part (0: none). CASCADE_CUDA_NARROW_SMS=k forces k whenever
+ * the plan has narrow tasks (a measurement: on a flat plan it leaves k SMs
+ * to the narrow kernel alone). */
+static int32_t pick_partition(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
+                              int32_t group) {
+    if (a->wide_kind < 6 || a->wide_kind > 9 || a->num_sms < 2) return 0;
+    int has_narrow = 0, has_other = 0;
+    for (int32_t i = 0; i < n_passes; i++) {
+        const int64_t rows = (int64_t)passes[i].n_tok * group;
+        if (rows == 0 || passes[i].len <= 0) continue;
+        const int cls = pass_class(a, rows);
+        if (cls == CLS_NARROW) has_narrow = 1;
+        else if (cls == CLS_MID) has_other = 1;
+    }
+    if (!has_narrow || has_other) return 0;
+    const char *env = getenv("CASCADE_CUDA_NARROW_SMS");
+    if (env) {
+        int k = atoi(env);
+        if (k <= 0) return 0;
+        return k >= a->num_sms ? a->num_sms - 1 : k;
+    }
+    return 0;
+}
+
 /* When a many-rows kernel gets only a few waves of tasks (a shared prefix
  * over a decode batch), its time is waves x chunk: a split that leaves a last
  * wave nearly empty costs a whole chunk. The chunk length for the passes of
@@ -503,7 +533,9 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * L only, 1: chunks of at least 512 keys, 2 (default): at least 128); L
      * is that of the narrow passes */
     const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
-    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, a->wide_grid, L, split_rule);
+    const int32_t part = pick_partition(a, n_passes, passes, group);
+    const int64_t wide_ctas = part > 0 ? (int64_t)(a->num_sms - part) * a->occ_wide : a->wide_grid;
+    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, wide_ctas, L, split_rule);
     int64_t Lm = pick_chunk(a, n_passes, passes, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
@@ -666,8 +698,9 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     static int snake = -1;
     if (snake < 0) snake = getenv("CASCADE_CUDA_SNAKE") ? atoi(getenv("CASCADE_CUDA_SNAKE")) != 0 : 1;
     if (snake) {
-        if (a->wide_kind != 10) snake_rounds(a->tw, nw, a->wide_grid);
-        snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
+        if (a->wide_kind != 10) snake_rounds(a->tw, nw, (int32_t)wide_ctas);
+        /* with an SM partition the narrow tasks come from a counter, longest first */
+        if (!part) snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
         if (a->mid_rows > 0) snake_rounds(a->tm, nmid, a->mid_grid);
     }
 #undef FUSED
@@ -743,6 +776,10 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->scale_log2 = h->scale * 1.4426950408889634f;
     h->soft_cap = params->logits_soft_cap;
     h->group = group;
+    h->narrow_sms = part;
+    h->wide_ctas = part > 0 ? (int32_t)wide_ctas : 0;
+    h->num_sms = a->num_sms;
+    h->pad0 = 0;
     h->block_bytes = off;
 
     a->info.passes = n_passes;
@@ -750,6 +787,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     a->info.tasks_narrow = nn;
     a->info.tasks_mid = nmid;
     a->info.tasks_fused = nf;
+    a->info.narrow_sms = part;
     a->info.merge_tokens = nm;
     a->info.contribs = ncontrib;
     a->info.plan_bytes = off;
@@ -824,7 +862,8 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                                        a->wide_grid, a->num_sms * a->occ_narrow, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: fused attention launch: %s", __FILE__,
                                 __LINE__, cas_cuda_error_string(e));
-        e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
+        e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->dcounter + 8,
+                              a->num_sms * 8, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                                 cas_cuda_error_string(e));
         return CAS_OK;
@@ -833,7 +872,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
      * (many rows, tensor-core bound) on the caller's: they overlap */
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_fork, stream));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side, a->ev_fork, 0));
-    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0, a->dcounter + 8,
                              a->num_sms * a->occ_narrow, a->side);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
@@ -849,13 +888,14 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                                 __LINE__, cas_cuda_error_string(e));
         CAS_CUDA_CHECK(cudaEventRecord(a->ev_join2, a->side2));
     }
-    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind, NULL,
                              a->wide_grid, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));
     if (a->mid_rows > 0) CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join2, 0));
-    e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
+    e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->dcounter + 8,
+                              a->num_sms * 8, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     return CAS_OK;

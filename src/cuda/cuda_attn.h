@@ -119,6 +119,8 @@ typedef struct {
     int32_t passes, tasks_wide, tasks_narrow, merge_tokens, contribs;
     int32_t tasks_mid; /* tasks of few-row passes on mma.sync next to wgmma */
     int32_t tasks_fused; /* kind 11: decode-tail tasks run beside the many-rows tasks */
+    int32_t narrow_sms;  /* SMs the narrow kernel keeps beside the many-rows kernel (0: no
+                            partition, the two kernels take SMs as they free up) */
     int64_t plan_bytes;     /* bytes uploaded */
     int64_t kv_tokens_read; /* per KV head, over all tasks (each row block reads its range) */
 } cas_cuda_attn_info;

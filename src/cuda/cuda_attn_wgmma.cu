@@ -853,7 +853,12 @@ __global__ void __launch_bounds__(384, 1)
      * 16), so the two pipelines stay in step for unflagged pairs too. */
     const int crank = MC ? (int)cluster_rank() : 0;
     const int slot0 = MC ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
-    const int nslot_grid = MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
+    /* SM partition (h->wide_ctas, see cas_cuda_plan_hdr): the CTAs past
+     * wide_ctas leave at once; those below walk the list with that stride */
+    const int wide_ctas = MC || TAILS || h->wide_ctas <= 0 || h->wide_ctas > (int)gridDim.x
+                              ? (int)gridDim.x : h->wide_ctas;
+    if (slot0 >= wide_ctas) return;
+    const int nslot_grid = MC ? (int)(gridDim.x >> 1) : wide_ctas;
     const int ntask = MC ? h->n_tasks_wide / 2 : h->n_tasks_wide;
     const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide) + crank;
     const int tstride = MC ? 2 : 1;
