@@ -157,6 +157,11 @@ if has part; then
       CASCADE_CUDA_NARROW_SMS=$k timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/part_${p1}_${p2}_${p3}_$k.json" 2>&1 | tail -1 | sed "s/^/k=$k /"
     done
   done
+  if [ -n "${PART_SANITIZE:-}" ] && [ "$(left)" -gt 90 ]; then
+    echo "== memcheck / racecheck (quick, kind 9, CASCADE_CUDA_NARROW_SMS=$PART_SANITIZE), $(left) s left"
+    CASCADE_CUDA_NARROW_SMS=$PART_SANITIZE CASCADE_TEST_KINDS=9 CASCADE_TEST_QUICK=1 timeout $(( $(left) / 2 )) compute-sanitizer --tool memcheck --error-exitcode 9 "$T" > "$W/memcheck_part.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$W/memcheck_part.log" | head -3
+    CASCADE_CUDA_NARROW_SMS=$PART_SANITIZE CASCADE_TEST_KINDS=9 CASCADE_TEST_QUICK=2 timeout $(( $(left) - 5 )) compute-sanitizer --tool racecheck --error-exitcode 9 "$T" > "$W/racecheck_part.log" 2>&1; echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|passed" "$W/racecheck_part.log" | head -3
+  fi
 fi
 if has cli && [ -n "$CAS" ]; then
   echo "== cascade attn-bench --backend cuda"

@@ -65,7 +65,7 @@ struct cas_cuda_attn {
     char *dplan;
     float *dscratch;
     int *dcounter; /* [0..2] kind 11: the fused list's next task and counts (zeroed by each
-                      run); [8..9] the narrow kernel's SM partition (zeroed by the merge) */
+                      run); [8..10] the SM partition's (zeroed by the merge) */
     cudaEvent_t upload_done, ev_fork, ev_join, ev_join2;
     cudaStream_t side, side2;
 
@@ -534,8 +534,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * is that of the narrow passes */
     const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
     const int32_t part = pick_partition(a, n_passes, passes, group);
-    const int64_t wide_ctas = part > 0 ? (int64_t)(a->num_sms - part) * a->occ_wide : a->wide_grid;
-    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, wide_ctas, L, split_rule);
+    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, a->wide_grid, L, split_rule);
     int64_t Lm = pick_chunk(a, n_passes, passes, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
@@ -698,8 +697,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     static int snake = -1;
     if (snake < 0) snake = getenv("CASCADE_CUDA_SNAKE") ? atoi(getenv("CASCADE_CUDA_SNAKE")) != 0 : 1;
     if (snake) {
-        if (a->wide_kind != 10) snake_rounds(a->tw, nw, (int32_t)wide_ctas);
-        /* with an SM partition the narrow tasks come from a counter, longest first */
+        /* with an SM partition both kernels take tasks from counters, longest first */
+        if (a->wide_kind != 10 && !part) snake_rounds(a->tw, nw, a->wide_grid);
         if (!part) snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
         if (a->mid_rows > 0) snake_rounds(a->tm, nmid, a->mid_grid);
     }
@@ -777,7 +776,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->soft_cap = params->logits_soft_cap;
     h->group = group;
     h->narrow_sms = part;
-    h->wide_ctas = part > 0 ? (int32_t)wide_ctas : 0;
+    h->wide_ctas = part > 0 ? -1 : 0;
     h->num_sms = a->num_sms;
     h->pad0 = 0;
     h->block_bytes = off;
@@ -888,8 +887,8 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                                 __LINE__, cas_cuda_error_string(e));
         CAS_CUDA_CHECK(cudaEventRecord(a->ev_join2, a->side2));
     }
-    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind, NULL,
-                             a->wide_grid, stream);
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
+                             a->dcounter + 8, a->wide_grid, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));

@@ -74,8 +74,8 @@ typedef struct {
                                the many-rows kernel runs on the others: its CTAs on other SMs
                                leave at once and the rest take tasks from a counter; 0: every
                                CTA, tasks by CTA index */
-    int32_t wide_ctas;      /* > 0: CTAs of the many-rows kernel that run tasks (the others
-                               leave at once); 0: all of its grid */
+    int32_t wide_ctas;      /* -1 (with narrow_sms): the many-rows kernel's CTAs take tasks
+                               from a counter as they start; 0: by CTA index */
     int32_t num_sms;        /* SMs of the device (narrow_sms's share of %nsmid) */
     int32_t pad0;
     int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,
@@ -101,9 +101,9 @@ int cas_cuda_wide_rows(int D, int kind);
  * launches are identical for every plan: graph capture safe. `wide` is the
  * kernel kind (0 narrow, 1 wide, 2 wide2) and selects the task list. Return a
  * cudaError_t as int. cas_cuda_launch_attn_mid runs the mid task list with
- * the 64-row mma.sync kernel (kind 1's occupancy). ncount: two device ints,
- * zero before the first run, for the narrow kernel's SM partition
- * (cas_cuda_plan_hdr.narrow_sms); the merge kernel zeroes them again. */
+ * the 64-row mma.sync kernel (kind 1's occupancy). ncount: three device ints,
+ * zero before the first run, for the SM partition (cas_cuda_plan_hdr
+ * narrow_sms, wide_ctas); the merge kernel zeroes them again. */
 int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                          const void *q, float *o, float *lse, float *scratch, int wide,
                          int *ncount, int grid, void *stream);

@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(256, 2)
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
     /* the attention kernels of this run are done: the narrow kernel's
      * partition counters start the next run at zero */
-    if (ncount && blockIdx.x == 0 && threadIdx.x < 2) ncount[threadIdx.x] = 0;
+    if (ncount && blockIdx.x == 0 && threadIdx.x < 3) ncount[threadIdx.x] = 0;
     const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
     const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
     const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
@@ -665,7 +665,7 @@ extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, co
                                     const void *v, const void *q, float *o, float *lse,
                                     float *scratch, int wide, int *ncount, int grid, void *stream) {
     if (wide >= 3)
-        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, NULL, wide, grid, stream);
+        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, ncount, wide, grid, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
                  rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide != 0,

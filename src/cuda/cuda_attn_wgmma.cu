@@ -818,6 +818,7 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
+#define WS_BAR_PROD 6 /* the producer warpgroup's 128 threads (dyn task hand-off) */
 
 template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS>
 __global__ void __launch_bounds__(384, 1)
@@ -840,6 +841,8 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ int s_qpos[128];
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
+    __shared__ __align__(8) unsigned long long s_tbar[8]; /* dyn: task slots full (4), empty (4) */
+    __shared__ int s_wtask[4];
     __shared__ int s_cdone, s_ctile, s_tti; /* kind 11: consumer warps done with their tasks,
                                               tiles consumer warpgroup 0 finished, the tail
                                               warps' task index */
@@ -853,12 +856,13 @@ __global__ void __launch_bounds__(384, 1)
      * 16), so the two pipelines stay in step for unflagged pairs too. */
     const int crank = MC ? (int)cluster_rank() : 0;
     const int slot0 = MC ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
-    /* SM partition (h->wide_ctas, see cas_cuda_plan_hdr): the CTAs past
-     * wide_ctas leave at once; those below walk the list with that stride */
-    const int wide_ctas = MC || TAILS || h->wide_ctas <= 0 || h->wide_ctas > (int)gridDim.x
-                              ? (int)gridDim.x : h->wide_ctas;
-    if (slot0 >= wide_ctas) return;
-    const int nslot_grid = MC ? (int)(gridDim.x >> 1) : wide_ctas;
+    /* h->wide_ctas < 0 (an SM partition, see cas_cuda_plan_hdr): the CTAs
+     * take tasks from counter[2] as they start, the longest first (some
+     * start only when the narrow kernel leaves their SM); the producer's
+     * thread 0 takes each and passes it on through a ring of four slots
+     * (s_wtask, full/empty mbarriers). Otherwise CTA b runs tasks b, b + grid, ... */
+    const bool dyn = !MC && !TAILS && h->wide_ctas < 0 && counter;
+    const int nslot_grid = MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
     const int ntask = MC ? h->n_tasks_wide / 2 : h->n_tasks_wide;
     const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide) + crank;
     const int tstride = MC ? 2 : 1;
@@ -882,6 +886,10 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(FULL_V(s), nprod);
             mbar_init(EMPTY_K(s), MC ? 16 : 8);
             mbar_init(EMPTY_V(s), MC ? 16 : 8);
+        }
+        for (int sl = 0; sl < 4; sl++) {
+            mbar_init(smem_u32(&s_tbar[sl]), 1);
+            mbar_init(smem_u32(&s_tbar[4 + sl]), 8);
         }
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         s_cdone = 0;
@@ -923,8 +931,20 @@ __global__ void __launch_bounds__(384, 1)
         const int ch = tid % CPR, key0 = tid / CPR;
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
-        int it = 0;
-        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+        /* dyn: the k-th task of this CTA, taken by thread 0 once the
+         * consumers have read the slot's last one (ntask or more: the end) */
+        auto take = [&](int k) -> int {
+            const int sl = k & 3;
+            if (tid == 0) {
+                mbar_wait(smem_u32(&s_tbar[4 + sl]), ((uint32_t)(k >> 2) & 1u) ^ 1u);
+                s_wtask[sl] = atomicAdd(counter + 2, 1);
+                mbar_arrive(smem_u32(&s_tbar[sl]));
+            }
+            nbar_sync(WS_BAR_PROD, 128);
+            return s_wtask[sl];
+        };
+        int it = 0, kdyn = 1;
+        for (int ti = dyn ? take(0) : slot0; ti < ntask; ti = dyn ? take(kdyn++) : ti + nslot_grid) {
             const cas_cuda_task t = tasks[ti * tstride];
             const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
@@ -1089,8 +1109,17 @@ __global__ void __launch_bounds__(384, 1)
             if (lane == 0) mbar_arrive(bar);
             if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
         };
-        int it = 0;
-        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+        /* dyn: the k-th task, from the producer's ring slot */
+        auto take = [&](int k) -> int {
+            const int sl = k & 3;
+            mbar_wait(smem_u32(&s_tbar[sl]), (uint32_t)(k >> 2) & 1u);
+            const int x = s_wtask[sl];
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_u32(&s_tbar[4 + sl]));
+            return x;
+        };
+        int it = 0, kdyn = 1;
+        for (int ti = dyn ? take(0) : slot0; ti < ntask; ti = dyn ? take(kdyn++) : ti + nslot_grid) {
             const cas_cuda_task t = tasks[ti * tstride];
             const cas_cuda_pass ps = passes[t.pass];
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
