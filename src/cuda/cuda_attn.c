@@ -178,7 +178,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || kind > 11 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || kind > 12 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -417,7 +417,7 @@ static int64_t class_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_a
  * to the narrow kernel alone). */
 static int32_t pick_partition(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
                               int32_t group) {
-    if (a->wide_kind < 6 || a->wide_kind > 9 || a->num_sms < 2) return 0;
+    if (a->wide_kind != 12 || a->num_sms < 2) return 0;
     int has_narrow = 0, has_other = 0;
     for (int32_t i = 0; i < n_passes; i++) {
         const int64_t rows = (int64_t)passes[i].n_tok * group;
@@ -427,13 +427,47 @@ static int32_t pick_partition(const cas_cuda_attn *a, int32_t n_passes, const ca
         else if (cls == CLS_MID) has_other = 1;
     }
     if (!has_narrow || has_other) return 0;
+    const int N = a->num_sms;
     const char *env = getenv("CASCADE_CUDA_NARROW_SMS");
     if (env) {
         int k = atoi(env);
         if (k <= 0) return 0;
-        return k >= a->num_sms ? a->num_sms - 1 : k;
+        return k >= N ? N - 1 : k;
     }
-    return 0;
+    /* the model: the narrow kernel's HBM rate on a share f of the SMs (the
+     * unshared flat run B 64 x 4096 on an H200, v9: 0.15 -> 1264 GB/s, 0.3
+     * -> 1992, 0.5 -> 2515, 0.76 -> 3205, 1 -> 3689), the many-rows work at
+     * 3.4 TFLOP/s per SM (450 on 132); without a partition the two run one
+     * after the other, with one the many-rows kernel has N - k SMs while the
+     * tails stream and all N after */
+    static const double fx[] = {0.0, 0.15, 0.30, 0.50, 0.76, 1.0};
+    static const double bw[] = {0.0, 1264e9, 1992e9, 2515e9, 3205e9, 3689e9};
+    double tail_bytes = 0.0, wide_flops = 0.0;
+    const double D = a->shape.head_dim, Hkv = a->shape.num_kv_heads;
+    for (int32_t i = 0; i < n_passes; i++) {
+        const int64_t rows = (int64_t)passes[i].n_tok * group;
+        if (rows == 0 || passes[i].len <= 0) continue;
+        if (pass_class(a, rows) == CLS_NARROW) tail_bytes += 4.0 * D * Hkv * passes[i].len;
+        else wide_flops += 4.0 * (double)rows * Hkv * D * passes[i].len;
+    }
+    if (wide_flops <= 0.0) return 0;
+    const double W = wide_flops / 3.4e12; /* SM-seconds */
+    const double t0 = tail_bytes / bw[5] + W / N;
+    double best = t0 * 0.93;
+    int32_t best_k = 0;
+    for (int32_t k = 8; k <= N - 8; k += 4) {
+        const double f = (double)k / N;
+        int j = 1;
+        while (j < 5 && fx[j] < f) j++;
+        const double r = bw[j - 1] + (bw[j] - bw[j - 1]) * (f - fx[j - 1]) / (fx[j] - fx[j - 1]);
+        const double tn = tail_bytes / r, left = W - (N - k) * tn;
+        const double t = tn + (left > 0.0 ? left / N : 0.0);
+        if (t < best) {
+            best = t;
+            best_k = k;
+        }
+    }
+    return best_k;
 }
 
 /* When a many-rows kernel gets only a few waves of tasks (a shared prefix
@@ -534,7 +568,10 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * is that of the narrow passes */
     const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
     const int32_t part = pick_partition(a, n_passes, passes, group);
-    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, a->wide_grid, L, split_rule);
+    /* with a partition the many-rows tasks are cut for three times its grid,
+     * so that the CTAs that start late still find tasks */
+    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE,
+                            part > 0 ? 3 * (int64_t)a->wide_grid : a->wide_grid, L, split_rule);
     int64_t Lm = pick_chunk(a, n_passes, passes, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
@@ -697,8 +734,9 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     static int snake = -1;
     if (snake < 0) snake = getenv("CASCADE_CUDA_SNAKE") ? atoi(getenv("CASCADE_CUDA_SNAKE")) != 0 : 1;
     if (snake) {
-        /* with an SM partition both kernels take tasks from counters, longest first */
-        if (a->wide_kind != 10 && !part) snake_rounds(a->tw, nw, a->wide_grid);
+        /* kind 12 and the narrow kernel in an SM partition take tasks from
+         * counters, longest first */
+        if (a->wide_kind != 10 && a->wide_kind != 12) snake_rounds(a->tw, nw, a->wide_grid);
         if (!part) snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
         if (a->mid_rows > 0) snake_rounds(a->tm, nmid, a->mid_grid);
     }
@@ -776,7 +814,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->soft_cap = params->logits_soft_cap;
     h->group = group;
     h->narrow_sms = part;
-    h->wide_ctas = part > 0 ? -1 : 0;
+    h->wide_ctas = a->wide_kind == 12 ? -1 : 0;
     h->num_sms = a->num_sms;
     h->pad0 = 0;
     h->block_bytes = off;
@@ -934,6 +972,7 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     if (!a) return "none";
     switch (a->wide_kind) {
+    case 12: return "wgmma-ws-tma-dyn";
     case 11: return "wgmma-ws-tma-tails";
     case 10: return "wgmma-ws-mc";
     case 9: return "wgmma-ws-tma";

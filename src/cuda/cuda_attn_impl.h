@@ -74,8 +74,8 @@ typedef struct {
                                the many-rows kernel runs on the others: its CTAs on other SMs
                                leave at once and the rest take tasks from a counter; 0: every
                                CTA, tasks by CTA index */
-    int32_t wide_ctas;      /* -1 (with narrow_sms): the many-rows kernel's CTAs take tasks
-                               from a counter as they start; 0: by CTA index */
+    int32_t wide_ctas;      /* -1 (kind 12): the many-rows kernel's CTAs take tasks from a
+                               counter as they start; 0: by CTA index */
     int32_t num_sms;        /* SMs of the device (narrow_sms's share of %nsmid) */
     int32_t pad0;
     int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,

@@ -820,7 +820,7 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
 #define WS_BAR_WG0 3
 #define WS_BAR_PROD 6 /* the producer warpgroup's 128 threads (dyn task hand-off) */
 
-template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS>
+template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS, bool DYN>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
@@ -856,12 +856,12 @@ __global__ void __launch_bounds__(384, 1)
      * 16), so the two pipelines stay in step for unflagged pairs too. */
     const int crank = MC ? (int)cluster_rank() : 0;
     const int slot0 = MC ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
-    /* h->wide_ctas < 0 (an SM partition, see cas_cuda_plan_hdr): the CTAs
-     * take tasks from counter[2] as they start, the longest first (some
+    /* DYN (kind 12): the CTAs take tasks from counter[2] as they start, the
+     * longest first (with an SM partition, see cas_cuda_plan_hdr, some
      * start only when the narrow kernel leaves their SM); the producer's
      * thread 0 takes each and passes it on through a ring of four slots
      * (s_wtask, full/empty mbarriers). Otherwise CTA b runs tasks b, b + grid, ... */
-    const bool dyn = !MC && !TAILS && h->wide_ctas < 0 && counter;
+    constexpr bool dyn = DYN && !MC && !TAILS;
     const int nslot_grid = MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
     const int ntask = MC ? h->n_tasks_wide / 2 : h->n_tasks_wide;
     const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide) + crank;
@@ -887,10 +887,11 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(EMPTY_K(s), MC ? 16 : 8);
             mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
-        for (int sl = 0; sl < 4; sl++) {
-            mbar_init(smem_u32(&s_tbar[sl]), 1);
-            mbar_init(smem_u32(&s_tbar[4 + sl]), 8);
-        }
+        if (dyn)
+            for (int sl = 0; sl < 4; sl++) {
+                mbar_init(smem_u32(&s_tbar[sl]), 1);
+                mbar_init(smem_u32(&s_tbar[4 + sl]), 8);
+            }
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         s_cdone = 0;
         s_ctile = 0;
@@ -1367,7 +1368,8 @@ __global__ void __launch_bounds__(384, 1)
  * the full tiles of K and V brought in by the bulk tensor copy engine (TMA)
  * where the page size allows (tma_box_rows), 10 kind 9 in clusters of two
  * CTAs that run pairs of tasks, K and V of a pair sharing its keys
- * multicast to both (the planner pairs the row blocks of one KV chunk) */
+ * multicast to both (the planner pairs the row blocks of one KV chunk),
+ * 12 kind 9 with the tasks taken from a counter (for an SM partition) */
 template <typename C_, typename T, void *(*F)()> struct wg_entry {
     typedef C_ C;
     static constexpr int NT = C::NT;
@@ -1375,11 +1377,11 @@ template <typename C_, typename T, void *(*F)()> struct wg_entry {
     static void *fn() { return F(); }
 };
 template <typename T, int D, bool OVL> void *wg_plain_fn() { return (void *)attn_wgmma_kernel<T, D, OVL>; }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS> void *wg_ws_fn() {
-    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS>;
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS, bool DYN> void *wg_ws_fn() {
+    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS, DYN>;
 }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS>> {};
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false, bool DYN = false>
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, DYN>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
 template <typename T, int D> struct wg_kernel<T, D, 3> : wg_entry<wg_cfg<D, false>, T, wg_plain_fn<T, D, false>> {};
@@ -1390,6 +1392,7 @@ template <typename T, int D> struct wg_kernel<T, D, 8> : wg_ws<T, D, 128, 3, tru
 template <typename T, int D> struct wg_kernel<T, D, 9> : wg_ws<T, D, 128, 3, false, true, false> {};
 template <typename T, int D> struct wg_kernel<T, D, 10> : wg_ws<T, D, 128, 3, false, true, true> {};
 template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, false, true, false, true> {};
+template <typename T, int D> struct wg_kernel<T, D, 12> : wg_ws<T, D, 128, 3, false, true, false, false, true> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1575,6 +1578,7 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
         case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
         case 11: return F<T, DD, 11>(__VA_ARGS__);                                                \
+        case 12: return F<T, DD, 12>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
