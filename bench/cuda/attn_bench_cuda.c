@@ -90,7 +90,6 @@ typedef struct {
     double flat_GBps, cascade_GBps, roofline_ms;
     int planned_shared;
     int fused_tail, fused_narrow; /* kind 11: the cascade's fused tasks by who ran them (-1: none) */
-    int narrow_sms_flat, narrow_sms_cascade; /* SM partition of the plans (0: none) */
 } result_t;
 
 static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, double tflops,
@@ -100,7 +99,6 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
     const int total_q = B * Q;
     const cas_attn_shape sh = {o->Hq, o->Hkv, o->D, ps, o->dt};
     res->fused_tail = res->fused_narrow = -1;
-    res->narrow_sms_flat = res->narrow_sms_cascade = 0;
     if ((int64_t)pp + (int64_t)B * up > pool_pages) {
         fprintf(stderr, "pool too small\n");
         exit(1);
@@ -214,10 +212,6 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
         double tg, te;
         CS(cas_cuda_attn_time(a, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &tg));
         CS(cas_cuda_attn_time(a, dk, dv, dq, dO, dL, s, o->warm, o->iters, 0, &te));
-        cas_cuda_attn_info pinf;
-        cas_cuda_attn_get_info(a, &pinf);
-        if (mode == 0) res->narrow_sms_flat = pinf.narrow_sms;
-        if (mode == 1) res->narrow_sms_cascade = pinf.narrow_sms;
         if (mode == 0) {
             res->flat_ms = tg;
             res->flat_eager_ms = te;
@@ -328,9 +322,6 @@ static void print_result(FILE *f, const result_t *r, int comma) {
         fprintf(f, "\"cascade_mid_ms\": %.5f, ", r->cascade_mid_ms);
     if (isfinite(r->cascade_ab_ms))
         fprintf(f, "\"cascade_ab_ms\": %.5f, \"ab_kind\": %d, ", r->cascade_ab_ms, atoi(getenv("CASCADE_BENCH_AB")));
-    if (r->narrow_sms_flat > 0 || r->narrow_sms_cascade > 0)
-        fprintf(f, "\"narrow_sms_flat\": %d, \"narrow_sms_cascade\": %d, ", r->narrow_sms_flat,
-                r->narrow_sms_cascade);
     if (r->fused_tail >= 0)
         fprintf(f, "\"fused_tasks_tail_warps\": %d, \"fused_tasks_narrow\": %d, ", r->fused_tail, r->fused_narrow);
     fprintf(f,

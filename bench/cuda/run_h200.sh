@@ -8,7 +8,7 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 fuse ab part cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench diag bench2 fuse ab cli ncu grid sanitize (default: test bench cli grid)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
@@ -18,11 +18,7 @@
 #   GRID_RESERVE (seconds the grid leaves for the steps after it),
 #   CASCADE_BENCH_AB (a second kind the grid times each cascade with, same run),
 #   AB_CASES, OLD_BB, AB_WIDE (step ab: cases P,B,U timed with this build and with the
-#   attn_bench_cuda at OLD_BB, default $CARRY/old_attn_bench_cuda, alternating),
-#   PART_KIND (12), PART_KS, PART_UNSHARED_KS, PART_PREFILL_KS, PART_CASES, PART_TEST_KS,
-#   PART_SANITIZE (step part: the SM partition with kind PART_KIND: CASCADE_CUDA_NARROW_SMS
-#   values, m for the model's choice or k9 for kind 9, timed on the cases P,B,U, the unshared
-#   flat run and the 16k prefill; tested (and under compute-sanitizer) with forced values)
+#   attn_bench_cuda at OLD_BB, default $CARRY/old_attn_bench_cuda, alternating)
 # The grid runs with the many-rows kernel kind that was fastest in `bench`
 # among those whose tests passed (or GRID_WIDE).
 set -u
@@ -140,44 +136,6 @@ if has ab && [ -x "${OLD_BB:-$CARRY/old_attn_bench_cuda}" ]; then
     b=$BB; [ $v = old ] && b=$OB
     CASCADE_CUDA_WIDE=${AB_WIDE:-} timeout 60 "$b" --unshared --json "$W/ab_${v}_unshared.json" 2>&1 | grep -E "unshared" | sed "s/^/$v /"
   done
-fi
-if has part; then
-  # SM partition: the narrow kernel keeps k SMs, the many-rows kernel runs on the rest
-  for k in ${PART_TEST_KS:-61 1}; do
-    echo "== test-cuda kind ${PART_KIND:-12} quick with CASCADE_CUDA_NARROW_SMS=$k"
-    CASCADE_CUDA_NARROW_SMS=$k CASCADE_TEST_KINDS=${PART_KIND:-12} CASCADE_TEST_QUICK=1 timeout 120 "$T" > "$W/test_part_$k.log" 2>&1; echo "test rc=$?"
-    grep -E "^FAIL|passed" "$W/test_part_$k.log" | tail -5
-  done
-  # k: SMs of the narrow kernel (CASCADE_CUDA_NARROW_SMS, 0: none), m: the cost model's
-  # choice, k9: kind 9 (no partition, tasks by CTA index); the other runs use kind PART_KIND
-  pk() { # k, then the command: runs it with k's environment
-    local k=$1; shift
-    case $k in
-      m) CASCADE_CUDA_WIDE=${PART_KIND:-12} "$@" ;;
-      k9) CASCADE_CUDA_WIDE=9 "$@" ;;
-      *) CASCADE_CUDA_WIDE=${PART_KIND:-12} CASCADE_CUDA_NARROW_SMS=$k "$@" ;;
-    esac
-  }
-  echo "== SM partition sweep (k: CASCADE_CUDA_NARROW_SMS, m: model, k9: kind 9), $(left) s left"
-  for k in ${PART_UNSHARED_KS-0 120 110 100 88 66}; do
-    pk $k timeout 60 "$BB" --unshared --json "$W/part_unshared_$k.json" 2>&1 | grep -E "unshared" | sed "s/^/k=$k /"
-  done
-  for c in ${PART_CASES:-32768,64,512 32768,64,2048 16384,256,2048 16384,128,2048 32768,256,512 16384,64,128}; do
-    IFS=, read -r p1 p2 p3 <<< "$c"
-    for k in ${PART_KS:-0 120 110 100 88 66}; do
-      [ "$(left)" -lt 30 ] && break
-      pk $k timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/part_${p1}_${p2}_${p3}_$k.json" 2>&1 | tail -1 | sed "s/^/k=$k /"
-      python3 -c "import json;c=json.load(open('$W/part_${p1}_${p2}_${p3}_$k.json'))['cases'][0];print('   narrow_sms', c.get('narrow_sms_cascade',0))" 2>/dev/null
-    done
-  done
-  for k in ${PART_PREFILL_KS-}; do
-    pk $k timeout 60 "$BB" --prefill 16384 --json "$W/part_prefill_$k.json" 2>&1 | grep -iE "prefill" | tail -1 | sed "s/^/k=$k /"
-  done
-  if [ -n "${PART_SANITIZE:-}" ] && [ "$(left)" -gt 90 ]; then
-    echo "== memcheck / racecheck (quick, kind ${PART_KIND:-12}, CASCADE_CUDA_NARROW_SMS=$PART_SANITIZE), $(left) s left"
-    CASCADE_CUDA_NARROW_SMS=$PART_SANITIZE CASCADE_TEST_KINDS=${PART_KIND:-12} CASCADE_TEST_QUICK=1 timeout $(( $(left) / 2 )) compute-sanitizer --tool memcheck --error-exitcode 9 "$T" > "$W/memcheck_part.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$W/memcheck_part.log" | head -3
-    CASCADE_CUDA_NARROW_SMS=$PART_SANITIZE CASCADE_TEST_KINDS=${PART_KIND:-12} CASCADE_TEST_QUICK=2 timeout $(( $(left) - 5 )) compute-sanitizer --tool racecheck --error-exitcode 9 "$T" > "$W/racecheck_part.log" 2>&1; echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|passed" "$W/racecheck_part.log" | head -3
-  fi
 fi
 if has cli && [ -n "$CAS" ]; then
   echo "== cascade attn-bench --backend cuda"

@@ -64,8 +64,7 @@ struct cas_cuda_attn {
     char *stage;
     char *dplan;
     float *dscratch;
-    int *dcounter; /* [0..2] kind 11: the fused list's next task and counts (zeroed by each
-                      run); [8..10] the SM partition's (zeroed by the merge) */
+    int *dcounter; /* kind 11: the fused list's next task (zeroed by each run) */
     cudaEvent_t upload_done, ev_fork, ev_join, ev_join2;
     cudaStream_t side, side2;
 
@@ -178,7 +177,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || kind > 12 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || kind > 11 || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -407,69 +406,6 @@ static int64_t class_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_a
     return n;
 }
 
-/* SM partition of a run with both decode tails (narrow kernel, bound by
- * HBM bytes) and many-rows work (wgmma, bound by the tensor cores): without
- * one, the narrow kernel's persistent grid holds every SM until its list is
- * done and the many-rows kernel follows it; with one, the narrow kernel
- * keeps `part` SMs and the many-rows kernel runs on the others at the same
- * time. Returns part (0: none). CASCADE_CUDA_NARROW_SMS=k forces k whenever
- * the plan has narrow tasks (a measurement: on a flat plan it leaves k SMs
- * to the narrow kernel alone). */
-static int32_t pick_partition(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
-                              int32_t group) {
-    if (a->wide_kind != 12 || a->num_sms < 2) return 0;
-    int has_narrow = 0, has_other = 0;
-    for (int32_t i = 0; i < n_passes; i++) {
-        const int64_t rows = (int64_t)passes[i].n_tok * group;
-        if (rows == 0 || passes[i].len <= 0) continue;
-        const int cls = pass_class(a, rows);
-        if (cls == CLS_NARROW) has_narrow = 1;
-        else if (cls == CLS_MID) has_other = 1;
-    }
-    if (!has_narrow || has_other) return 0;
-    const int N = a->num_sms;
-    const char *env = getenv("CASCADE_CUDA_NARROW_SMS");
-    if (env) {
-        int k = atoi(env);
-        if (k <= 0) return 0;
-        return k >= N ? N - 1 : k;
-    }
-    /* the model: the narrow kernel's HBM rate on a share f of the SMs (the
-     * unshared flat run B 64 x 4096 on an H200, v9: 0.15 -> 1264 GB/s, 0.3
-     * -> 1992, 0.5 -> 2515, 0.76 -> 3205, 1 -> 3689), the many-rows work at
-     * 3.4 TFLOP/s per SM (450 on 132); without a partition the two run one
-     * after the other, with one the many-rows kernel has N - k SMs while the
-     * tails stream and all N after */
-    static const double fx[] = {0.0, 0.15, 0.30, 0.50, 0.76, 1.0};
-    static const double bw[] = {0.0, 1264e9, 1992e9, 2515e9, 3205e9, 3689e9};
-    double tail_bytes = 0.0, wide_flops = 0.0;
-    const double D = a->shape.head_dim, Hkv = a->shape.num_kv_heads;
-    for (int32_t i = 0; i < n_passes; i++) {
-        const int64_t rows = (int64_t)passes[i].n_tok * group;
-        if (rows == 0 || passes[i].len <= 0) continue;
-        if (pass_class(a, rows) == CLS_NARROW) tail_bytes += 4.0 * D * Hkv * passes[i].len;
-        else wide_flops += 4.0 * (double)rows * Hkv * D * passes[i].len;
-    }
-    if (wide_flops <= 0.0) return 0;
-    const double W = wide_flops / 3.4e12; /* SM-seconds */
-    const double t0 = tail_bytes / bw[5] + W / N;
-    double best = t0 * 0.93;
-    int32_t best_k = 0;
-    for (int32_t k = 8; k <= N - 8; k += 4) {
-        const double f = (double)k / N;
-        int j = 1;
-        while (j < 5 && fx[j] < f) j++;
-        const double r = bw[j - 1] + (bw[j] - bw[j - 1]) * (f - fx[j - 1]) / (fx[j] - fx[j - 1]);
-        const double tn = tail_bytes / r, left = W - (N - k) * tn;
-        const double t = tn + (left > 0.0 ? left / N : 0.0);
-        if (t < best) {
-            best = t;
-            best_k = k;
-        }
-    }
-    return best_k;
-}
-
 /* When a many-rows kernel gets only a few waves of tasks (a shared prefix
  * over a decode batch), its time is waves x chunk: a split that leaves a last
  * wave nearly empty costs a whole chunk. The chunk length for the passes of
@@ -567,11 +503,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * L only, 1: chunks of at least 512 keys, 2 (default): at least 128); L
      * is that of the narrow passes */
     const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
-    const int32_t part = pick_partition(a, n_passes, passes, group);
-    /* with a partition the many-rows tasks are cut for three times its grid,
-     * so that the CTAs that start late still find tasks */
-    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE,
-                            part > 0 ? 3 * (int64_t)a->wide_grid : a->wide_grid, L, split_rule);
+    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, a->wide_grid, L, split_rule);
     int64_t Lm = pick_chunk(a, n_passes, passes, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
@@ -734,10 +666,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     static int snake = -1;
     if (snake < 0) snake = getenv("CASCADE_CUDA_SNAKE") ? atoi(getenv("CASCADE_CUDA_SNAKE")) != 0 : 1;
     if (snake) {
-        /* kind 12 and the narrow kernel in an SM partition take tasks from
-         * counters, longest first */
-        if (a->wide_kind != 10 && a->wide_kind != 12) snake_rounds(a->tw, nw, a->wide_grid);
-        if (!part) snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
+        if (a->wide_kind != 10) snake_rounds(a->tw, nw, a->wide_grid);
+        snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
         if (a->mid_rows > 0) snake_rounds(a->tm, nmid, a->mid_grid);
     }
 #undef FUSED
@@ -813,10 +743,6 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->scale_log2 = h->scale * 1.4426950408889634f;
     h->soft_cap = params->logits_soft_cap;
     h->group = group;
-    h->narrow_sms = part;
-    h->wide_ctas = a->wide_kind == 12 ? -1 : 0;
-    h->num_sms = a->num_sms;
-    h->pad0 = 0;
     h->block_bytes = off;
 
     a->info.passes = n_passes;
@@ -824,7 +750,6 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     a->info.tasks_narrow = nn;
     a->info.tasks_mid = nmid;
     a->info.tasks_fused = nf;
-    a->info.narrow_sms = part;
     a->info.merge_tokens = nm;
     a->info.contribs = ncontrib;
     a->info.plan_bytes = off;
@@ -899,8 +824,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                                        a->wide_grid, a->num_sms * a->occ_narrow, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: fused attention launch: %s", __FILE__,
                                 __LINE__, cas_cuda_error_string(e));
-        e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->dcounter + 8,
-                              a->num_sms * 8, stream);
+        e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                                 cas_cuda_error_string(e));
         return CAS_OK;
@@ -909,7 +833,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
      * (many rows, tensor-core bound) on the caller's: they overlap */
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_fork, stream));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side, a->ev_fork, 0));
-    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0, a->dcounter + 8,
+    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
                              a->num_sms * a->occ_narrow, a->side);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
@@ -926,13 +850,12 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
         CAS_CUDA_CHECK(cudaEventRecord(a->ev_join2, a->side2));
     }
     e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
-                             a->dcounter + 8, a->wide_grid, stream);
+                             a->wide_grid, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));
     if (a->mid_rows > 0) CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join2, 0));
-    e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->dcounter + 8,
-                              a->num_sms * 8, stream);
+    e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     return CAS_OK;
@@ -972,7 +895,6 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     if (!a) return "none";
     switch (a->wide_kind) {
-    case 12: return "wgmma-ws-tma-dyn";
     case 11: return "wgmma-ws-tma-tails";
     case 10: return "wgmma-ws-mc";
     case 9: return "wgmma-ws-tma";

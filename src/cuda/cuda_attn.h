@@ -119,8 +119,6 @@ typedef struct {
     int32_t passes, tasks_wide, tasks_narrow, merge_tokens, contribs;
     int32_t tasks_mid; /* tasks of few-row passes on mma.sync next to wgmma */
     int32_t tasks_fused; /* kind 11: decode-tail tasks run beside the many-rows tasks */
-    int32_t narrow_sms;  /* SMs the narrow kernel keeps beside the many-rows kernel (0: no
-                            partition, the two kernels take SMs as they free up) */
     int64_t plan_bytes;     /* bytes uploaded */
     int64_t kv_tokens_read; /* per KV head, over all tasks (each row block reads its range) */
 } cas_cuda_attn_info;
@@ -134,11 +132,9 @@ cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, i
  * (Hopper, head_dim 128), "wgmma-overlap", "wgmma-ws" (warp-specialized),
  * "wgmma-ws64", "wgmma-ws-overlap", "wgmma-ws-tma" (TMA page loads),
  * "wgmma-ws-mc" (clusters, multicast), "wgmma-ws-tma-tails" (TMA, decode
- * tails on the spare producer warps), "wgmma-ws-tma-dyn" (TMA, tasks from a
- * counter, the decode tails' narrow kernel on a share of the SMs beside it
- * when the cost model says so; CASCADE_CUDA_NARROW_SMS=k forces k SMs),
- * "mma.sync" or "mma.sync-2mtile". Chosen at create; the environment variable
- * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|12 forces one (a kind the device lacks
+ * tails on the spare producer warps), "mma.sync" or "mma.sync-2mtile".
+ * Chosen at create; the environment variable
+ * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11 forces one (a kind the device lacks
  * falls back to mma.sync). */
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
 

@@ -70,13 +70,6 @@ typedef struct {
     int32_t n_tasks_fused;  /* kind 11: decode-tail tasks (at most 8 rows) that the
                                many-rows kernel's spare producer warps and then the narrow
                                kernel take from a shared counter (cas_cuda_launch_attn_fused) */
-    int32_t narrow_sms;     /* > 0: the SMs (of num_sms) that the narrow kernel keeps while
-                               the many-rows kernel runs on the others: its CTAs on other SMs
-                               leave at once and the rest take tasks from a counter; 0: every
-                               CTA, tasks by CTA index */
-    int32_t wide_ctas;      /* -1 (kind 12): the many-rows kernel's CTAs take tasks from a
-                               counter as they start; 0: by CTA index */
-    int32_t num_sms;        /* SMs of the device (narrow_sms's share of %nsmid) */
     int32_t pad0;
     int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,
         off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse, off_tasks_mid,
@@ -101,12 +94,10 @@ int cas_cuda_wide_rows(int D, int kind);
  * launches are identical for every plan: graph capture safe. `wide` is the
  * kernel kind (0 narrow, 1 wide, 2 wide2) and selects the task list. Return a
  * cudaError_t as int. cas_cuda_launch_attn_mid runs the mid task list with
- * the 64-row mma.sync kernel (kind 1's occupancy). ncount: three device ints,
- * zero before the first run, for the SM partition (cas_cuda_plan_hdr
- * narrow_sms, wide_ctas); the merge kernel zeroes them again. */
+ * the 64-row mma.sync kernel (kind 1's occupancy). */
 int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                          const void *q, float *o, float *lse, float *scratch, int wide,
-                         int *ncount, int grid, void *stream);
+                         int grid, void *stream);
 int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const void *k,
                              const void *v, const void *q, float *o, float *lse, float *scratch,
                              int grid, void *stream);
@@ -122,7 +113,7 @@ int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const v
                                const void *v, const void *q, float *o, float *lse, float *scratch,
                                int *counter, int wide_grid, int narrow_grid, void *stream);
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,
-                          const float *scratch, int *ncount, int grid, void *stream);
+                          const float *scratch, int grid, void *stream);
 /* CTAs per SM the attention kernel reaches (occupancy), for the grid size.
  * Also sets the kernels' shared-memory attributes; call before launching. */
 int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm);

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(C::NT)
     attn_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                 const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                 float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
-                int list, int *counter, int *ncount) {
+                int list, int *counter) {
     constexpr int D = C::D, WN = C::WN, MT = C::MT, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
     constexpr int ROWS = C::ROWS, KEYS = C::KEYS, LD = C::LD, CPR = C::CPR;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -403,35 +403,7 @@ __global__ void __launch_bounds__(C::NT)
         }
         __syncthreads();
     };
-    if (list == 0 && h->narrow_sms > 0 && ncount) {
-        /* SM partition: the CTAs on the narrow kernel's SMs (a spread share
-         * narrow_sms / num_sms of the SM ids) take tasks from ncount[0]; the
-         * others leave their SM to the many-rows kernel, unless no CTA of
-         * the share has started yet (ncount[1]), so that some CTA always
-         * runs the list wherever the CTAs landed. The merge kernel zeroes
-         * both counters for the next run. */
-        __shared__ int s_take;
-        if (tid == 0) {
-            unsigned smid, nsmid;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-            asm volatile("mov.u32 %0, %%nsmid;" : "=r"(nsmid));
-            const bool mine = (long long)((smid * 97u) % nsmid) * h->num_sms <
-                              (long long)h->narrow_sms * (long long)nsmid;
-            s_take = mine ? (atomicAdd(ncount + 1, 1), 1) : atomicAdd(ncount + 1, 0) == 0;
-        }
-        __syncthreads();
-        if (!s_take) return;
-        for (;;) {
-            __syncthreads();
-            if (tid == 0) s_take = atomicAdd(ncount, 1);
-            __syncthreads();
-            const int ti = s_take;
-            if (ti >= ntask) break;
-            run_task(tasks[ti]);
-        }
-    } else {
-        for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) run_task(tasks[ti]);
-    }
+    for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) run_task(tasks[ti]);
     if (counter && list == 0) {
         /* kind 11: the fused list's tasks that the many-rows kernel's tail
          * warps have not taken, one at a time from the shared counter */
@@ -468,12 +440,8 @@ __global__ void __launch_bounds__(C::NT)
 template <int D>
 __global__ void __launch_bounds__(256, 2)
     merge_plan_kernel(const char *__restrict__ plan, float *__restrict__ o,
-                      float *__restrict__ lse, const float *__restrict__ scratch, int Hq,
-                      int *ncount) {
+                      float *__restrict__ lse, const float *__restrict__ scratch, int Hq) {
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    /* the attention kernels of this run are done: the narrow kernel's
-     * partition counters start the next run at zero */
-    if (ncount && blockIdx.x == 0 && threadIdx.x < 3) ncount[threadIdx.x] = 0;
     const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
     const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
     const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
@@ -593,11 +561,11 @@ __global__ void merge2_kernel(float *o_out, float *lse_out, const float *o_a, co
 
 template <typename T, typename C>
 static int launch_one(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                      const void *q, float *o, float *lse, float *scratch, int list, int *ncount,
-                      int grid, cudaStream_t st) {
+                      const void *q, float *o, float *lse, float *scratch, int list, int grid,
+                      cudaStream_t st) {
     attn_kernel<T, C><<<grid, C::NT, C::SMEM, st>>>(
         (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq,
-        g->Hkv, g->page_size, list, (int *)NULL, ncount);
+        g->Hkv, g->page_size, list, (int *)NULL);
     return (int)cudaGetLastError();
 }
 
@@ -619,7 +587,7 @@ static int launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const voi
     cfg.numAttrs = 1;
     return (int)cudaLaunchKernelEx(&cfg, attn_kernel<T, C>, (const char *)plan, (const T *)k,
                                    (const T *)v, (const T *)q, o, lse, scratch, g->Hq, g->Hkv,
-                                   g->page_size, 0, counter, (int *)NULL);
+                                   g->page_size, 0, counter);
 }
 
 template <typename T, typename C> static int occ_one(int *ctas) {
@@ -663,13 +631,12 @@ extern "C" int cas_cuda_wide_rows(int D, int kind) {
 
 extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
                                     const void *v, const void *q, float *o, float *lse,
-                                    float *scratch, int wide, int *ncount, int grid, void *stream) {
+                                    float *scratch, int wide, int grid, void *stream) {
     if (wide >= 3)
-        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, ncount, wide, grid, stream);
+        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, NULL, wide, grid, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
-                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide != 0,
-                                          wide ? (int *)NULL : ncount, grid,
+                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide != 0, grid,
                                           (cudaStream_t)stream)));
     return rc;
 }
@@ -692,8 +659,8 @@ extern "C" int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan
                                         float *scratch, int grid, void *stream) {
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, 1,
-                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, 2, (int *)NULL,
-                                          grid, (cudaStream_t)stream)));
+                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, 2, grid,
+                                          (cudaStream_t)stream)));
     return rc;
 }
 
@@ -706,14 +673,13 @@ extern "C" int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ct
 }
 
 extern "C" int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o,
-                                     float *lse, const float *scratch, int *ncount, int grid,
-                                     void *stream) {
+                                     float *lse, const float *scratch, int grid, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     switch (g->D) {
-    case 64: merge_plan_kernel<64><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq, ncount); break;
-    case 96: merge_plan_kernel<96><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq, ncount); break;
-    case 128: merge_plan_kernel<128><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq, ncount); break;
-    case 256: merge_plan_kernel<256><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq, ncount); break;
+    case 64: merge_plan_kernel<64><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    case 96: merge_plan_kernel<96><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    case 128: merge_plan_kernel<128><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    case 256: merge_plan_kernel<256><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
     default: return (int)cudaErrorInvalidValue;
     }
     return (int)cudaGetLastError();

@@ -818,9 +818,8 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
-#define WS_BAR_PROD 6 /* the producer warpgroup's 128 threads (dyn task hand-off) */
 
-template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS, bool DYN>
+template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
@@ -841,8 +840,6 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ int s_qpos[128];
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
-    __shared__ __align__(8) unsigned long long s_tbar[8]; /* dyn: task slots full (4), empty (4) */
-    __shared__ int s_wtask[4];
     __shared__ int s_cdone, s_ctile, s_tti; /* kind 11: consumer warps done with their tasks,
                                               tiles consumer warpgroup 0 finished, the tail
                                               warps' task index */
@@ -856,12 +853,6 @@ __global__ void __launch_bounds__(384, 1)
      * 16), so the two pipelines stay in step for unflagged pairs too. */
     const int crank = MC ? (int)cluster_rank() : 0;
     const int slot0 = MC ? (int)(blockIdx.x >> 1) : (int)blockIdx.x;
-    /* DYN (kind 12): the CTAs take tasks from counter[2] as they start, the
-     * longest first (with an SM partition, see cas_cuda_plan_hdr, some
-     * start only when the narrow kernel leaves their SM); the producer's
-     * thread 0 takes each and passes it on through a ring of four slots
-     * (s_wtask, full/empty mbarriers). Otherwise CTA b runs tasks b, b + grid, ... */
-    constexpr bool dyn = DYN && !MC && !TAILS;
     const int nslot_grid = MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
     const int ntask = MC ? h->n_tasks_wide / 2 : h->n_tasks_wide;
     const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_wide) + crank;
@@ -887,11 +878,6 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(EMPTY_K(s), MC ? 16 : 8);
             mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
-        if (dyn)
-            for (int sl = 0; sl < 4; sl++) {
-                mbar_init(smem_u32(&s_tbar[sl]), 1);
-                mbar_init(smem_u32(&s_tbar[4 + sl]), 8);
-            }
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         s_cdone = 0;
         s_ctile = 0;
@@ -932,20 +918,8 @@ __global__ void __launch_bounds__(384, 1)
         const int ch = tid % CPR, key0 = tid / CPR;
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
-        /* dyn: the k-th task of this CTA, taken by thread 0 once the
-         * consumers have read the slot's last one (ntask or more: the end) */
-        auto take = [&](int k) -> int {
-            const int sl = k & 3;
-            if (tid == 0) {
-                mbar_wait(smem_u32(&s_tbar[4 + sl]), ((uint32_t)(k >> 2) & 1u) ^ 1u);
-                s_wtask[sl] = atomicAdd(counter + 2, 1);
-                mbar_arrive(smem_u32(&s_tbar[sl]));
-            }
-            nbar_sync(WS_BAR_PROD, 128);
-            return s_wtask[sl];
-        };
-        int it = 0, kdyn = 1;
-        for (int ti = dyn ? take(0) : slot0; ti < ntask; ti = dyn ? take(kdyn++) : ti + nslot_grid) {
+        int it = 0;
+        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
             const cas_cuda_task t = tasks[ti * tstride];
             const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
@@ -1110,17 +1084,8 @@ __global__ void __launch_bounds__(384, 1)
             if (lane == 0) mbar_arrive(bar);
             if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
         };
-        /* dyn: the k-th task, from the producer's ring slot */
-        auto take = [&](int k) -> int {
-            const int sl = k & 3;
-            mbar_wait(smem_u32(&s_tbar[sl]), (uint32_t)(k >> 2) & 1u);
-            const int x = s_wtask[sl];
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_u32(&s_tbar[4 + sl]));
-            return x;
-        };
-        int it = 0, kdyn = 1;
-        for (int ti = dyn ? take(0) : slot0; ti < ntask; ti = dyn ? take(kdyn++) : ti + nslot_grid) {
+        int it = 0;
+        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
             const cas_cuda_task t = tasks[ti * tstride];
             const cas_cuda_pass ps = passes[t.pass];
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
@@ -1368,8 +1333,7 @@ __global__ void __launch_bounds__(384, 1)
  * the full tiles of K and V brought in by the bulk tensor copy engine (TMA)
  * where the page size allows (tma_box_rows), 10 kind 9 in clusters of two
  * CTAs that run pairs of tasks, K and V of a pair sharing its keys
- * multicast to both (the planner pairs the row blocks of one KV chunk),
- * 12 kind 9 with the tasks taken from a counter (for an SM partition) */
+ * multicast to both (the planner pairs the row blocks of one KV chunk) */
 template <typename C_, typename T, void *(*F)()> struct wg_entry {
     typedef C_ C;
     static constexpr int NT = C::NT;
@@ -1377,11 +1341,11 @@ template <typename C_, typename T, void *(*F)()> struct wg_entry {
     static void *fn() { return F(); }
 };
 template <typename T, int D, bool OVL> void *wg_plain_fn() { return (void *)attn_wgmma_kernel<T, D, OVL>; }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS, bool DYN> void *wg_ws_fn() {
-    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS, DYN>;
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS> void *wg_ws_fn() {
+    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS>;
 }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false, bool DYN = false>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, DYN>> {};
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false>
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
 template <typename T, int D> struct wg_kernel<T, D, 3> : wg_entry<wg_cfg<D, false>, T, wg_plain_fn<T, D, false>> {};
@@ -1392,7 +1356,6 @@ template <typename T, int D> struct wg_kernel<T, D, 8> : wg_ws<T, D, 128, 3, tru
 template <typename T, int D> struct wg_kernel<T, D, 9> : wg_ws<T, D, 128, 3, false, true, false> {};
 template <typename T, int D> struct wg_kernel<T, D, 10> : wg_ws<T, D, 128, 3, false, true, true> {};
 template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, false, true, false, true> {};
-template <typename T, int D> struct wg_kernel<T, D, 12> : wg_ws<T, D, 128, 3, false, true, false, false, true> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1578,7 +1541,6 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
         case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
         case 11: return F<T, DD, 11>(__VA_ARGS__);                                                \
-        case 12: return F<T, DD, 12>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
