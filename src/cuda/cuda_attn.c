@@ -58,6 +58,7 @@ struct cas_cuda_attn {
      * the fused list, in chunks of about fuse_chunk keys, when the plan has
      * many-rows work for them to run beside */
     int fuse_chunk;
+    int snake; /* persistent lists walked snake-wise (snake_rounds); CASCADE_CUDA_SNAKE=0: not */
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
     /* pinned staging and its device copy */
@@ -191,6 +192,9 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         a->fuse_chunk = fenv && *fenv ? atoi(fenv) : CAS_CUDA_DEFAULT_FUSE_CHUNK;
         if (a->fuse_chunk < 16) a->fuse_chunk = 16;
         a->fuse_chunk = (a->fuse_chunk + 15) / 16 * 16;
+        /* CASCADE_CUDA_SNAKE=0: the persistent lists round-robin (measurement) */
+        const char *senv = getenv("CASCADE_CUDA_SNAKE");
+        a->snake = senv && *senv ? atoi(senv) != 0 : 1;
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
@@ -286,7 +290,8 @@ static int cmp_task(const void *x, const void *y) {
  * tasks reversed: the CTA that got a round's longest task gets the next
  * round's shortest. Round-robin alone leaves CTA 0 with the longest task of
  * every round: on a 16k causal prefill (4096 tasks of 1 to 128 tiles on 132
- * CTAs) it ends 3.1% after the mean, the reversed rounds 0.1%. */
+ * CTAs) a simulation ends it 3.1% after the mean, the reversed rounds 0.1%
+ * (measured: +2.6% TFLOP/s, bench/NOTES.md v9). */
 static void snake_rounds(cas_cuda_task *t, int32_t n, int32_t g) {
     if (g < 2) return;
     for (int32_t r0 = g; r0 + g <= n; r0 += 2 * g)
@@ -661,11 +666,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tm, (size_t)nmid, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tf, (size_t)nf, sizeof(cas_cuda_task), cmp_task);
-    /* CASCADE_CUDA_SNAKE=0: plain round-robin (measurement); the fused list
-     * is taken from a counter, kind 10's pairs by clusters */
-    static int snake = -1;
-    if (snake < 0) snake = getenv("CASCADE_CUDA_SNAKE") ? atoi(getenv("CASCADE_CUDA_SNAKE")) != 0 : 1;
-    if (snake) {
+    /* the fused list is taken from a counter, kind 10's pairs by clusters */
+    if (a->snake) {
         if (a->wide_kind != 10) snake_rounds(a->tw, nw, a->wide_grid);
         snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
         if (a->mid_rows > 0) snake_rounds(a->tm, nmid, a->mid_grid);
