@@ -8,7 +8,7 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 fuse ab cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench diag bench2 fuse ab pf cli ncu grid sanitize (default: test bench cli grid)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
@@ -135,6 +135,27 @@ if has ab && [ -x "${OLD_BB:-$CARRY/old_attn_bench_cuda}" ]; then
   for v in new old; do
     b=$BB; [ $v = old ] && b=$OB
     CASCADE_CUDA_WIDE=${AB_WIDE:-} timeout 60 "$b" --unshared --json "$W/ab_${v}_unshared.json" 2>&1 | grep -E "unshared" | sed "s/^/$v /"
+  done
+fi
+if has pf; then
+  # prefill variants alternating in one call (the spread between calls is ~5%):
+  # PF_VARIANTS entries name=ENV=VAL[,ENV=VAL] (binary old = OLD_BB), PF_ROUNDS
+  # rounds; torch's SDPA (MHA 32 heads) and ours at 32:32 heads between them
+  OB=${OLD_BB:-$CARRY/old_attn_bench_cuda}
+  echo "== prefill 16k causal, variants alternating (${PF_ROUNDS:-3} rounds)"
+  for r in $(seq 1 ${PF_ROUNDS:-3}); do
+    for var in ${PF_VARIANTS:-k9=CASCADE_CUDA_WIDE=9}; do
+      name=${var%%=*}; envs=${var#*=}; b=$BB; [ "${name#old}" != "$name" ] && b=$OB
+      env $(echo "$envs" | tr , ' ') timeout 60 "$b" --prefill 16384 --json "$W/pf_${name}_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/$name r$r /"
+    done
+    [ -n "${PF_TORCH:-1}" ] && timeout 120 python3 bench/cuda/torch_prefill.py 16384 2>&1 | tee -a "$OUT/torch_prefill.jsonl" | sed "s/^/torch r$r /"
+    CASCADE_CUDA_WIDE=9 timeout 60 "$BB" --heads 32:32 --prefill 16384 --json "$W/pf_mha_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/k9 32:32 r$r /"
+  done
+  for c in ${PF_DECODE:-}; do
+    IFS=, read -r p1 p2 p3 <<< "$c"
+    for r in 1 2; do for k in ${PF_DECODE_KINDS:-9 13 15}; do
+      CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/pfd_k${k}_${p1}_${p2}_${p3}_$r.json" 2>&1 | tail -1 | sed "s/^/k$k r$r /"
+    done; done
   done
 fi
 if has cli && [ -n "$CAS" ]; then

@@ -437,9 +437,22 @@ __device__ __forceinline__ float ex2_fast(float x) {
 __device__ __forceinline__ float online_max(float &m, float mx, float sl, float &mu) {
     const float mn = fmaxf(m, mx);
     mu = mn == -CUDART_INF_F ? 0.f : mn * sl;
-    const float al = ex2_fast(fmaf(m, sl, -mu));
+    /* an unchanged max leaves mu as it was: the state needs no rescale (exactly 1) */
+    const float al = mn == m ? 1.f : ex2_fast(fmaf(m, sl, -mu));
     m = mn;
     return al;
+}
+/* online_max, but the running max stays while the tile's max is at most
+ * LAZY_LOG2 above it in the log2 domain (the probabilities of the tile are then
+ * at most 2^LAZY_LOG2, well inside bf16, f16 and the f32 sums): most tiles
+ * after the first few leave every row's state as it is (al exactly 1) */
+#define LAZY_LOG2 8.f
+__device__ __forceinline__ float online_max_lazy(float &m, float mx, float sl, float &mu) {
+    if (m != -CUDART_INF_F && (mx - m) * sl <= LAZY_LOG2) {
+        mu = m * sl;
+        return 1.f;
+    }
+    return online_max(m, mx, sl, mu);
 }
 template <int R> __device__ __forceinline__ void reg_dealloc() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
@@ -819,7 +832,11 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
 
-template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS>
+/* XF, variants of kind 9 (kind 9 itself is XF 12): bit 2 no rescale of O
+ * where no row of a warp got a new max, bit 3 the producer's warp 0 alone
+ * (warps 1-3 leave at once; its full barriers count 32), bit 4 the lazy
+ * running max (online_max_lazy), bit 5 24 producer and 240 consumer registers */
+template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS, int XF = 0>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                          const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
@@ -864,7 +881,8 @@ __global__ void __launch_bounds__(384, 1)
     /* kind 11 with fused tasks: warp 0 alone produces (the full barriers
      * count its 32 threads), warps 1-3 run tails */
     const bool fuse = TAILS && h->n_tasks_fused > 0;
-    const int nprod = fuse ? 32 : 128;
+    constexpr bool p1 = !TAILS && !MC && (XF & 8); /* warp 0 alone produces */
+    const int nprod = (fuse || p1) ? 32 : 128;
     const uint32_t bar0 = smem_u32(s_bar);
 #define FULL_K(s) (bar0 + 8u * (uint32_t)(s))
 #define FULL_V(s) (bar0 + 8u * (uint32_t)(STAGES + (s)))
@@ -891,7 +909,7 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (wg == 0) {
         /* ---- producer ---- */
-        reg_dealloc<TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        reg_dealloc<(XF & 32) ? 24 : TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
         if (TAILS && fuse && tid >= 32) {
             /* the consumer tiles of this CTA's tasks, the budget the tail warps work within */
             int ctiles = 0;
@@ -903,6 +921,7 @@ __global__ void __launch_bounds__(384, 1)
                              kv_s + (uint32_t)(2 * STAGES * C::TILE), &s_cdone, 8, &s_ctile, ctiles, &s_tti);
             return;
         }
+        if (p1 && tid >= 32) return;
         if (TMA && tma_rows > 0 && tid == 0) {
             tma_prefetch_map(&kmap);
             tma_prefetch_map(&vmap);
@@ -992,7 +1011,7 @@ __global__ void __launch_bounds__(384, 1)
                     }
                     continue;
                 }
-                if (TAILS && fuse) {
+                if ((TAILS && fuse) || p1) {
                     /* warp 0 alone: lane copies chunk lane % CPR of keys lane / CPR + n (32 / CPR),
                      * 32 keys per round, their page ids looked up one per lane */
                     constexpr int KPR = 32 / CPR;
@@ -1068,7 +1087,7 @@ __global__ void __launch_bounds__(384, 1)
         asm volatile("cp.async.wait_all;\n" ::: "memory");
     } else {
         /* ---- consumers ---- */
-        reg_alloc<TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
+        reg_alloc<(XF & 32) ? 240 : TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
         const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
@@ -1176,7 +1195,7 @@ __global__ void __launch_bounds__(384, 1)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     float mu;
-                    al[hf] = online_max(mrow[hf], mx, sl, mu);
+                    al[hf] = (XF & 16) ? online_max_lazy(mrow[hf], mx, sl, mu) : online_max(mrow[hf], mx, sl, mu);
                     float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < KEYS / 8; nt++) {
@@ -1189,13 +1208,15 @@ __global__ void __launch_bounds__(384, 1)
             };
             uint32_t pa[KEYS / 16][4];
             auto rescale_pack = [&]() {
+                if (!(XF & 4) || !__all_sync(0xffffffffu, al[0] == 1.f && al[1] == 1.f)) {
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++)
+                    for (int hf = 0; hf < 2; hf++)
 #pragma unroll
-                    for (int dt = 0; dt < D / 8; dt++) {
-                        oacc[4 * dt + 2 * hf] *= al[hf];
-                        oacc[4 * dt + 2 * hf + 1] *= al[hf];
-                    }
+                        for (int dt = 0; dt < D / 8; dt++) {
+                            oacc[4 * dt + 2 * hf] *= al[hf];
+                            oacc[4 * dt + 2 * hf + 1] *= al[hf];
+                        }
+                }
 #pragma unroll
                 for (int kk = 0; kk < KEYS / 16; kk++) {
                     pa[kk][0] = mma_op<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
@@ -1341,11 +1362,11 @@ template <typename C_, typename T, void *(*F)()> struct wg_entry {
     static void *fn() { return F(); }
 };
 template <typename T, int D, bool OVL> void *wg_plain_fn() { return (void *)attn_wgmma_kernel<T, D, OVL>; }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS> void *wg_ws_fn() {
-    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS>;
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS, int XF> void *wg_ws_fn() {
+    return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>;
 }
-template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS>> {};
+template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false, int XF = 0>
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
 template <typename T, int D> struct wg_kernel<T, D, 3> : wg_entry<wg_cfg<D, false>, T, wg_plain_fn<T, D, false>> {};
@@ -1353,9 +1374,15 @@ template <typename T, int D> struct wg_kernel<T, D, 4> : wg_entry<wg_cfg<D, true
 template <typename T, int D> struct wg_kernel<T, D, 6> : wg_ws<T, D, 128, 3, false, false, false> {};
 template <typename T, int D> struct wg_kernel<T, D, 7> : wg_ws<T, D, 64, 6, false, false, false> {};
 template <typename T, int D> struct wg_kernel<T, D, 8> : wg_ws<T, D, 128, 3, true, false, false> {};
-template <typename T, int D> struct wg_kernel<T, D, 9> : wg_ws<T, D, 128, 3, false, true, false> {};
+template <typename T, int D> struct wg_kernel<T, D, 9> : wg_ws<T, D, 128, 3, false, true, false, false, 12> {};
 template <typename T, int D> struct wg_kernel<T, D, 10> : wg_ws<T, D, 128, 3, false, true, true> {};
 template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, false, true, false, true> {};
+/* experiments on kind 9 (XF above): 13 the lazy running max, 14 240 consumer
+ * registers (24 for the producer), 15 both, 16 kind 9 as in v9 */
+template <typename T, int D> struct wg_kernel<T, D, 13> : wg_ws<T, D, 128, 3, false, true, false, false, 28> {};
+template <typename T, int D> struct wg_kernel<T, D, 14> : wg_ws<T, D, 128, 3, false, true, false, false, 44> {};
+template <typename T, int D> struct wg_kernel<T, D, 15> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
+template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, false, true, false, false, 0> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1541,6 +1568,10 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
         case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
         case 11: return F<T, DD, 11>(__VA_ARGS__);                                                \
+        case 13: return F<T, DD, 13>(__VA_ARGS__);                                                \
+        case 14: return F<T, DD, 14>(__VA_ARGS__);                                                \
+        case 15: return F<T, DD, 15>(__VA_ARGS__);                                                \
+        case 16: return F<T, DD, 16>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
