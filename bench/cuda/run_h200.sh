@@ -143,13 +143,19 @@ if has pf; then
   # rounds; torch's SDPA (MHA 32 heads) and ours at 32:32 heads between them
   OB=${OLD_BB:-$CARRY/old_attn_bench_cuda}
   echo "== prefill 16k causal, variants alternating (${PF_ROUNDS:-3} rounds)"
+  # the SM clock, power and throttle reasons every 50 ms while they run
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv,noheader -lms 50 > "$OUT/pf_clocks.csv" 2>/dev/null &
+  SMI=$!
   for r in $(seq 1 ${PF_ROUNDS:-3}); do
     for var in ${PF_VARIANTS:-k9=CASCADE_CUDA_WIDE=9}; do
       name=${var%%=*}; envs=${var#*=}; b=$BB; [ "${name#old}" != "$name" ] && b=$OB
-      env $(echo "$envs" | tr , ' ') timeout 60 "$b" --prefill 16384 --json "$W/pf_${name}_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/$name r$r /"
+      date +%T.%N | sed "s/^/$name r$r start /" >> "$OUT/pf_marks.txt"
+      env $(echo "$envs" | tr , ' ') timeout 60 "$b" --prefill 16384 --iters ${PF_ITERS:-30} --json "$W/pf_${name}_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/$name r$r /"
     done
+    [ -n "${PF_TORCH:-1}" ] && date +%T.%N | sed "s/^/round $r torch /" >> "$OUT/pf_marks.txt"
     [ -n "${PF_TORCH:-1}" ] && timeout 120 python3 bench/cuda/torch_prefill.py 16384 2>&1 | tee -a "$OUT/torch_prefill.jsonl" | sed "s/^/torch r$r /"
-    CASCADE_CUDA_WIDE=9 timeout 60 "$BB" --heads 32:32 --prefill 16384 --json "$W/pf_mha_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/k9 32:32 r$r /"
+    [ -n "${PF_MHA:-}" ] && CASCADE_CUDA_WIDE=9 timeout 60 "$BB" --heads 32:32 --prefill 16384 --json "$W/pf_mha_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/k9 32:32 r$r /"
+    date +%T.%N | sed "s/^/round $r ends /" >> "$OUT/pf_marks.txt"
   done
   for c in ${PF_DECODE:-}; do
     IFS=, read -r p1 p2 p3 <<< "$c"
@@ -157,6 +163,16 @@ if has pf; then
       CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/pfd_k${k}_${p1}_${p2}_${p3}_$r.json" 2>&1 | tail -1 | sed "s/^/k$k r$r /"
     done; done
   done
+  kill $SMI 2>/dev/null
+  python3 - "$OUT/pf_clocks.csv" <<'PY'
+import sys
+rows = [l.split(", ") for l in open(sys.argv[1]) if l.count(",") >= 4]
+busy = [r for r in rows if r[2].strip().replace(" W", "").replace(".", "").isdigit() and float(r[2].split()[0]) > 300]
+if busy:
+    mhz = sorted(int(r[1].split()[0]) for r in busy); w = sorted(float(r[2].split()[0]) for r in busy)
+    print("clocks under load (samples > 300 W: %d of %d): SM %d-%d MHz, median %d; power median %.0f W, max %.0f W; throttle reasons seen: %s"
+          % (len(busy), len(rows), mhz[0], mhz[-1], mhz[len(mhz) // 2], w[len(w) // 2], w[-1], sorted(set(r[4].strip() for r in busy))))
+PY
 fi
 if has cli && [ -n "$CAS" ]; then
   echo "== cascade attn-bench --backend cuda"

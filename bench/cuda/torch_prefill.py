@@ -2,9 +2,10 @@
 # cascade's (bench/cuda/run_h200.sh step pf): one sequence of L tokens, Hq
 # heads (K and V with Hq heads too, as in ../shared/anchors/torch_cascade_anchor.py),
 # head dim 128, bf16; SDPA's default choice and each backend on its own.
-# Medians of CUDA-event timings after warm-up; FLOPs counted causal
+# Medians of CUDA-event timings after warm-up (TORCH_PF_ITERS, default 20;
+# TORCH_PF_BACKENDS picks backends); FLOPs counted causal
 # (2 * 2 * L * L / 2 * D * Hq). Prints one JSON line per backend.
-import json, sys
+import json, os, sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -17,7 +18,10 @@ k = torch.randn_like(q)
 v = torch.randn_like(q)
 
 
-def bench(fn, iters=20, warm=5):
+ITERS = int(os.environ.get("TORCH_PF_ITERS", "20"))  # more: long enough to sample the clocks
+
+
+def bench(fn, iters=ITERS, warm=5):
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
@@ -37,7 +41,10 @@ def bench(fn, iters=20, warm=5):
 fl = 2 * 2 * L * L / 2 * D * Hq
 backends = [("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
             ("cudnn", SDPBackend.CUDNN_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+only = os.environ.get("TORCH_PF_BACKENDS")  # e.g. "default,cudnn"
 for name, be in backends:
+    if only and name not in only.split(","):
+        continue
     try:
         if be is None:
             ms = bench(lambda: sdpa(q, k, v, is_causal=True))
