@@ -29,7 +29,9 @@
  * tiles with the bulk tensor copy engine (TMA) through tensor maps of the
  * pool, one box per page or one per 64 keys of consecutive pages, and keeps
  * the cp.async gathers for the rest; kind 10 runs kind 9 in clusters of two
- * with multicast (measured slower).
+ * with multicast (measured slower). Since v10 kind 9's producer is warp 0
+ * alone (the other three warps leave) and its consumers skip the rescale of
+ * O where no row of a warp got a new max; kinds 13-16 are its variants.
  *
  * Compiled for sm_90a only; other targets get a stub that traps, and the
  * host selects these kernels only on compute capability 9.0 with head_dim 128
