@@ -140,7 +140,8 @@ fi
 if has pf; then
   # prefill variants alternating in one call (the spread between calls is ~5%):
   # PF_VARIANTS entries name=ENV=VAL[,ENV=VAL] (binary old = OLD_BB), PF_ROUNDS
-  # rounds; torch's SDPA (MHA 32 heads) and ours at 32:32 heads between them
+  # rounds; torch's SDPA (MHA 32 heads) after each round, and with PF_MHA ours
+  # at 32:32 heads too; PF_DECODE cases P,B,U timed with each of PF_DECODE_KINDS
   OB=${OLD_BB:-$CARRY/old_attn_bench_cuda}
   echo "== prefill 16k causal, variants alternating (${PF_ROUNDS:-3} rounds)"
   # the SM clock, power and throttle reasons every 50 ms while they run
@@ -159,7 +160,7 @@ if has pf; then
   done
   for c in ${PF_DECODE:-}; do
     IFS=, read -r p1 p2 p3 <<< "$c"
-    for r in 1 2; do for k in ${PF_DECODE_KINDS:-9 13 15}; do
+    for r in 1 2; do for k in ${PF_DECODE_KINDS:-9 16}; do
       CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/pfd_k${k}_${p1}_${p2}_${p3}_$r.json" 2>&1 | tail -1 | sed "s/^/k$k r$r /"
     done; done
   done

@@ -178,7 +178,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || kind > 16 || kind == 5 || kind == 12 || (kind >= 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || (kind > 11 && kind != 16) || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -900,9 +900,6 @@ const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     case 11: return "wgmma-ws-tma-tails";
     case 10: return "wgmma-ws-mc";
     case 9: return "wgmma-ws-tma";
-    case 13: return "wgmma-ws-tma-lazy";
-    case 14: return "wgmma-ws-tma-r240";
-    case 15: return "wgmma-ws-tma-lazy-r240";
     case 16: return "wgmma-ws-tma-v9";
     case 8: return "wgmma-ws-overlap";
     case 7: return "wgmma-ws64";

@@ -132,12 +132,10 @@ cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, i
  * (Hopper, head_dim 128), "wgmma-overlap", "wgmma-ws" (warp-specialized),
  * "wgmma-ws64", "wgmma-ws-overlap", "wgmma-ws-tma" (TMA page loads),
  * "wgmma-ws-mc" (clusters, multicast), "wgmma-ws-tma-tails" (TMA, decode
- * tails on the spare producer warps), "mma.sync" or "mma.sync-2mtile"; the
- * variants of kind 9 measured in v10: "wgmma-ws-tma-lazy" (13),
- * "wgmma-ws-tma-r240" (14), "wgmma-ws-tma-lazy-r240" (15), "wgmma-ws-tma-v9"
- * (16, kind 9 as it was in v9). Chosen at create; the environment variable
- * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|13|14|15|16 forces one (a kind the
- * device lacks falls back to mma.sync). */
+ * tails on the spare producer warps), "wgmma-ws-tma-v9" (16: kind 9 as it
+ * was in v9), "mma.sync" or "mma.sync-2mtile". Chosen at create; the
+ * environment variable CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|16 forces one
+ * (a kind the device lacks falls back to mma.sync). */
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
 
 /* Merges of attention states in device memory (f32), the semantics of

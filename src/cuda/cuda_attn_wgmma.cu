@@ -31,7 +31,7 @@
  * the cp.async gathers for the rest; kind 10 runs kind 9 in clusters of two
  * with multicast (measured slower). Since v10 kind 9's producer is warp 0
  * alone (the other three warps leave) and its consumers skip the rescale of
- * O where no row of a warp got a new max; kinds 13-16 are its variants.
+ * O where no row of a warp got a new max; kind 16 is v9's.
  *
  * Compiled for sm_90a only; other targets get a stub that traps, and the
  * host selects these kernels only on compute capability 9.0 with head_dim 128
@@ -444,18 +444,6 @@ __device__ __forceinline__ float online_max(float &m, float mx, float sl, float 
     m = mn;
     return al;
 }
-/* online_max, but the running max stays while the tile's max is at most
- * LAZY_LOG2 above it in the log2 domain (the probabilities of the tile are then
- * at most 2^LAZY_LOG2, well inside bf16, f16 and the f32 sums): most tiles
- * after the first few leave every row's state as it is (al exactly 1) */
-#define LAZY_LOG2 8.f
-__device__ __forceinline__ float online_max_lazy(float &m, float mx, float sl, float &mu) {
-    if (m != -CUDART_INF_F && (mx - m) * sl <= LAZY_LOG2) {
-        mu = m * sl;
-        return 1.f;
-    }
-    return online_max(m, mx, sl, mu);
-}
 template <int R> __device__ __forceinline__ void reg_dealloc() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
 }
@@ -834,10 +822,11 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
 
-/* XF, variants of kind 9 (kind 9 itself is XF 12): bit 2 no rescale of O
- * where no row of a warp got a new max, bit 3 the producer's warp 0 alone
- * (warps 1-3 leave at once; its full barriers count 32), bit 4 the lazy
- * running max (online_max_lazy), bit 5 24 producer and 240 consumer registers */
+/* XF, kind 9's v10 changes (kind 9 is XF 12, kind 16 XF 0, v9's kind 9): bit
+ * 2 no rescale of O where no row of a warp got a new max, bit 3 the
+ * producer's warp 0 alone (warps 1-3 leave at once; its full barriers count
+ * 32). A lazy running max and 240 consumer registers were measured and
+ * removed (bench/NOTES.md v10) */
 template <typename T, int D, int KEYS, int STAGES, bool OVL, bool TMA, bool MC, bool TAILS, int XF = 0>
 __global__ void __launch_bounds__(384, 1)
     attn_wgmma_ws_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
@@ -911,7 +900,7 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (wg == 0) {
         /* ---- producer ---- */
-        reg_dealloc<(XF & 32) ? 24 : TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        reg_dealloc<TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
         if (TAILS && fuse && tid >= 32) {
             /* the consumer tiles of this CTA's tasks, the budget the tail warps work within */
             int ctiles = 0;
@@ -1089,7 +1078,7 @@ __global__ void __launch_bounds__(384, 1)
         asm volatile("cp.async.wait_all;\n" ::: "memory");
     } else {
         /* ---- consumers ---- */
-        reg_alloc<(XF & 32) ? 240 : TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
+        reg_alloc<TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
         const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
@@ -1197,7 +1186,7 @@ __global__ void __launch_bounds__(384, 1)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     float mu;
-                    al[hf] = (XF & 16) ? online_max_lazy(mrow[hf], mx, sl, mu) : online_max(mrow[hf], mx, sl, mu);
+                    al[hf] = online_max(mrow[hf], mx, sl, mu);
                     float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < KEYS / 8; nt++) {
@@ -1379,11 +1368,7 @@ template <typename T, int D> struct wg_kernel<T, D, 8> : wg_ws<T, D, 128, 3, tru
 template <typename T, int D> struct wg_kernel<T, D, 9> : wg_ws<T, D, 128, 3, false, true, false, false, 12> {};
 template <typename T, int D> struct wg_kernel<T, D, 10> : wg_ws<T, D, 128, 3, false, true, true> {};
 template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, false, true, false, true> {};
-/* experiments on kind 9 (XF above): 13 the lazy running max, 14 240 consumer
- * registers (24 for the producer), 15 both, 16 kind 9 as in v9 */
-template <typename T, int D> struct wg_kernel<T, D, 13> : wg_ws<T, D, 128, 3, false, true, false, false, 28> {};
-template <typename T, int D> struct wg_kernel<T, D, 14> : wg_ws<T, D, 128, 3, false, true, false, false, 44> {};
-template <typename T, int D> struct wg_kernel<T, D, 15> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
+/* kind 9 as in v9 (for A/B runs in one call) */
 template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, false, true, false, false, 0> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
@@ -1570,9 +1555,6 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 9: return F<T, DD, 9>(__VA_ARGS__);                                                  \
         case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
         case 11: return F<T, DD, 11>(__VA_ARGS__);                                                \
-        case 13: return F<T, DD, 13>(__VA_ARGS__);                                                \
-        case 14: return F<T, DD, 14>(__VA_ARGS__);                                                \
-        case 15: return F<T, DD, 15>(__VA_ARGS__);                                                \
         case 16: return F<T, DD, 16>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
