@@ -19,7 +19,12 @@
  *   attn_bench_cuda [--batch B] [--prefix P] [--suffix U] [--qlen Q]
  *                   [--heads HQ:HKV] [--head-dim D] [--page-size S]
  *                   [--dtype bf16|f16] [--iters N] [--grid] [--unshared]
- *                   [--prefill L] [--shuffle-pages] [--json FILE]
+ *                   [--prefill L] [--shuffle-pages] [--cases "P,B,U;P,B,U..."]
+ *                   [--json FILE]
+ *
+ * --cases runs those cases of the grid (or any) in one process, like --grid.
+ * CASCADE_BENCH_AB="kind[:ENV=VAL,...];..." times each cascade also with
+ * those variants (see run_case).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -85,7 +90,9 @@ typedef struct {
     int B, P, U, Q;
     double flat_ms, cascade_ms, planned_ms, flat_eager_ms, cascade_eager_ms;
     double cascade_mid_ms; /* same cascade with the shared pass on the 64-row mma.sync kernel, or NaN */
-    double cascade_ab_ms;  /* same cascade with kernel kind CASCADE_BENCH_AB, or NaN */
+    double cascade_ab_ms;  /* same cascade with the first variant of CASCADE_BENCH_AB, or NaN */
+    int n_ab;              /* variants of CASCADE_BENCH_AB timed (ab_ms, ab_err) */
+    double ab_ms[8], ab_err[8];
     double err_flat, err_cascade, err_planned;
     double flat_GBps, cascade_GBps, roofline_ms;
     int planned_shared;
@@ -247,22 +254,64 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
         CS(cas_cuda_attn_time(a2, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &res->cascade_mid_ms));
         cas_cuda_attn_destroy(a2);
     }
-    /* A/B in the same process: CASCADE_BENCH_AB=<kind> also times the
-     * cascade with that many-rows kernel kind (CASCADE_CUDA_WIDE) */
+    /* A/B in the same process: CASCADE_BENCH_AB="spec;spec;..." also times
+     * the cascade with each spec, "kind[:ENV=VAL[,ENV=VAL]]": the many-rows
+     * kernel kind (CASCADE_CUDA_WIDE) and environment settings that hold
+     * while its context is created (checked against the reference too) */
     res->cascade_ab_ms = NAN;
-    if (getenv("CASCADE_BENCH_AB") && atoi(getenv("CASCADE_BENCH_AB")) > 0) {
+    res->n_ab = 0;
+    const char *abenv = getenv("CASCADE_BENCH_AB");
+    for (const char *sp = abenv; sp && *sp && res->n_ab < 8;) {
+        char spec[256];
+        size_t n = strcspn(sp, ";");
+        if (n >= sizeof spec) n = sizeof spec - 1;
+        memcpy(spec, sp, n);
+        spec[n] = 0;
+        sp += n + (sp[n] == ';');
+        if (atoi(spec) <= 0) continue;
+        /* the variant's settings, the old values kept to restore them */
+        char *names[9], *olds[9];
+        int nset = 0;
+        char kbuf[16];
+        snprintf(kbuf, sizeof kbuf, "%d", atoi(spec));
+        const char *sets[9][2];
+        sets[nset][0] = "CASCADE_CUDA_WIDE";
+        sets[nset++][1] = kbuf;
+        char *colon = strchr(spec, ':');
+        for (char *tok = colon ? strtok(colon + 1, ",") : NULL; tok && nset < 9; tok = strtok(NULL, ",")) {
+            char *eq = strchr(tok, '=');
+            if (!eq) continue;
+            *eq = 0;
+            sets[nset][0] = tok;
+            sets[nset++][1] = eq + 1;
+        }
+        for (int i = 0; i < nset; i++) {
+            const char *v = getenv(sets[i][0]);
+            names[i] = strdup(sets[i][0]);
+            olds[i] = v ? strdup(v) : NULL;
+            setenv(sets[i][0], sets[i][1], 1);
+        }
         cas_cuda_attn *a2 = NULL;
-        const char *w = getenv("CASCADE_CUDA_WIDE");
-        char saved[16] = "";
-        if (w) snprintf(saved, sizeof saved, "%s", w);
-        setenv("CASCADE_CUDA_WIDE", getenv("CASCADE_BENCH_AB"), 1);
         CS(cas_cuda_attn_create(&a2, &sh, &caps));
-        if (w) setenv("CASCADE_CUDA_WIDE", saved, 1);
-        else unsetenv("CASCADE_CUDA_WIDE");
+        for (int i = 0; i < nset; i++) {
+            if (olds[i]) setenv(names[i], olds[i], 1);
+            else unsetenv(names[i]);
+            free(names[i]);
+            free(olds[i]);
+        }
         CS(cas_cuda_attn_plan_passes(a2, &pr, (int32_t)pool_pages, B + 1, pass, idx,
                                      (int64_t)B * (pp + up), ids, pos, 2 * total_q, total_q));
         CS(cas_cuda_attn_upload(a2, s));
-        CS(cas_cuda_attn_time(a2, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &res->cascade_ab_ms));
+        CU(cudaMemsetAsync(dO, 0xff, nq * 4, s));
+        CS(cas_cuda_attn_run(a2, dk, dv, dq, dO, dL, s));
+        CU(cudaStreamSynchronize(s));
+        CU(cudaMemcpy(Oh, dO, nq * 4, cudaMemcpyDeviceToHost));
+        double err = check_request(o, &b, B - 1, &pr, qf, Oh);
+        if (!isfinite(Oh[0])) err = INFINITY;
+        res->ab_err[res->n_ab] = err;
+        CS(cas_cuda_attn_time(a2, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &res->ab_ms[res->n_ab]));
+        if (res->n_ab == 0) res->cascade_ab_ms = res->ab_ms[0];
+        res->n_ab++;
         cas_cuda_attn_destroy(a2);
     }
     res->B = B;
@@ -322,6 +371,13 @@ static void print_result(FILE *f, const result_t *r, int comma) {
         fprintf(f, "\"cascade_mid_ms\": %.5f, ", r->cascade_mid_ms);
     if (isfinite(r->cascade_ab_ms))
         fprintf(f, "\"cascade_ab_ms\": %.5f, \"ab_kind\": %d, ", r->cascade_ab_ms, atoi(getenv("CASCADE_BENCH_AB")));
+    if (r->n_ab > 0) {
+        /* every variant, in the order of CASCADE_BENCH_AB */
+        fprintf(f, "\"ab\": [");
+        for (int i = 0; i < r->n_ab; i++)
+            fprintf(f, "{\"ms\": %.5f, \"max_abs_err\": %.3g}%s", r->ab_ms[i], r->ab_err[i], i + 1 < r->n_ab ? ", " : "");
+        fprintf(f, "], \"ab_specs\": \"%s\", ", getenv("CASCADE_BENCH_AB"));
+    }
     if (r->fused_tail >= 0)
         fprintf(f, "\"fused_tasks_tail_warps\": %d, \"fused_tasks_narrow\": %d, ", r->fused_tail, r->fused_narrow);
     fprintf(f,
@@ -334,7 +390,7 @@ static void print_result(FILE *f, const result_t *r, int comma) {
 int main(int argc, char **argv) {
     opts_t o = {32, 8, 128, 16, CAS_BF16, 30, 5, 0};
     int B = 64, P = 32768, U = 512, Q = 1, grid = 0, unshared = 0, prefill = 0;
-    const char *json = NULL;
+    const char *json = NULL, *cases = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--batch")) B = atoi(v), i++;
@@ -348,6 +404,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--iters")) o.iters = atoi(v), i++;
         else if (!strcmp(a, "--json")) json = v, i++;
         else if (!strcmp(a, "--grid")) grid = 1;
+        else if (!strcmp(a, "--cases")) cases = v, i++;
         else if (!strcmp(a, "--unshared")) unshared = 1;
         else if (!strcmp(a, "--prefill")) prefill = atoi(v), i++;
         else if (!strcmp(a, "--shuffle-pages")) o.shuffle = 1;
@@ -369,10 +426,27 @@ int main(int argc, char **argv) {
             prop.name, peak, tflops, getenv("CASCADE_CUDA_WIDE") ? getenv("CASCADE_CUDA_WIDE") : "default");
 
     static const int Ps[4] = {1024, 4096, 16384, 32768}, Bs[5] = {8, 16, 64, 128, 256}, Us[3] = {128, 512, 2048};
-    int ncase = grid ? 60 : 1;
+    /* --cases: a list of P,B,U (at most 64) run like the grid */
+    int cP[64], cB[64], cU[64], nc = 0;
+    for (const char *c = cases; c && *c && nc < 64;) {
+        int p1, b1, u1, used = 0;
+        if (sscanf(c, "%d,%d,%d%n", &p1, &b1, &u1, &used) != 3 || p1 < 0 || p1 % o.page || b1 < 1 ||
+            u1 < 1 || b1 > 4096 || p1 > (1 << 20) || u1 > (1 << 20)) {
+            fprintf(stderr, "--cases: want P,B,U;P,B,U... (P a multiple of the page size)\n");
+            return 2;
+        }
+        cP[nc] = p1, cB[nc] = b1, cU[nc] = u1, nc++;
+        c += used;
+        while (*c == ';' || *c == ' ') c++;
+    }
+    int ncase = grid ? 60 : nc ? nc : 1;
     result_t *res = calloc((size_t)ncase, sizeof(result_t));
     int64_t need = grid ? 32768 / o.page + 256LL * 2048 / o.page
                         : (int64_t)P / o.page + (int64_t)B * ((U + o.page - 1) / o.page);
+    for (int i = 0; i < nc; i++) {
+        int64_t ni = (int64_t)cP[i] / o.page + (int64_t)cB[i] * ((cU[i] + o.page - 1) / o.page);
+        if (ni > need) need = ni;
+    }
     if (unshared && need < 64LL * 4096 / o.page) need = 64LL * 4096 / o.page;
     if (prefill && need < (int64_t)prefill / o.page + 1) need = (int64_t)prefill / o.page + 1;
     fill_pool(&o, need);
@@ -387,6 +461,15 @@ int main(int argc, char **argv) {
                             res[k].planned_ms, res[k].roofline_ms, res[k].err_flat, res[k].err_cascade);
                     k++;
                 }
+    } else if (nc) {
+        for (int k = 0; k < nc; k++) {
+            run_case(&o, cB[k], cP[k], cU[k], Q, peak, tflops, &res[k]);
+            fprintf(stderr, "P %5d B %3d U %4d: flat %.4f cascade %.4f planned %.4f ms (roof %.4f) err %.2g %.2g; ab",
+                    cP[k], cB[k], cU[k], res[k].flat_ms, res[k].cascade_ms, res[k].planned_ms,
+                    res[k].roofline_ms, res[k].err_flat, res[k].err_cascade);
+            for (int i = 0; i < res[k].n_ab; i++) fprintf(stderr, " %.4f (%.1g)", res[k].ab_ms[i], res[k].ab_err[i]);
+            fprintf(stderr, "\n");
+        }
     } else if (!unshared && !prefill) {
         run_case(&o, B, P, U, Q, peak, tflops, &res[0]);
     }
@@ -419,7 +502,7 @@ int main(int argc, char **argv) {
                 prefill, pf.flat_ms, fl / (pf.flat_ms * 1e-3) / 1e12);
     }
     fprintf(f, "\"cases\": [\n");
-    int nprint = (grid || (!unshared && !prefill)) ? ncase : 0;
+    int nprint = (grid || nc || (!unshared && !prefill)) ? ncase : 0;
     for (int i = 0; i < nprint; i++) print_result(f, &res[i], i + 1 < nprint);
     fprintf(f, "]}\n");
     if (json) fclose(f);

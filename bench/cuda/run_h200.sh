@@ -8,7 +8,8 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 fuse ab pf cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench diag bench2 fuse ab pf dec cli ncu grid sanitize (default: test bench cli grid)
+#   (dec: DEC_CASES, DEC_WIDE, DEC_AB, DEC_ROUNDS, DEC_RESERVE; see the step)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
@@ -174,6 +175,16 @@ if busy:
     print("clocks under load (samples > 300 W: %d of %d): SM %d-%d MHz, median %d; power median %.0f W, max %.0f W; throttle reasons seen: %s"
           % (len(busy), len(rows), mhz[0], mhz[-1], mhz[len(mhz) // 2], w[len(w) // 2], w[-1], sorted(set(r[4].strip() for r in busy))))
 PY
+fi
+if has dec; then
+  # decode cases P,B,U;... (DEC_CASES) in one process per round (DEC_ROUNDS),
+  # the cascade timed with kind DEC_WIDE and each variant of DEC_AB
+  # ("kind[:ENV=VAL,...];...", checked against the reference too)
+  DEC_CASES=${DEC_CASES:-"32768,64,512;32768,256,512;16384,64,2048;16384,256,2048;16384,64,128;1024,8,128;4096,16,512"}
+  for r in $(seq 1 ${DEC_ROUNDS:-1}); do
+    echo "== decode cases, kind ${DEC_WIDE:-17} against ${DEC_AB:-9}, round $r, $(left) s left"
+    CASCADE_BENCH_AB=${DEC_AB:-9} CASCADE_CUDA_WIDE=${DEC_WIDE:-17} timeout $(( $(left) - ${DEC_RESERVE:-20} )) "$BB" --cases "$DEC_CASES" --json "$OUT/dec_$r.json" 2>&1 | grep -E '^P |device' | sed "s/^/r$r /"
+  done
 fi
 if has cli && [ -n "$CAS" ]; then
   echo "== cascade attn-bench --backend cuda"

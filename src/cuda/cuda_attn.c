@@ -42,6 +42,12 @@
 
 #define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
 
+struct mix_item {
+    double key;    /* order within the CTA */
+    int32_t cta;   /* the CTA that runs the task */
+    int32_t idx;   /* the task */
+};
+
 struct cas_cuda_attn {
     cas_attn_shape shape;
     cas_cuda_attn_caps caps;
@@ -59,6 +65,18 @@ struct cas_cuda_attn {
      * many-rows work for them to run beside */
     int fuse_chunk;
     int snake; /* persistent lists walked snake-wise (snake_rounds); CASCADE_CUDA_SNAKE=0: not */
+    /* kind 17: the decode tails join the many-rows list (when the plan has a
+     * many-rows pass), arranged per CTA (arrange_mix): tail_cost is a tail
+     * tile's cost against a many-rows tile (CASCADE_CUDA_TAIL_COST), tail_order
+     * how a CTA's tails and shared tasks follow each other
+     * (CASCADE_CUDA_TAIL_ORDER: 0 tails first, 1 shared first, 2 interleaved
+     * with a phase per KV chunk, 3 interleaved) */
+    double tail_cost;
+    int tail_order;
+    int32_t *cta_ptr;  /* [wide_grid + 1] */
+    struct mix_item *mix; /* [2 cap_tasks] CTA and order of each task */
+    double *cta_load;  /* [4 wide_grid] */
+    int32_t *heap;     /* [wide_grid] */
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
     /* pinned staging and its device copy */
@@ -83,8 +101,10 @@ struct cas_cuda_attn {
     cas_cuda_attn_info info;
 };
 
-static int64_t plan_bytes_cap(const cas_cuda_attn_caps *c, int64_t cap_tasks, int64_t cap_states) {
+static int64_t plan_bytes_cap(const cas_cuda_attn_caps *c, int64_t cap_tasks, int64_t cap_states,
+                              int64_t grid) {
     int64_t b = ALIGN16((int64_t)sizeof(cas_cuda_plan_hdr));
+    b += ALIGN16((grid + 1) * 4); /* kind 17: CTA ranges of the wide list */
     b += ALIGN16((int64_t)c->max_passes * (int64_t)sizeof(cas_cuda_pass));
     b += ALIGN16(c->max_page_ids * 4);
     b += 2 * ALIGN16((int64_t)c->max_tok_rows * 4);
@@ -121,6 +141,10 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     free(a->flat_passes);
     free(a->flat_ids);
     free(a->flat_pos);
+    free(a->cta_ptr);
+    free(a->mix);
+    free(a->cta_load);
+    free(a->heap);
     free(a);
 }
 
@@ -178,7 +202,8 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || (kind > 11 && kind != 16) || kind == 5 || (kind >= 3 && !has_wgmma)) kind = 1;
+        if (kind < 1 || (kind > 11 && kind != 16 && kind != 17) || kind == 5 || (kind >= 3 && !has_wgmma))
+            kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -195,6 +220,10 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         /* CASCADE_CUDA_SNAKE=0: the persistent lists round-robin (measurement) */
         const char *senv = getenv("CASCADE_CUDA_SNAKE");
         a->snake = senv && *senv ? atoi(senv) != 0 : 1;
+        const char *tcenv = getenv("CASCADE_CUDA_TAIL_COST"), *toenv = getenv("CASCADE_CUDA_TAIL_ORDER");
+        a->tail_cost = tcenv && *tcenv ? atof(tcenv) : 0.7;
+        if (!(a->tail_cost > 0.0)) a->tail_cost = 0.7;
+        a->tail_order = toenv && *toenv ? atoi(toenv) : 2;
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
@@ -230,7 +259,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
                        ((int64_t)caps->max_passes + ((int64_t)caps->max_tok_rows * group + 15) / 16);
         a->cap_tasks = 4 * base + 64 * (int64_t)a->num_sms;
         a->cap_states = a->caps.max_states;
-        a->cap_bytes = plan_bytes_cap(&a->caps, a->cap_tasks, a->cap_states);
+        a->cap_bytes = plan_bytes_cap(&a->caps, a->cap_tasks, a->cap_states, a->wide_grid);
         a->scratch_floats = a->cap_states * shape->num_qo_heads * (shape->head_dim + 1);
     }
     TRY(cudaMallocHost((void **)&a->stage, (size_t)a->cap_bytes));
@@ -263,8 +292,12 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->flat_passes = malloc(sizeof(cas_attn_pass) * (size_t)caps->max_passes);
     a->flat_ids = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->flat_pos = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
+    a->cta_ptr = malloc(sizeof(int32_t) * ((size_t)a->wide_grid + 1));
+    a->mix = malloc(sizeof(struct mix_item) * 2 * (size_t)a->cap_tasks);
+    a->cta_load = malloc(sizeof(double) * 4 * (size_t)a->wide_grid);
+    a->heap = malloc(sizeof(int32_t) * (size_t)a->wide_grid);
     if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->tf || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
-        !a->job_off) {
+        !a->job_off || !a->cta_ptr || !a->mix || !a->cta_load || !a->heap) {
         st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
         goto fail;
     }
@@ -390,6 +423,108 @@ static int32_t pair_tasks(cas_cuda_attn *a, int32_t nw, int32_t Hkv) {
     return 2 * np;
 }
 
+/* Kind 17: tw[0, nw) holds many-rows tasks and decode tails (flags bit 3).
+ * The many-rows tasks keep the persistent order (longest first, snake
+ * rounds: CTA b gets tasks b, b + g, ...). The tails go, longest first, to
+ * the CTA with the least work so far (a heap; a many-rows tile costs 1, a
+ * tail tile tail_cost). Each CTA's tasks are then ordered by tail_order: the
+ * tails take the HBM while the CTAs around them use the tensor cores. With
+ * order 2 the tails of a CTA sit at a phase drawn from its first many-rows
+ * task's (pass, chunk, KV head), so the CTAs of the row blocks of one KV
+ * chunk stay in step (their K and V shared in L2) while the others are
+ * staggered. The list is rewritten CTA by CTA; cta_ptr[b] is CTA b's first
+ * task. */
+static int heap_less(const double *ld, int32_t x, int32_t y) { return ld[x] < ld[y] || (ld[x] == ld[y] && x < y); }
+static void heap_down(int32_t *hp, const double *ld, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && heap_less(ld, hp[l], hp[m])) m = l;
+        if (r < n && heap_less(ld, hp[r], hp[m])) m = r;
+        if (m == i) return;
+        int32_t x = hp[i];
+        hp[i] = hp[m];
+        hp[m] = x;
+        i = m;
+    }
+}
+static int cmp_mix(const void *x, const void *y) {
+    const struct mix_item *a = x, *b = y;
+    if (a->cta != b->cta) return a->cta < b->cta ? -1 : 1;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
+    const int32_t g = a->wide_grid;
+    cas_cuda_task *tw = a->tw, *tmp = a->tp;
+    struct mix_item *m = a->mix;
+    double *load = a->cta_load, *tot_s = load + g, *tot_t = load + 2 * g, *cum = load + 3 * g;
+    int32_t ns = 0, nt = 0;
+    for (int32_t i = 0; i < nw; i++)
+        if (!(tw[i].flags & 8)) tmp[ns++] = tw[i];
+    for (int32_t i = 0; i < nw; i++)
+        if (tw[i].flags & 8) tmp[ns + nt++] = tw[i];
+    qsort(tmp, (size_t)ns, sizeof(cas_cuda_task), cmp_task);
+    qsort(tmp + ns, (size_t)nt, sizeof(cas_cuda_task), cmp_task);
+    if (a->snake) snake_rounds(tmp, ns, g);
+    for (int32_t b = 0; b < g; b++) load[b] = tot_s[b] = tot_t[b] = 0.0;
+    for (int32_t k = 0; k < ns; k++) {
+        const int32_t b = k % g;
+        const double c = tiles_of(&tmp[k]) + 0.05; /* a task with no tile still costs its start */
+        m[k].cta = b;
+        load[b] += c;
+        tot_s[b] += c;
+    }
+    for (int32_t b = 0; b < g; b++) a->heap[b] = b;
+    for (int32_t i = g / 2 - 1; i >= 0; i--) heap_down(a->heap, load, g, i);
+    for (int32_t k = ns; k < nw; k++) {
+        const int32_t b = a->heap[0];
+        const double c = tiles_of(&tmp[k]) * a->tail_cost + 0.05;
+        m[k].cta = b;
+        load[b] += c;
+        tot_t[b] += c;
+        heap_down(a->heap, load, g, 0);
+    }
+    /* keys: the middle of each task on its class's cost line of the CTA */
+    for (int32_t b = 0; b < g; b++) cum[b] = 0.0;
+    for (int32_t k = 0; k < ns; k++) {
+        const int32_t b = m[k].cta;
+        const double c = tiles_of(&tmp[k]) + 0.05;
+        m[k].key = a->tail_order == 0 ? 2.0 + k : a->tail_order == 1 ? -2.0 + (double)k / nw : (cum[b] + 0.5 * c) / tot_s[b];
+        m[k].idx = k;
+        cum[b] += c;
+    }
+    for (int32_t b = 0; b < g; b++) cum[b] = 0.0;
+    for (int32_t k = ns; k < nw; k++) {
+        const int32_t b = m[k].cta;
+        const double c = tiles_of(&tmp[k]) * a->tail_cost + 0.05;
+        double phase = 0.0;
+        if (a->tail_order == 2) {
+            /* the first many-rows task of the CTA (b < ns), else the CTA */
+            uint32_t hsh = (uint32_t)b * 2654435761u;
+            if (b < ns)
+                hsh = (uint32_t)tmp[b].pass * 2654435761u ^ (uint32_t)tmp[b].kv0 * 40503u ^
+                      (uint32_t)tmp[b].kv_head * 2246822519u;
+            hsh ^= hsh >> 15;
+            hsh *= 2246822519u;
+            hsh ^= hsh >> 13;
+            phase = (double)(hsh >> 8) / 16777216.0;
+        }
+        double f = (cum[b] + 0.5 * c) / tot_t[b] + phase;
+        f -= (double)(int64_t)f;
+        m[k].key = a->tail_order == 0 ? -2.0 + (double)k / nw : a->tail_order == 1 ? 2.0 + k : f;
+        m[k].idx = k;
+        cum[b] += c;
+    }
+    qsort(m, (size_t)nw, sizeof *m, cmp_mix);
+    for (int32_t b = 0; b <= g; b++) a->cta_ptr[b] = 0;
+    for (int32_t i = 0; i < nw; i++) {
+        tw[i] = tmp[m[i].idx];
+        tw[i].flags = 0;
+        a->cta_ptr[m[i].cta + 1]++;
+    }
+    for (int32_t b = 0; b < g; b++) a->cta_ptr[b + 1] += a->cta_ptr[b];
+}
+
 /* Tasks of class cls (1: the many-rows kernel, 2: the mid list) when passes
  * are split into chunks of about L keys, as the planner below splits them;
  * *maxch: the longest chunk. */
@@ -485,9 +620,12 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * many-rows pass; without one there is nothing to run them beside and
      * the narrow kernel is faster) */
     int has_wide = 0;
-    for (int32_t i = 0; i < n_passes && a->wide_kind == 11; i++)
+    for (int32_t i = 0; i < n_passes && (a->wide_kind == 11 || a->wide_kind == 17); i++)
         if (pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_WIDE && passes[i].len > 0) has_wide = 1;
-#define FUSED(i) (has_wide && passes[i].n_tok > 0 && (int64_t)passes[i].n_tok * group <= CAS_CUDA_FUSED_ROWS)
+    const int fuse11 = has_wide && a->wide_kind == 11, tails17 = has_wide && a->wide_kind == 17;
+#define FUSED(i) (fuse11 && passes[i].n_tok > 0 && (int64_t)passes[i].n_tok * group <= CAS_CUDA_FUSED_ROWS)
+    /* kind 17: the decode tails (narrow passes) join the many-rows list */
+#define TAIL17(i) (tails17 && passes[i].n_tok > 0 && pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_NARROW)
     int64_t Lf = a->fuse_chunk;
 
     /* split-KV: aim for a couple of waves of CTAs */
@@ -653,6 +791,10 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                     } else if (FUSED(i)) {
                         t.pad = nf;
                         a->tf[nf++] = t;
+                    } else if (TAIL17(i)) {
+                        t.flags = 8;
+                        t.pad = nw;
+                        a->tw[nw++] = t;
                     } else {
                         t.pad = nn;
                         a->tn[nn++] = t;
@@ -662,17 +804,19 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         }
     }
     if (a->wide_kind == 10) nw = pair_tasks(a, nw, Hkv);
+    else if (a->wide_kind == 17) arrange_mix(a, nw);
     else qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tm, (size_t)nmid, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tf, (size_t)nf, sizeof(cas_cuda_task), cmp_task);
     /* the fused list is taken from a counter, kind 10's pairs by clusters */
     if (a->snake) {
-        if (a->wide_kind != 10) snake_rounds(a->tw, nw, a->wide_grid);
+        if (a->wide_kind != 10 && a->wide_kind != 17) snake_rounds(a->tw, nw, a->wide_grid);
         snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
         if (a->mid_rows > 0) snake_rounds(a->tm, nmid, a->mid_grid);
     }
 #undef FUSED
+#undef TAIL17
     for (int32_t i = 0; i < nw; i++) a->tw[i].pad = 0;
     for (int32_t i = 0; i < nn; i++) a->tn[i].pad = 0;
     for (int32_t i = 0; i < nmid; i++) a->tm[i].pad = 0;
@@ -689,6 +833,11 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     h->off_tasks_fused = off;
     memcpy(S + off, a->tf, (size_t)nf * sizeof(cas_cuda_task));
     off = ALIGN16(off + (int64_t)nf * (int64_t)sizeof(cas_cuda_task));
+    h->off_cta_ptr = off;
+    if (a->wide_kind == 17) {
+        memcpy(S + off, a->cta_ptr, ((size_t)a->wide_grid + 1) * 4);
+        off = ALIGN16(off + ((int64_t)a->wide_grid + 1) * 4);
+    }
 
     /* merge lists */
     int32_t nm = 0;
@@ -901,6 +1050,7 @@ const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     case 10: return "wgmma-ws-mc";
     case 9: return "wgmma-ws-tma";
     case 16: return "wgmma-ws-tma-v9";
+    case 17: return "wgmma-ws-tma-mix";
     case 8: return "wgmma-ws-overlap";
     case 7: return "wgmma-ws64";
     case 6: return "wgmma-ws";

@@ -133,8 +133,10 @@ cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, i
  * "wgmma-ws64", "wgmma-ws-overlap", "wgmma-ws-tma" (TMA page loads),
  * "wgmma-ws-mc" (clusters, multicast), "wgmma-ws-tma-tails" (TMA, decode
  * tails on the spare producer warps), "wgmma-ws-tma-v9" (16: kind 9 as it
- * was in v9), "mma.sync" or "mma.sync-2mtile". Chosen at create; the
- * environment variable CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|16 forces one
+ * was in v9), "wgmma-ws-tma-mix" (17: kind 9 running the decode tails too,
+ * in task lists arranged per CTA), "mma.sync" or "mma.sync-2mtile". Chosen
+ * at create; the environment variable
+ * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|16|17 forces one
  * (a kind the device lacks falls back to mma.sync). */
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
 

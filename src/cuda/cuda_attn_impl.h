@@ -74,6 +74,7 @@ typedef struct {
     int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,
         off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse, off_tasks_mid,
         off_tasks_fused;
+    int64_t off_cta_ptr;    /* kind 17: int32 [grid + 1], CTA b's tasks of the wide list */
     int64_t block_bytes;    /* bytes of the whole block */
 } cas_cuda_plan_hdr;
 

@@ -867,6 +867,16 @@ __global__ void __launch_bounds__(384, 1)
     const int tstride = MC ? 2 : 1;
     const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
     const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
+    /* XF bit 16 (kind 17): CTA b runs tasks [cta_ptr[b], cta_ptr[b + 1]) of
+     * the list, which the planner arranged per CTA (the decode tails
+     * interleaved with the shared passes); otherwise tasks b, b + g, ... */
+    int ti_first = slot0, ti_end = ntask, ti_step = nslot_grid;
+    if constexpr ((XF & 16) != 0) {
+        const int32_t *cta_ptr = reinterpret_cast<const int32_t *>(plan + h->off_cta_ptr);
+        ti_first = cta_ptr[blockIdx.x];
+        ti_end = cta_ptr[blockIdx.x + 1];
+        ti_step = 1;
+    }
 
     const int tid = threadIdx.x, lane = tid & 31;
     /* kind 11 with fused tasks: warp 0 alone produces (the full barriers
@@ -929,7 +939,7 @@ __global__ void __launch_bounds__(384, 1)
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
         int it = 0;
-        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+        for (int ti = ti_first; ti < ti_end; ti += ti_step) {
             const cas_cuda_task t = tasks[ti * tstride];
             const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
@@ -1095,9 +1105,36 @@ __global__ void __launch_bounds__(384, 1)
             if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
         };
         int it = 0;
-        for (int ti = slot0; ti < ntask; ti += nslot_grid) {
+        for (int ti = ti_first; ti < ti_end; ti += ti_step) {
             const cas_cuda_task t = tasks[ti * tstride];
             const cas_cuda_pass ps = passes[t.pass];
+            if constexpr ((XF & 16) != 0) {
+                /* a task of at most 64 rows: consumer 1 has none of them and
+                 * keeps only its side of the protocol (its turns, the full
+                 * waits and the releases), leaving the tensor cores to
+                 * consumer 0 */
+                if (cw == 1 && t.nrows <= 64) {
+                    const int nk = t.kv1 - t.kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
+                    if (nt > 0) {
+                        const int s0 = it % STAGES;
+                        mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
+                        nbar_sync(my_turn, 256);
+                        nbar_arrive(other_turn, 256);
+                        release(EMPTY_K(s0));
+                        for (int i = 0; i < nt; i++, it++) {
+                            const int sc = it % STAGES, sn = (it + 1) % STAGES;
+                            const bool more = i + 1 < nt;
+                            mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
+                            if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
+                            nbar_sync(my_turn, 256);
+                            nbar_arrive(other_turn, 256);
+                            release(EMPTY_V(sc));
+                            if (more) release(EMPTY_K(sn));
+                        }
+                    }
+                    continue;
+                }
+            }
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
             if (ctid < 64) {
                 const int r0 = cw * 64 + ctid;
@@ -1370,6 +1407,9 @@ template <typename T, int D> struct wg_kernel<T, D, 10> : wg_ws<T, D, 128, 3, fa
 template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, false, true, false, true> {};
 /* kind 9 as in v9 (for A/B runs in one call) */
 template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, false, true, false, false, 0> {};
+/* kind 9 with the decode tails in its own list, arranged per CTA by the
+ * planner, and consumer 1 idle on tasks of at most 64 rows */
+template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 28> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1556,6 +1596,7 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 10: return F<T, DD, 10>(__VA_ARGS__);                                                \
         case 11: return F<T, DD, 11>(__VA_ARGS__);                                                \
         case 16: return F<T, DD, 16>(__VA_ARGS__);                                                \
+        case 17: return F<T, DD, 17>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)
