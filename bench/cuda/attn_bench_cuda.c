@@ -92,6 +92,8 @@ typedef struct {
     double cascade_mid_ms; /* same cascade with the shared pass on the 64-row mma.sync kernel, or NaN */
     double cascade_ab_ms;  /* same cascade with the first variant of CASCADE_BENCH_AB, or NaN */
     int n_ab;              /* variants of CASCADE_BENCH_AB timed (ab_ms, ab_err) */
+    double shared_only_ms, tails_only_ms; /* CASCADE_BENCH_PARTS=1: the cascade's shared
+                                             pass alone, its decode tails alone (NaN: not run) */
     double ab_ms[8], ab_err[8];
     double err_flat, err_cascade, err_planned;
     double flat_GBps, cascade_GBps, roofline_ms;
@@ -314,6 +316,20 @@ static void run_case(const opts_t *o, int B, int P, int U, int Q, double peak, d
         res->n_ab++;
         cas_cuda_attn_destroy(a2);
     }
+    /* CASCADE_BENCH_PARTS=1: the two levels of the cascade timed alone (a
+     * plan of the shared pass only, one of the tails only; each covers every
+     * token, so both are valid plans), where the time of a run goes */
+    res->shared_only_ms = res->tails_only_ms = NAN;
+    if (getenv("CASCADE_BENCH_PARTS") && atoi(getenv("CASCADE_BENCH_PARTS")) > 0 && P > 0) {
+        CS(cas_cuda_attn_plan_passes(a, &pr, (int32_t)pool_pages, 1, pass, idx, (int64_t)B * (pp + up), ids,
+                                     pos, 2 * total_q, total_q));
+        CS(cas_cuda_attn_upload(a, s));
+        CS(cas_cuda_attn_time(a, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &res->shared_only_ms));
+        CS(cas_cuda_attn_plan_passes(a, &pr, (int32_t)pool_pages, B, pass + 1, idx, (int64_t)B * (pp + up),
+                                     ids, pos, 2 * total_q, total_q));
+        CS(cas_cuda_attn_upload(a, s));
+        CS(cas_cuda_attn_time(a, dk, dv, dq, dO, dL, s, o->warm, o->iters, 1, &res->tails_only_ms));
+    }
     res->B = B;
     res->P = P;
     res->U = U;
@@ -371,6 +387,8 @@ static void print_result(FILE *f, const result_t *r, int comma) {
         fprintf(f, "\"cascade_mid_ms\": %.5f, ", r->cascade_mid_ms);
     if (isfinite(r->cascade_ab_ms))
         fprintf(f, "\"cascade_ab_ms\": %.5f, \"ab_kind\": %d, ", r->cascade_ab_ms, atoi(getenv("CASCADE_BENCH_AB")));
+    if (isfinite(r->shared_only_ms))
+        fprintf(f, "\"shared_only_ms\": %.5f, \"tails_only_ms\": %.5f, ", r->shared_only_ms, r->tails_only_ms);
     if (r->n_ab > 0) {
         /* every variant, in the order of CASCADE_BENCH_AB */
         fprintf(f, "\"ab\": [");
@@ -468,6 +486,8 @@ int main(int argc, char **argv) {
                     cP[k], cB[k], cU[k], res[k].flat_ms, res[k].cascade_ms, res[k].planned_ms,
                     res[k].roofline_ms, res[k].err_flat, res[k].err_cascade);
             for (int i = 0; i < res[k].n_ab; i++) fprintf(stderr, " %.4f (%.1g)", res[k].ab_ms[i], res[k].ab_err[i]);
+            if (isfinite(res[k].shared_only_ms))
+                fprintf(stderr, "; shared alone %.4f, tails alone %.4f", res[k].shared_only_ms, res[k].tails_only_ms);
             fprintf(stderr, "\n");
         }
     } else if (!unshared && !prefill) {
