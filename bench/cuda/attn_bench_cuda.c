@@ -392,8 +392,12 @@ static void print_result(FILE *f, const result_t *r, int comma) {
     if (r->n_ab > 0) {
         /* every variant, in the order of CASCADE_BENCH_AB */
         fprintf(f, "\"ab\": [");
-        for (int i = 0; i < r->n_ab; i++)
-            fprintf(f, "{\"ms\": %.5f, \"max_abs_err\": %.3g}%s", r->ab_ms[i], r->ab_err[i], i + 1 < r->n_ab ? ", " : "");
+        for (int i = 0; i < r->n_ab; i++) {
+            /* a probe's error may be inf or NaN, which JSON lacks: null */
+            char eb[32] = "null";
+            if (isfinite(r->ab_err[i])) snprintf(eb, sizeof eb, "%.3g", r->ab_err[i]);
+            fprintf(f, "{\"ms\": %.5f, \"max_abs_err\": %s}%s", r->ab_ms[i], eb, i + 1 < r->n_ab ? ", " : "");
+        }
         fprintf(f, "], \"ab_specs\": \"%s\", ", getenv("CASCADE_BENCH_AB"));
     }
     if (r->fused_tail >= 0)

@@ -73,6 +73,17 @@ struct cas_cuda_attn {
      * with a phase per KV chunk, 3 interleaved) */
     double tail_cost;
     int tail_order;
+    /* a tail pass joins the list when the tails are at least a grid of
+     * (unsplit) tasks or it has at most tail_mix_len keys
+     * (CASCADE_CUDA_TAIL_MIX_LEN): few long tails ran faster on the narrow
+     * kernel (bench/NOTES.md, v11) */
+    int tail_mix_len;
+    /* kind 17: one stream, the many-rows kernel a programmatic dependent of
+     * the narrow one and the merge of it (CASCADE_CUDA_PDL=0: two streams,
+     * plain launches, as the other kinds) */
+    int pdl;
+    int run_mask; /* CASCADE_CUDA_RUN_MASK (a timing probe, wrong results): the run
+                     launches the narrow (1), many-rows (2) and merge (4) kernels of its bits */
     int32_t *cta_ptr;  /* [wide_grid + 1] */
     struct mix_item *mix; /* [2 cap_tasks] CTA and order of each task */
     double *cta_load;  /* [4 wide_grid] */
@@ -221,9 +232,15 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *senv = getenv("CASCADE_CUDA_SNAKE");
         a->snake = senv && *senv ? atoi(senv) != 0 : 1;
         const char *tcenv = getenv("CASCADE_CUDA_TAIL_COST"), *toenv = getenv("CASCADE_CUDA_TAIL_ORDER");
-        a->tail_cost = tcenv && *tcenv ? atof(tcenv) : 0.7;
-        if (!(a->tail_cost > 0.0)) a->tail_cost = 0.7;
-        a->tail_order = toenv && *toenv ? atoi(toenv) : 2;
+        a->tail_cost = tcenv && *tcenv ? atof(tcenv) : 1.6;
+        if (!(a->tail_cost > 0.0)) a->tail_cost = 1.6;
+        a->tail_order = toenv && *toenv ? atoi(toenv) : 1;
+        const char *tlenv = getenv("CASCADE_CUDA_TAIL_MIX_LEN");
+        a->tail_mix_len = tlenv && *tlenv ? atoi(tlenv) : 512;
+        const char *rmenv = getenv("CASCADE_CUDA_RUN_MASK");
+        a->run_mask = rmenv && *rmenv ? atoi(rmenv) : 7;
+        const char *pdenv = getenv("CASCADE_CUDA_PDL");
+        a->pdl = kind == 17 && (pdenv && *pdenv ? atoi(pdenv) != 0 : 1);
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
@@ -624,8 +641,15 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         if (pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_WIDE && passes[i].len > 0) has_wide = 1;
     const int fuse11 = has_wide && a->wide_kind == 11, tails17 = has_wide && a->wide_kind == 17;
 #define FUSED(i) (fuse11 && passes[i].n_tok > 0 && (int64_t)passes[i].n_tok * group <= CAS_CUDA_FUSED_ROWS)
-    /* kind 17: the decode tails (narrow passes) join the many-rows list */
-#define TAIL17(i) (tails17 && passes[i].n_tok > 0 && pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_NARROW)
+    /* kind 17: the decode tails (narrow passes) join the many-rows list when
+     * they are many (unsplit tasks at least the grid) or short */
+    int64_t n_tail_tasks = 0;
+    for (int32_t i = 0; i < n_passes && tails17; i++)
+        if (passes[i].n_tok > 0 && pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_NARROW)
+            n_tail_tasks += Hkv * (((int64_t)passes[i].n_tok * group + CAS_CUDA_NARROW_ROWS - 1) / CAS_CUDA_NARROW_ROWS);
+#define TAIL17(i)                                                                                   \
+    (tails17 && passes[i].n_tok > 0 && pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_NARROW && \
+     (n_tail_tasks >= a->wide_grid || passes[i].len <= a->tail_mix_len))
     int64_t Lf = a->fuse_chunk;
 
     /* split-KV: aim for a couple of waves of CTAs */
@@ -975,7 +999,25 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                                        a->wide_grid, a->num_sms * a->occ_narrow, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: fused attention launch: %s", __FILE__,
                                 __LINE__, cas_cuda_error_string(e));
-        e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
+        e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 0, stream);
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
+                                cas_cuda_error_string(e));
+        return CAS_OK;
+    }
+    if (a->pdl && a->mid_rows == 0) {
+        /* kind 17: narrow, many-rows and merge kernels on the caller's
+         * stream, the last two as programmatic dependents: each one's CTAs
+         * take the SMs that the one before leaves, and the merge's read
+         * their plan lists before the states are done */
+        e = !(a->run_mask & 1) ? 0 : cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
+                                                           a->num_sms * a->occ_narrow, stream);
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
+                                cas_cuda_error_string(e));
+        e = !(a->run_mask & 2) ? 0 : cas_cuda_launch_attn_wgmma(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
+                                                                 NULL, a->wide_kind, a->wide_grid, 1, stream);
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
+                                cas_cuda_error_string(e));
+        e = !(a->run_mask & 4) ? 0 : cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 1, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                                 cas_cuda_error_string(e));
         return CAS_OK;
@@ -984,7 +1026,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
      * (many rows, tensor-core bound) on the caller's: they overlap */
     CAS_CUDA_CHECK(cudaEventRecord(a->ev_fork, stream));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(a->side, a->ev_fork, 0));
-    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
+    e = !(a->run_mask & 1) ? 0 : cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
                              a->num_sms * a->occ_narrow, a->side);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
@@ -1000,13 +1042,13 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                                 __LINE__, cas_cuda_error_string(e));
         CAS_CUDA_CHECK(cudaEventRecord(a->ev_join2, a->side2));
     }
-    e = cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
+    e = !(a->run_mask & 2) ? 0 : cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, a->wide_kind,
                              a->wide_grid, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join, 0));
     if (a->mid_rows > 0) CAS_CUDA_CHECK(cudaStreamWaitEvent(stream, a->ev_join2, 0));
-    e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, stream);
+    e = !(a->run_mask & 4) ? 0 : cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 0, stream);
     if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                             cas_cuda_error_string(e));
     return CAS_OK;

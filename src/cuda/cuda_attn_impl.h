@@ -113,8 +113,10 @@ int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const voi
 int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,
                                int *counter, int wide_grid, int narrow_grid, void *stream);
+/* pdl: launched as a programmatic dependent of the kernel before it on the
+ * stream (kind 17: that kernel does not complete before the one before it) */
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,
-                          const float *scratch, int grid, void *stream);
+                          const float *scratch, int grid, int pdl, void *stream);
 /* CTAs per SM the attention kernel reaches (occupancy), for the grid size.
  * Also sets the kernels' shared-memory attributes; call before launching. */
 int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm);
@@ -133,13 +135,15 @@ const char *cas_cuda_error_string(int err);
  * softmax during this tile's P V), 9 (6 with TMA page loads), 10 (9 in
  * clusters of two, pairs of tasks sharing keys multicast), 11 (9 whose
  * spare producer warps run decode tails; counter: see
- * cas_cuda_launch_attn_fused, NULL for the other kinds): head_dim 128 only
- * (cas_cuda_wgmma_supported); the launch and occupancy calls of those kinds
- * forward here. */
+ * cas_cuda_launch_attn_fused, NULL for the other kinds), 16 (v9's 9), 17 (9
+ * with decode tails in its list, arranged per CTA; pdl: launched as a
+ * programmatic dependent of the narrow kernel, whose end it waits for
+ * before it completes): head_dim 128 only (cas_cuda_wgmma_supported); the
+ * launch and occupancy calls of those kinds forward here. */
 int cas_cuda_wgmma_supported(int D);
 int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,
-                               int *counter, int kind, int grid, void *stream);
+                               int *counter, int kind, int grid, int pdl, void *stream);
 int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int kind, int *ctas_per_sm);
 /* Kind 10 runs in clusters of two CTAs over a list of task pairs (see the
  * planner): *ctas is its persistent grid (clusters that fit at once x 2);

@@ -91,6 +91,12 @@ __global__ void __launch_bounds__(C::NT)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % C::WM, wn = warp / C::WM;
     const int64_t page_stride = (int64_t)P * Hkv * D; /* elements per page */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* kind 17 launches the many-rows kernel as a programmatic dependent of
+     * this one (cas_cuda_attn_run): its CTAs may take SMs as these leave
+     * (without a dependent this does nothing) */
+    if (list == 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
     auto run_task = [&](const cas_cuda_task &t) {
         const cas_cuda_pass ps = passes[t.pass];
@@ -453,6 +459,12 @@ __global__ void __launch_bounds__(256, 2)
     for (int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; w < n; w += nw) {
         const int i = (int)(w / Hq), hh = (int)(w - (int64_t)i * Hq);
         const int tkn = mtok[i], c0 = indptr[i], c1 = indptr[i + 1];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        /* launched as a programmatic dependent (kind 17): the plan's lists
+         * above were uploaded before, the states below come from the grids
+         * before this one (without a prerequisite grid this returns at once) */
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
         float m = -CUDART_INF_F;
         for (int c = c0 + lane; c < c1; c += 32) m = fmaxf(m, scratch[cl[c] + hh]);
 #pragma unroll
@@ -633,7 +645,7 @@ extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, co
                                     const void *v, const void *q, float *o, float *lse,
                                     float *scratch, int wide, int grid, void *stream) {
     if (wide >= 3)
-        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, NULL, wide, grid, stream);
+        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, NULL, wide, grid, 0, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
                  rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide != 0, grid,
@@ -645,7 +657,7 @@ extern "C" int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *pl
                                           const void *v, const void *q, float *o, float *lse,
                                           float *scratch, int *counter, int wide_grid,
                                           int narrow_grid, void *stream) {
-    int rc = cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, counter, 11, wide_grid, stream);
+    int rc = cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, counter, 11, wide_grid, 0, stream);
     if (rc) return rc;
     rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, 0,
@@ -672,17 +684,31 @@ extern "C" int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ct
     return rc;
 }
 
+template <int D>
+static int launch_merge_d(const void *plan, float *o, float *lse, const float *scratch, int Hq, int grid,
+                          int pdl, cudaStream_t st) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(256);
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, merge_plan_kernel<D>, (const char *)plan, o, lse, scratch, Hq);
+}
+
 extern "C" int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o,
-                                     float *lse, const float *scratch, int grid, void *stream) {
+                                     float *lse, const float *scratch, int grid, int pdl, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     switch (g->D) {
-    case 64: merge_plan_kernel<64><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
-    case 96: merge_plan_kernel<96><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
-    case 128: merge_plan_kernel<128><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
-    case 256: merge_plan_kernel<256><<<grid, 256, 0, st>>>((const char *)plan, o, lse, scratch, g->Hq); break;
+    case 64: return launch_merge_d<64>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
+    case 96: return launch_merge_d<96>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
+    case 128: return launch_merge_d<128>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
+    case 256: return launch_merge_d<256>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
     default: return (int)cudaErrorInvalidValue;
     }
-    return (int)cudaGetLastError();
 }
 
 static int merge_grid(int64_t rows) {

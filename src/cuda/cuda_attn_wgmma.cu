@@ -841,6 +841,10 @@ __global__ void __launch_bounds__(384, 1)
     /* kind 11: the narrow kernel (a programmatic dependent) may start its CTAs
      * on SMs this grid leaves free; it waits for this grid before it ends */
     if (TAILS) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    /* XF bit 32 (kind 17): the merge kernel is a programmatic dependent of
+     * this grid (its CTAs take SMs as these leave), and this grid one of the
+     * narrow kernel's, whose end it waits for before it completes (below) */
+    if (XF & 32) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
     extern __shared__ __align__(16) unsigned char smem[];
     /* K/V stages, 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
@@ -1365,6 +1369,9 @@ __global__ void __launch_bounds__(384, 1)
     }
     /* the other CTA may still arrive on this one's barriers until it is done */
     if (MC) cluster_sync_all();
+    /* XF bit 32: not complete before the narrow kernel (see above), so that
+     * the merge after this grid sees both (at once without a prerequisite) */
+    if (XF & 32) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #undef FULL_K
 #undef FULL_V
 #undef EMPTY_K
@@ -1409,7 +1416,7 @@ template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, fa
 template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, false, true, false, false, 0> {};
 /* kind 9 with the decode tails in its own list, arranged per CTA by the
  * planner, and consumer 1 idle on tasks of at most 64 rows */
-template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 28> {};
+template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1527,7 +1534,7 @@ static cudaLaunchConfig_t wg_cluster_cfg(cudaLaunchAttribute *attr, int grid, cu
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                      const void *q, float *o, float *lse, float *scratch, int *counter, int grid,
-                     cudaStream_t st) {
+                     int pdl, cudaStream_t st) {
     typedef wg_kernel<T, D, KIND> K;
     const char *plan_c = (const char *)plan;
     const T *kp = (const T *)k, *vp = (const T *)v, *qp = (const T *)q;
@@ -1548,6 +1555,19 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                     (void *)&lse, (void *)&scratch, (void *)&Hq, (void *)&Hkv, (void *)&P, (void *)&dg,
                     (void *)km, (void *)vm, (void *)&rows, (void *)kr, (void *)vr, (void *)&runs,
                     (void *)&counter};
+    if (wg_cluster<T, D, KIND>::N == 1 && pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3(grid);
+        cfg.blockDim = dim3(K::NT);
+        cfg.dynamicSmemBytes = K::SMEM;
+        cfg.stream = st;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        return (int)cudaLaunchKernelExC(&cfg, K::fn(), args);
+    }
     if (wg_cluster<T, D, KIND>::N == 1) return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = wg_cluster_cfg<T, D, KIND>(&attr, grid, st);
@@ -1612,9 +1632,9 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
 
 extern "C" int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,
                                           const void *v, const void *q, float *o, float *lse,
-                                          float *scratch, int *counter, int kind, int grid,
+                                          float *scratch, int *counter, int kind, int grid, int pdl,
                                           void *stream) {
-    CAS_WG_DISPATCH(g, kind, wg_launch, g, plan, k, v, q, o, lse, scratch, counter, grid,
+    CAS_WG_DISPATCH(g, kind, wg_launch, g, plan, k, v, q, o, lse, scratch, counter, grid, pdl,
                     (cudaStream_t)stream);
 }
 
