@@ -19,10 +19,12 @@
 #include "cuda_attn.h"
 #include "cuda_attn_impl.h"
 
-/* The default many-rows kernel kind where the device has wgmma (9, the
- * warp-specialized wgmma kernel with TMA page loads; 6 is the same with
- * cp.async only, 3 is v4's) or not (then 1 regardless). */
-#define CAS_CUDA_DEFAULT_WIDE 9
+/* The default many-rows kernel kind where the device has wgmma (17: the
+ * warp-specialized wgmma kernel with TMA page loads that also runs the
+ * decode tails of a cascade, its launches chained by programmatic
+ * dependence; 9 is it without either, 6 kind 9 with cp.async only, 3 is
+ * v4's) or not (then 1 regardless). */
+#define CAS_CUDA_DEFAULT_WIDE 17
 /* Passes of at most this many rows per KV head (tokens x group heads) run on
  * the 64-row mma.sync kernel next to wgmma (see mid_rows below); 0: off.
  * Off by default: on the H200 with 64 it was slower than wgmma in 23 of the
@@ -205,8 +207,10 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
          * page size allows) or 10 (kind 9 in clusters of two CTAs, K and V
          * multicast to the pair of row blocks of one KV chunk) or 11 (kind 9
          * whose spare producer warps run the decode tails beside the
-         * many-rows tasks) forces a kind (benchmarks, tests); a kind the
-         * device lacks falls back to 1. */
+         * many-rows tasks) or 16 (kind 9 as in v9) or 17 (kind 9 with the
+         * decode tails of a cascade in its own list and programmatic launch
+         * dependence) forces a kind (benchmarks, tests); a kind the device
+         * lacks falls back to 1. */
         int major = 0, minor = 0;
         TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a->device));
         TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, a->device));
