@@ -82,8 +82,9 @@ struct cas_cuda_attn {
     int tail_mix_len;
     /* kind 17: one stream, the many-rows kernel a programmatic dependent of
      * the narrow one and the merge of it (CASCADE_CUDA_PDL=0: two streams,
-     * plain launches, as the other kinds; 2: the many-rows kernel first, the
-     * narrow one its dependent) */
+     * plain launches, as the other kinds; the many-rows kernel first and the
+     * narrow one its dependent measured slower where tails stay narrow:
+     * bench/NOTES.md, v11) */
     int pdl;
     int run_mask; /* CASCADE_CUDA_RUN_MASK (a timing probe, wrong results): the run
                      launches the narrow (1), many-rows (2) and merge (4) kernels of its bits */
@@ -245,7 +246,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *rmenv = getenv("CASCADE_CUDA_RUN_MASK");
         a->run_mask = rmenv && *rmenv ? atoi(rmenv) : 7;
         const char *pdenv = getenv("CASCADE_CUDA_PDL");
-        a->pdl = kind != 17 ? 0 : pdenv && *pdenv ? atoi(pdenv) : 1;
+        a->pdl = kind == 17 && (pdenv && *pdenv ? atoi(pdenv) != 0 : 1);
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
@@ -1005,20 +1006,6 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: fused attention launch: %s", __FILE__,
                                 __LINE__, cas_cuda_error_string(e));
         e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 0, stream);
-        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
-                                cas_cuda_error_string(e));
-        return CAS_OK;
-    }
-    if (a->pdl == 2 && a->mid_rows == 0) {
-        e = !(a->run_mask & 2) ? 0 : cas_cuda_launch_attn_wgmma(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
-                                                                 NULL, a->wide_kind, a->wide_grid, 0, stream);
-        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: wide attention launch: %s", __FILE__, __LINE__,
-                                cas_cuda_error_string(e));
-        e = !(a->run_mask & 1) ? 0 : cas_cuda_launch_narrow_pdl(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
-                                                                a->num_sms * a->occ_narrow, stream);
-        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: narrow attention launch: %s", __FILE__, __LINE__,
-                                cas_cuda_error_string(e));
-        e = !(a->run_mask & 4) ? 0 : cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 1, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
                                 cas_cuda_error_string(e));
         return CAS_OK;

@@ -113,11 +113,6 @@ int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const voi
 int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,
                                int *counter, int wide_grid, int narrow_grid, void *stream);
-/* The narrow kernel as a programmatic dependent of the kernel before it on
- * the stream (it completes only after that one). */
-int cas_cuda_launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k,
-                               const void *v, const void *q, float *o, float *lse, float *scratch,
-                               int grid, void *stream);
 /* pdl: launched as a programmatic dependent of the kernel before it on the
  * stream (kind 17: that kernel does not complete before the one before it) */
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,

@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(C::NT)
         }
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* launched as a programmatic dependent of the many-rows kernel (kind 11,
-     * kind 17 with CASCADE_CUDA_PDL=2): do not complete before it, so that
+    /* launched as a programmatic dependent of the many-rows kernel (kind
+     * 11): do not complete before it, so that
      * the merge after this grid sees both (without a prerequisite grid this
      * returns at once) */
     if (list == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -664,16 +664,6 @@ extern "C" int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *pl
     CAS_DISPATCH(g, 0,
                  rc = (launch_narrow_pdl<T_, C_>(g, plan, k, v, q, o, lse, scratch, counter,
                                                  narrow_grid, (cudaStream_t)stream)));
-    return rc;
-}
-
-extern "C" int cas_cuda_launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k,
-                                          const void *v, const void *q, float *o, float *lse,
-                                          float *scratch, int grid, void *stream) {
-    int rc = (int)cudaErrorInvalidValue;
-    CAS_DISPATCH(g, 0,
-                 rc = (launch_narrow_pdl<T_, C_>(g, plan, k, v, q, o, lse, scratch, (int *)NULL, grid,
-                                                 (cudaStream_t)stream)));
     return rc;
 }
 
