@@ -219,8 +219,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const int has_wgmma = major == 9 && minor == 0 && cas_cuda_wgmma_supported(shape->head_dim);
         const char *env = getenv("CASCADE_CUDA_WIDE");
         int kind = env && *env ? atoi(env) : CAS_CUDA_DEFAULT_WIDE;
-        if (kind < 1 || (kind > 11 && kind != 16 && kind != 17) || kind == 5 || (kind >= 3 && !has_wgmma))
-            kind = 1;
+        if (!cas_cuda_attn_kind_known(kind) || (kind >= 3 && !has_wgmma)) kind = 1;
         a->wide_kind = kind;
         a->wide_rows = cas_cuda_wide_rows(shape->head_dim, a->wide_kind);
         /* mid list: only under wgmma; CASCADE_CUDA_MID_ROWS=0 turns it off
@@ -1089,6 +1088,10 @@ cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, i
 
 void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
     if (a && info) *info = a->info;
+}
+
+int cas_cuda_attn_kind_known(int kind) {
+    return (kind >= 1 && kind <= 11 && kind != 5) || kind == 16 || kind == 17;
 }
 
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {

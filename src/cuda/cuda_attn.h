@@ -139,6 +139,17 @@ cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, i
  * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|16|17 forces one
  * (a kind the device lacks falls back to mma.sync). */
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
+/* Whether `kind` names a many-rows kernel kind of CASCADE_CUDA_WIDE (1-4,
+ * 6-11, 16, 17); other values fall back to the default. Tuning knobs of
+ * kind 17, read at create: CASCADE_CUDA_TAIL_COST (a tail tile's cost
+ * against a shared-pass tile when tails are given to CTAs, default 1.6),
+ * CASCADE_CUDA_TAIL_ORDER (0 tails first in a CTA, 1 shared tasks first,
+ * the default, 2 and 3 interleaved), CASCADE_CUDA_TAIL_MIX_LEN (tails of at
+ * most this many keys join the many-rows list even when they are few,
+ * default 512), CASCADE_CUDA_PDL=0 (two streams instead of the chained
+ * launches). CASCADE_CUDA_RUN_MASK is a timing probe only (launches just
+ * the kernels of its bits: 1 narrow, 2 many-rows, 4 merge; results wrong). */
+int cas_cuda_attn_kind_known(int kind);
 
 /* Merges of attention states in device memory (f32), the semantics of
  * cas_attn_merge2 / cas_attn_merge_n: lse -inf is the empty state. merge2:

@@ -623,7 +623,7 @@ int main(void) {
             continue;
         }
         k = end;
-        if (kind < 1 || (kind > 11 && kind != 16 && kind != 17)) continue; /* 16: v9's kind 9, 17: tails mixed in */
+        if (kind != 5 && !cas_cuda_attn_kind_known((int)kind)) continue; /* 5: kind 3 with the mid list */
         char env[8];
         snprintf(env, sizeof env, "%ld", kind == 5 ? 3L : kind);
         setenv("CASCADE_CUDA_WIDE", env, 1);
