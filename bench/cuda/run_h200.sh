@@ -10,7 +10,7 @@
 # Usage: bash bench/cuda/run_h200.sh [steps...]
 #   steps: test bench diag bench2 fuse ab pf dec cli ncu grid sanitize (default: test bench cli grid)
 #   (dec: DEC_CASES, DEC_WIDE, DEC_AB, DEC_ROUNDS, DEC_RESERVE; see the step)
-#   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "9 6 8 3 1"),
+#   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "17 9 11 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
 #   SANITIZE_KINDS (kinds under compute-sanitizer), FUSE_CHUNKS, FUSE_CASES (step fuse:
@@ -57,8 +57,8 @@ if has test; then
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi
 if has bench; then
-  BENCH_KINDS=${BENCH_KINDS:-11 9 6 8 3 1}
-  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (11 wgmma-ws-tma-tails, 9 wgmma-ws-tma, 6 wgmma-ws, 7 wgmma-ws64, 8 wgmma-ws-overlap, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
+  BENCH_KINDS=${BENCH_KINDS:-17 9 11 6 8 3 1}
+  echo "== bench: headline, B256 and prefill, kinds $BENCH_KINDS (17 wgmma-ws-tma-mix, 11 wgmma-ws-tma-tails, 9 wgmma-ws-tma, 6 wgmma-ws, 7 wgmma-ws64, 8 wgmma-ws-overlap, 3 wgmma, 4 wgmma-overlap, 1 mma.sync); split rule off (s0)"
   for k in $BENCH_KINDS; do
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 64 --prefix 32768 --suffix 512 --json "$W/one_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
     CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --batch 256 --prefix 32768 --suffix 512 --json "$W/b256_k$k.json" 2>&1 | tail -1 | sed "s/^/k$k /"
@@ -149,7 +149,7 @@ if has pf; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv,noheader -lms 50 > "$OUT/pf_clocks.csv" 2>/dev/null &
   SMI=$!
   for r in $(seq 1 ${PF_ROUNDS:-3}); do
-    for var in ${PF_VARIANTS:-k9=CASCADE_CUDA_WIDE=9}; do
+    for var in ${PF_VARIANTS:-k17=CASCADE_CUDA_WIDE=17}; do
       name=${var%%=*}; envs=${var#*=}; b=$BB; [ "${name#old}" != "$name" ] && b=$OB
       date +%T.%N | sed "s/^/$name r$r start /" >> "$OUT/pf_marks.txt"
       env $(echo "$envs" | tr , ' ') timeout 60 "$b" --prefill 16384 --iters ${PF_ITERS:-30} --json "$W/pf_${name}_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/$name r$r /"
@@ -161,7 +161,7 @@ if has pf; then
   done
   for c in ${PF_DECODE:-}; do
     IFS=, read -r p1 p2 p3 <<< "$c"
-    for r in 1 2; do for k in ${PF_DECODE_KINDS:-9 16}; do
+    for r in 1 2; do for k in ${PF_DECODE_KINDS:-17 9}; do
       CASCADE_CUDA_WIDE=$k timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/pfd_k${k}_${p1}_${p2}_${p3}_$r.json" 2>&1 | tail -1 | sed "s/^/k$k r$r /"
     done; done
   done
