@@ -475,6 +475,10 @@ static int cmp_mix(const void *x, const void *y) {
     if (a->key != b->key) return a->key < b->key ? -1 : 1;
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
+/* a task's cost in arrange_mix: its tiles (a tail's at tail_cost) plus its start */
+static double mix_cost(const cas_cuda_attn *a, const cas_cuda_task *t, int tail) {
+    return tiles_of(t) * (tail ? a->tail_cost : 1.0) + 0.05;
+}
 static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     const int32_t g = a->wide_grid;
     cas_cuda_task *tw = a->tw, *tmp = a->tp;
@@ -491,7 +495,7 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     for (int32_t b = 0; b < g; b++) load[b] = tot_s[b] = tot_t[b] = 0.0;
     for (int32_t k = 0; k < ns; k++) {
         const int32_t b = k % g;
-        const double c = tiles_of(&tmp[k]) + 0.05; /* a task with no tile still costs its start */
+        const double c = mix_cost(a, &tmp[k], 0);
         m[k].cta = b;
         load[b] += c;
         tot_s[b] += c;
@@ -500,7 +504,7 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     for (int32_t i = g / 2 - 1; i >= 0; i--) heap_down(a->heap, load, g, i);
     for (int32_t k = ns; k < nw; k++) {
         const int32_t b = a->heap[0];
-        const double c = tiles_of(&tmp[k]) * a->tail_cost + 0.05;
+        const double c = mix_cost(a, &tmp[k], 1);
         m[k].cta = b;
         load[b] += c;
         tot_t[b] += c;
@@ -510,7 +514,7 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     for (int32_t b = 0; b < g; b++) cum[b] = 0.0;
     for (int32_t k = 0; k < ns; k++) {
         const int32_t b = m[k].cta;
-        const double c = tiles_of(&tmp[k]) + 0.05;
+        const double c = mix_cost(a, &tmp[k], 0);
         m[k].key = a->tail_order == 0 ? 2.0 + k : a->tail_order == 1 ? -2.0 + (double)k / nw : (cum[b] + 0.5 * c) / tot_s[b];
         m[k].idx = k;
         cum[b] += c;
@@ -518,7 +522,7 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     for (int32_t b = 0; b < g; b++) cum[b] = 0.0;
     for (int32_t k = ns; k < nw; k++) {
         const int32_t b = m[k].cta;
-        const double c = tiles_of(&tmp[k]) * a->tail_cost + 0.05;
+        const double c = mix_cost(a, &tmp[k], 1);
         double phase = 0.0;
         if (a->tail_order == 2) {
             /* the first many-rows task of the CTA (b < ns), else the CTA */

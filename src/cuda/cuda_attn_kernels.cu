@@ -428,9 +428,8 @@ __global__ void __launch_bounds__(C::NT)
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     /* launched as a programmatic dependent of the many-rows kernel (kind
-     * 11): do not complete before it, so that
-     * the merge after this grid sees both (without a prerequisite grid this
-     * returns at once) */
+     * 11): do not complete before it, so that the merge after this grid
+     * sees both (without a prerequisite grid this returns at once) */
     if (list == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
@@ -588,16 +587,8 @@ template <typename T, typename C>
 static int launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                              const void *q, float *o, float *lse, float *scratch, int *counter,
                              int grid, cudaStream_t st) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(C::NT);
-    cfg.dynamicSmemBytes = C::SMEM;
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cas_launch_cfg(&attr, grid, C::NT, C::SMEM, st, 1);
     return (int)cudaLaunchKernelEx(&cfg, attn_kernel<T, C>, (const char *)plan, (const T *)k,
                                    (const T *)v, (const T *)q, o, lse, scratch, g->Hq, g->Hkv,
                                    g->page_size, 0, counter);
@@ -688,15 +679,8 @@ extern "C" int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ct
 template <int D>
 static int launch_merge_d(const void *plan, float *o, float *lse, const float *scratch, int Hq, int grid,
                           int pdl, cudaStream_t st) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(256);
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cas_launch_cfg(&attr, grid, 256, 0, st, pdl);
     return (int)cudaLaunchKernelEx(&cfg, merge_plan_kernel<D>, (const char *)plan, o, lse, scratch, Hq);
 }
 

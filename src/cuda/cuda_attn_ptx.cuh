@@ -9,10 +9,27 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #define LOG2E_F 1.4426950408889634f
 #define LN2_F 0.6931471805599453f
+
+/* The launch configuration of a plain grid on st; pdl: as a programmatic
+ * dependent of the kernel before it on st (attr holds the attribute). */
+static inline cudaLaunchConfig_t cas_launch_cfg(cudaLaunchAttribute *attr, int grid, int block, size_t smem,
+                                                cudaStream_t st, int pdl) {
+    cudaLaunchConfig_t cfg = {};
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cfg;
+}
 
 /* ---- small PTX helpers -------------------------------------------------- */
 

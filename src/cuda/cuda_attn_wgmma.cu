@@ -1556,16 +1556,8 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                     (void *)km, (void *)vm, (void *)&rows, (void *)kr, (void *)vr, (void *)&runs,
                     (void *)&counter};
     if (wg_cluster<T, D, KIND>::N == 1 && pdl) {
-        cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cfg.gridDim = dim3(grid);
-        cfg.blockDim = dim3(K::NT);
-        cfg.dynamicSmemBytes = K::SMEM;
-        cfg.stream = st;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
+        const cudaLaunchConfig_t cfg = cas_launch_cfg(&attr, grid, K::NT, K::SMEM, st, 1);
         return (int)cudaLaunchKernelExC(&cfg, K::fn(), args);
     }
     if (wg_cluster<T, D, KIND>::N == 1) return (int)cudaLaunchKernel(K::fn(), dim3(grid), dim3(K::NT), args, K::SMEM, st);
