@@ -25,6 +25,8 @@
  * dependence; 9 is it without either, 6 kind 9 with cp.async only, 3 is
  * v4's) or not (then 1 regardless). */
 #define CAS_CUDA_DEFAULT_WIDE 17
+/* kinds 17 and 18 (17 with the merge in the attention kernels) plan alike */
+#define MIX_KIND(k) ((k) == 17 || (k) == 18)
 /* Passes of at most this many rows per KV head (tokens x group heads) run on
  * the 64-row mma.sync kernel next to wgmma (see mid_rows below); 0: off.
  * Off by default: on the H200 with 64 it was slower than wgmma in 23 of the
@@ -99,6 +101,7 @@ struct cas_cuda_attn {
     char *dplan;
     float *dscratch;
     int *dcounter; /* kind 11: the fused list's next task (zeroed by each run) */
+    int *dmcnt;    /* kind 18: the merge counters [max_total_q][Hkv] (cuda_attn_fuse.cuh) */
     cudaEvent_t upload_done, ev_fork, ev_join, ev_join2;
     cudaStream_t side, side2;
 
@@ -108,6 +111,7 @@ struct cas_cuda_attn {
     cas_cuda_task *tp;           /* [2 cap_tasks] kind 10: the pairs being built */
     int32_t *cnt, *fill;     /* [max_total_q] */
     int32_t *direct_tok;     /* [max_total_q] */
+    int32_t *need_tok;       /* [max_total_q] kind 18: writer units of a token per KV head */
     int32_t *nsplit, *chunk; /* [max_passes] */
     int64_t *job_off;        /* [max_passes] scratch offset of the pass's first chunk, -1 direct */
     cas_attn_pass *flat_passes;        /* [max_passes] */
@@ -126,6 +130,7 @@ static int64_t plan_bytes_cap(const cas_cuda_attn_caps *c, int64_t cap_tasks, in
     b += 4 * ALIGN16(cap_tasks * (int64_t)sizeof(cas_cuda_task)); /* the wide list twice */
     b += 16; /* the fused list: its tasks are counted in the narrow list's capacity */
     b += ALIGN16((int64_t)c->max_total_q * 4) + ALIGN16(((int64_t)c->max_total_q + 1) * 4);
+    b += 2 * ALIGN16((int64_t)c->max_total_q * 4); /* kind 18: tok_merge, merge_need */
     b += 2 * ALIGN16(cap_states * 8);
     return b + 64;
 }
@@ -136,6 +141,7 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     if (a->dplan) cudaFree(a->dplan);
     if (a->dscratch) cudaFree(a->dscratch);
     if (a->dcounter) cudaFree(a->dcounter);
+    if (a->dmcnt) cudaFree(a->dmcnt);
     if (a->upload_done) cudaEventDestroy(a->upload_done);
     if (a->ev_fork) cudaEventDestroy(a->ev_fork);
     if (a->ev_join) cudaEventDestroy(a->ev_join);
@@ -150,6 +156,7 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     free(a->cnt);
     free(a->fill);
     free(a->direct_tok);
+    free(a->need_tok);
     free(a->nsplit);
     free(a->chunk);
     free(a->job_off);
@@ -227,7 +234,8 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
          * threshold (rows per KV head of a pass) */
         const char *menv = getenv("CASCADE_CUDA_MID_ROWS");
         a->mid_rows = kind >= 3 ? (menv && *menv ? atoi(menv) : CAS_CUDA_DEFAULT_MID_ROWS) : 0;
-        if (a->mid_rows <= CAS_CUDA_NARROW_ROWS || kind == 11) a->mid_rows = 0;
+        /* (kinds 11 and 18 launch no mid list) */
+        if (a->mid_rows <= CAS_CUDA_NARROW_ROWS || kind == 11 || kind == 18) a->mid_rows = 0;
         /* CASCADE_CUDA_FUSE_CHUNK: keys per fused task (default 256) */
         const char *fenv = getenv("CASCADE_CUDA_FUSE_CHUNK");
         a->fuse_chunk = fenv && *fenv ? atoi(fenv) : CAS_CUDA_DEFAULT_FUSE_CHUNK;
@@ -245,7 +253,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *rmenv = getenv("CASCADE_CUDA_RUN_MASK");
         a->run_mask = rmenv && *rmenv ? atoi(rmenv) : 7;
         const char *pdenv = getenv("CASCADE_CUDA_PDL");
-        a->pdl = kind == 17 && (pdenv && *pdenv ? atoi(pdenv) != 0 : 1);
+        a->pdl = kind == 18 || (kind == 17 && (pdenv && *pdenv ? atoi(pdenv) != 0 : 1));
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);
@@ -289,6 +297,11 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     TRY(cudaMalloc((void **)&a->dscratch, (size_t)(a->scratch_floats > 0 ? a->scratch_floats : 1) * 4));
     TRY(cudaMalloc((void **)&a->dcounter, 256));
     TRY(cudaMemset(a->dcounter, 0, 256));
+    if (a->wide_kind == 18) {
+        const size_t nc = (size_t)caps->max_total_q * (size_t)shape->num_kv_heads;
+        TRY(cudaMalloc((void **)&a->dmcnt, nc * sizeof(int)));
+        TRY(cudaMemset(a->dmcnt, 0, nc * sizeof(int)));
+    }
     memset(a->stage, 0, (size_t)a->cap_bytes);
     TRY(cudaMemset(a->dplan, 0, (size_t)a->cap_bytes)); /* an empty plan: zero tasks */
     TRY(cudaEventCreateWithFlags(&a->upload_done, cudaEventDisableTiming));
@@ -308,6 +321,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->cnt = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->fill = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->direct_tok = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
+    a->need_tok = malloc(sizeof(int32_t) * (size_t)caps->max_total_q);
     a->nsplit = malloc(sizeof(int32_t) * (size_t)caps->max_passes);
     a->chunk = malloc(sizeof(int32_t) * (size_t)caps->max_passes);
     a->job_off = malloc(sizeof(int64_t) * (size_t)caps->max_passes);
@@ -318,7 +332,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->mix = malloc(sizeof(struct mix_item) * 2 * (size_t)a->cap_tasks);
     a->cta_load = malloc(sizeof(double) * 4 * (size_t)a->wide_grid);
     a->heap = malloc(sizeof(int32_t) * (size_t)a->wide_grid);
-    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->tf || !a->cnt || !a->fill || !a->direct_tok || !a->nsplit || !a->chunk ||
+    if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->tf || !a->cnt || !a->fill || !a->direct_tok || !a->need_tok || !a->nsplit || !a->chunk ||
         !a->job_off || !a->cta_ptr || !a->mix || !a->cta_load || !a->heap) {
         st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
         goto fail;
@@ -646,9 +660,9 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * many-rows pass; without one there is nothing to run them beside and
      * the narrow kernel is faster) */
     int has_wide = 0;
-    for (int32_t i = 0; i < n_passes && (a->wide_kind == 11 || a->wide_kind == 17); i++)
+    for (int32_t i = 0; i < n_passes && (a->wide_kind == 11 || MIX_KIND(a->wide_kind)); i++)
         if (pass_class(a, (int64_t)passes[i].n_tok * group) == CLS_WIDE && passes[i].len > 0) has_wide = 1;
-    const int fuse11 = has_wide && a->wide_kind == 11, tails17 = has_wide && a->wide_kind == 17;
+    const int fuse11 = has_wide && a->wide_kind == 11, tails17 = has_wide && MIX_KIND(a->wide_kind);
 #define FUSED(i) (fuse11 && passes[i].n_tok > 0 && (int64_t)passes[i].n_tok * group <= CAS_CUDA_FUSED_ROWS)
     /* kind 17: the decode tails (narrow passes) join the many-rows list when
      * they are many (unsplit tasks at least the grid) or short */
@@ -715,6 +729,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     for (int32_t t = 0; t < total_q; t++) {
         a->cnt[t] = 0;
         a->direct_tok[t] = 0;
+        a->need_tok[t] = 0;
     }
     for (int32_t i = 0; i < n_passes; i++)
         for (int32_t j = 0; j < passes[i].n_tok; j++) a->cnt[tok_ids[passes[i].tok_off + j]] += a->nsplit[i];
@@ -771,6 +786,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
 
     /* tasks */
     int32_t nw = 0, nn = 0, nmid = 0, nf = 0;
+    const int fuse18 = a->wide_kind == 18;
     int64_t kv_read = 0;
     for (int32_t i = 0; i < n_passes; i++) {
         const cas_attn_pass *p = &passes[i];
@@ -815,6 +831,16 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                         t.lse_off = job + (int64_t)p->n_tok * Hq * D;
                     }
                     kv_read += k1 - k0;
+                    if (fuse18 && hk == 0 && a->job_off[i] >= 0) {
+                        /* its writer units: 64 rows of a many-rows task (a
+                         * consumer warpgroup), or the whole narrow task */
+                        const int32_t unit = cls == CLS_WIDE || TAIL17(i) ? 64 : nr;
+                        for (int32_t u0 = r0; u0 < r0 + nr; u0 += unit) {
+                            const int32_t u1 = u0 + unit < r0 + nr ? u0 + unit : r0 + nr;
+                            for (int32_t tk = u0 / group; tk <= (u1 - 1) / group; tk++)
+                                a->need_tok[tok_ids[p->tok_off + tk]]++;
+                        }
+                    }
                     if (cls == CLS_WIDE) {
                         t.pad = nw;
                         a->tw[nw++] = t;
@@ -837,14 +863,14 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         }
     }
     if (a->wide_kind == 10) nw = pair_tasks(a, nw, Hkv);
-    else if (a->wide_kind == 17) arrange_mix(a, nw);
+    else if (MIX_KIND(a->wide_kind)) arrange_mix(a, nw);
     else qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tm, (size_t)nmid, sizeof(cas_cuda_task), cmp_task);
     qsort(a->tf, (size_t)nf, sizeof(cas_cuda_task), cmp_task);
     /* the fused list is taken from a counter, kind 10's pairs by clusters */
     if (a->snake) {
-        if (a->wide_kind != 10 && a->wide_kind != 17) snake_rounds(a->tw, nw, a->wide_grid);
+        if (a->wide_kind != 10 && !MIX_KIND(a->wide_kind)) snake_rounds(a->tw, nw, a->wide_grid);
         snake_rounds(a->tn, nn, a->num_sms * a->occ_narrow);
         if (a->mid_rows > 0) snake_rounds(a->tm, nmid, a->mid_grid);
     }
@@ -867,7 +893,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     memcpy(S + off, a->tf, (size_t)nf * sizeof(cas_cuda_task));
     off = ALIGN16(off + (int64_t)nf * (int64_t)sizeof(cas_cuda_task));
     h->off_cta_ptr = off;
-    if (a->wide_kind == 17) {
+    if (MIX_KIND(a->wide_kind)) {
         memcpy(S + off, a->cta_ptr, ((size_t)a->wide_grid + 1) * 4);
         off = ALIGN16(off + ((int64_t)a->wide_grid + 1) * 4);
     }
@@ -897,6 +923,22 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     off = ALIGN16(off + (int64_t)ncontrib * 8);
     h->off_contrib_lse = off;
     off = ALIGN16(off + (int64_t)ncontrib * 8);
+    if (fuse18) {
+        /* kind 18: each token's merge index and the writer units the
+         * kernels count on its counters before the last one merges */
+        h->merge_fused = 1;
+        h->merge_cnt = (int64_t)(uintptr_t)a->dmcnt;
+        h->off_tok_merge = off;
+        off = ALIGN16(off + (int64_t)total_q * 4);
+        h->off_merge_need = off;
+        off = ALIGN16(off + (int64_t)nm * 4);
+        if (off > a->cap_bytes) return cas_error(CAS_ERR_INTERNAL, "cuda attn plan: block overflow");
+        int32_t *tm = (int32_t *)(S + h->off_tok_merge), *nd = (int32_t *)(S + h->off_merge_need);
+        for (int32_t t = 0, j = 0; t < total_q; t++) {
+            tm[t] = a->direct_tok[t] ? -1 : j;
+            if (!a->direct_tok[t]) nd[j++] = a->need_tok[t];
+        }
+    }
     if (off > a->cap_bytes) return cas_error(CAS_ERR_INTERNAL, "cuda attn plan: block overflow");
     int64_t *co = (int64_t *)(S + h->off_contrib_o);
     int64_t *cl = (int64_t *)(S + h->off_contrib_lse);
@@ -989,6 +1031,11 @@ cas_status cas_cuda_attn_upload(cas_cuda_attn *a, cudaStream_t stream) {
     const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)a->stage;
     int64_t bytes = h->block_bytes > 0 ? h->block_bytes : (int64_t)sizeof *h;
     CAS_CUDA_CHECK(cudaMemcpyAsync(a->dplan, a->stage, (size_t)bytes, cudaMemcpyHostToDevice, stream));
+    /* kind 18: the runs leave the merge counters at zero; zeroed here too,
+     * so that a run cut short (a CASCADE_CUDA_RUN_MASK probe) cannot leave
+     * counts for the next plan */
+    if (a->dmcnt && h->merge_fused)
+        CAS_CUDA_CHECK(cudaMemsetAsync(a->dmcnt, 0, (size_t)h->n_merge_tok * (size_t)a->shape.num_kv_heads * sizeof(int), stream));
     CAS_CUDA_CHECK(cudaEventRecord(a->upload_done, stream));
     return CAS_OK;
 }
@@ -1010,6 +1057,31 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                                 __LINE__, cas_cuda_error_string(e));
         e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 0, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: merge launch: %s", __FILE__, __LINE__,
+                                cas_cuda_error_string(e));
+        return CAS_OK;
+    }
+    if (a->wide_kind == 18) {
+        /* kind 18: the attention kernels merge the split states, so two
+         * launches chained by programmatic dependence: the narrow kernel
+         * first where the plan has narrow tasks (the many-rows CTAs take
+         * SMs as the narrow ones leave), else the many-rows kernel first and
+         * the empty narrow kernel after it. Either order computes the same;
+         * a captured graph keeps the order of its capture. */
+        const int narrow_first = a->info.tasks_narrow > 0 || a->info.tasks_wide == 0;
+        if (narrow_first) {
+            e = !(a->run_mask & 1) ? 0 : cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
+                                                               a->num_sms * a->occ_narrow, stream);
+            if (!e && (a->run_mask & 2))
+                e = cas_cuda_launch_attn_wgmma(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, NULL,
+                                               a->wide_kind, a->wide_grid, 1, stream);
+        } else {
+            e = !(a->run_mask & 2) ? 0 : cas_cuda_launch_attn_wgmma(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
+                                                                     NULL, a->wide_kind, a->wide_grid, 0, stream);
+            if (!e && (a->run_mask & 1))
+                e = cas_cuda_launch_attn_narrow_pdl(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
+                                                    a->num_sms * a->occ_narrow, stream);
+        }
+        if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: attention launch: %s", __FILE__, __LINE__,
                                 cas_cuda_error_string(e));
         return CAS_OK;
     }
@@ -1095,7 +1167,7 @@ void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info) {
 }
 
 int cas_cuda_attn_kind_known(int kind) {
-    return (kind >= 1 && kind <= 11 && kind != 5) || kind == 16 || kind == 17;
+    return (kind >= 1 && kind <= 11 && kind != 5) || (kind >= 16 && kind <= 18);
 }
 
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
@@ -1106,6 +1178,7 @@ const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a) {
     case 9: return "wgmma-ws-tma";
     case 16: return "wgmma-ws-tma-v9";
     case 17: return "wgmma-ws-tma-mix";
+    case 18: return "wgmma-ws-tma-mix-fm";
     case 8: return "wgmma-ws-overlap";
     case 7: return "wgmma-ws64";
     case 6: return "wgmma-ws";

@@ -70,11 +70,18 @@ typedef struct {
     int32_t n_tasks_fused;  /* kind 11: decode-tail tasks (at most 8 rows) that the
                                many-rows kernel's spare producer warps and then the narrow
                                kernel take from a shared counter (cas_cuda_launch_attn_fused) */
-    int32_t pad0;
+    int32_t merge_fused;    /* kind 18: the attention kernels merge the split states
+                               (cuda_attn_fuse.cuh): no merge kernel */
     int64_t off_passes, off_pages, off_tok_ids, off_tok_pos, off_tasks_wide, off_tasks_narrow,
         off_merge_tok, off_contrib_indptr, off_contrib_o, off_contrib_lse, off_tasks_mid,
         off_tasks_fused;
     int64_t off_cta_ptr;    /* kind 17: int32 [grid + 1], CTA b's tasks of the wide list */
+    int64_t off_tok_merge;  /* merge_fused: int32 [total_q], a token's index in merge_tok[]
+                               or -1 (written directly) */
+    int64_t off_merge_need; /* merge_fused: int32 [n_merge_tok], the writer units of a merge
+                               token per KV head (a narrow task, or 64 rows of a wide one) */
+    int64_t merge_cnt;      /* merge_fused: device address of the int counters
+                               [n_merge_tok][Hkv], zero between runs */
     int64_t block_bytes;    /* bytes of the whole block */
 } cas_cuda_plan_hdr;
 
@@ -113,6 +120,12 @@ int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const voi
 int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,
                                int *counter, int wide_grid, int narrow_grid, void *stream);
+/* Kind 18: the narrow kernel over its list as a programmatic dependent of
+ * the many-rows kernel launched before it on stream (a plan without narrow
+ * tasks: its empty CTAs then run as the many-rows ones leave). */
+int cas_cuda_launch_attn_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k,
+                                    const void *v, const void *q, float *o, float *lse,
+                                    float *scratch, int grid, void *stream);
 /* pdl: launched as a programmatic dependent of the kernel before it on the
  * stream (kind 17: that kernel does not complete before the one before it) */
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,
@@ -138,7 +151,8 @@ const char *cas_cuda_error_string(int err);
  * cas_cuda_launch_attn_fused, NULL for the other kinds), 16 (v9's 9), 17 (9
  * with decode tails in its list, arranged per CTA; pdl: launched as a
  * programmatic dependent of the narrow kernel, whose end it waits for
- * before it completes): head_dim 128 only (cas_cuda_wgmma_supported); the
+ * before it completes), 18 (17 merging the split states itself, the plan's
+ * merge_fused): head_dim 128 only (cas_cuda_wgmma_supported); the
  * launch and occupancy calls of those kinds forward here. */
 int cas_cuda_wgmma_supported(int D);
 int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k,

@@ -28,6 +28,7 @@
 
 #include "cuda_attn_impl.h"
 #include "cuda_attn_ptx.cuh"
+#include "cuda_attn_fuse.cuh"
 
 /* ---- configuration ------------------------------------------------------ */
 
@@ -74,6 +75,7 @@ __global__ void __launch_bounds__(C::NT)
     T *sV = sK + (size_t)STAGES * KEYS * LD;
     __shared__ int s_qpos[ROWS];
     __shared__ long long s_qrow[ROWS], s_oo[ROWS], s_lo[ROWS];
+    __shared__ int s_mlist[ROWS], s_mn; /* kind 18: the tokens this CTA merges (fused_merge) */
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
     /* list: 0 narrow tasks, 1 many-rows tasks, 2 mid tasks (few rows per KV
@@ -97,6 +99,8 @@ __global__ void __launch_bounds__(C::NT)
      * (without a dependent this does nothing) */
     if (list == 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+    if (tid == 0) s_mn = 0;
+    const bool fuse_merge = h->merge_fused != 0;
 
     auto run_task = [&](const cas_cuda_task &t) {
         const cas_cuda_pass ps = passes[t.pass];
@@ -407,6 +411,10 @@ __global__ void __launch_bounds__(C::NT)
                 if (d == 0) lbase[s_lo[r]] = any ? (ms + log2f(ls)) * LN2_F : -CUDART_INF_F;
             }
         }
+        /* kind 18: the last writer of a token's states merges them */
+        if (fuse_merge && t.o_off >= 0)
+            fused_merge<D>(plan, t, 0, t.nrows, tid, NT, s_mlist, &s_mn, o, lse, scratch, Hq, Hkv,
+                           [] { __syncthreads(); });
         __syncthreads();
     };
     for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) run_task(tasks[ti]);
@@ -436,83 +444,19 @@ __global__ void __launch_bounds__(C::NT)
 
 /* ---- merge kernels ------------------------------------------------------ */
 
-/* One warp per (merge token, q head): merges the token's scratch states.
- * The lanes look up 32 contributions at once (their offsets and lse), and
- * the weighted sum loads eight states before it adds them, so that a warp
- * waits for one round of loads per eight states instead of a chain of
- * dependent loads per state; the sums run in contribution order as before.
- * (Eight at a time needs the 128-register bound: ptxas capped D 128 at 64
- * registers and spilled without it.) */
+/* One warp per (merge token, q head): merges the token's scratch states
+ * (merge_token_head, cuda_attn_fuse.cuh; the 128-register bound keeps its
+ * eight loads in flight without spills). */
 template <int D>
 __global__ void __launch_bounds__(256, 2)
     merge_plan_kernel(const char *__restrict__ plan, float *__restrict__ o,
                       float *__restrict__ lse, const float *__restrict__ scratch, int Hq) {
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
-    const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
-    const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
-    const int64_t *cl = reinterpret_cast<const int64_t *>(plan + h->off_contrib_lse);
-    const int lane = threadIdx.x & 31;
-    constexpr int J = D / 32, U = 8;
     const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
     const int64_t n = (int64_t)h->n_merge_tok * Hq;
     for (int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; w < n; w += nw) {
         const int i = (int)(w / Hq), hh = (int)(w - (int64_t)i * Hq);
-        const int tkn = mtok[i], c0 = indptr[i], c1 = indptr[i + 1];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        /* launched as a programmatic dependent (kind 17): the plan's lists
-         * above were uploaded before, the states below come from the grids
-         * before this one (without a prerequisite grid this returns at once) */
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-        float m = -CUDART_INF_F;
-        for (int c = c0 + lane; c < c1; c += 32) m = fmaxf(m, scratch[cl[c] + hh]);
-#pragma unroll
-        for (int x = 16; x > 0; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
-        float acc[J];
-#pragma unroll
-        for (int j = 0; j < J; j++) acc[j] = 0.f;
-        float s = 0.f;
-        if (m != -CUDART_INF_F) {
-            for (int base = c0; base < c1; base += 32) {
-                /* lane k: contribution base + k (weight 0: an empty state, not read) */
-                float f = 0.f;
-                long long off = 0;
-                if (base + lane < c1) {
-                    const float l = scratch[cl[base + lane] + hh];
-                    if (l != -CUDART_INF_F) {
-                        f = __expf(l - m);
-                        off = co[base + lane] + (long long)hh * D;
-                    }
-                }
-                const int cnt = c1 - base < 32 ? c1 - base : 32;
-                for (int k0 = 0; k0 < cnt; k0 += U) {
-                    float fu[U], v[U][J];
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        fu[u] = __shfl_sync(0xffffffffu, f, (k0 + u) & 31);
-                        const long long ou = __shfl_sync(0xffffffffu, off, (k0 + u) & 31);
-                        const bool use = k0 + u < cnt && fu[u] != 0.f;
-#pragma unroll
-                        for (int j = 0; j < J; j++) v[u][j] = use ? scratch[ou + lane + 32 * j] : 0.f;
-                        if (!use) fu[u] = 0.f;
-                    }
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        if (fu[u] != 0.f) {
-                            s += fu[u];
-#pragma unroll
-                            for (int j = 0; j < J; j++) acc[j] += fu[u] * v[u][j];
-                        }
-                    }
-                }
-            }
-        }
-        float *dst = o + ((int64_t)tkn * Hq + hh) * D;
-        const float inv = s > 0.f ? 1.f / s : 0.f;
-#pragma unroll
-        for (int j = 0; j < J; j++) dst[lane + 32 * j] = acc[j] * inv;
-        if (lane == 0) lse[(int64_t)tkn * Hq + hh] = s > 0.f ? m + __logf(s) : -CUDART_INF_F;
+        merge_token_head<D, true>(plan, i, hh, threadIdx.x & 31, o, lse, scratch, Hq);
     }
 }
 
@@ -655,6 +599,16 @@ extern "C" int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *pl
     CAS_DISPATCH(g, 0,
                  rc = (launch_narrow_pdl<T_, C_>(g, plan, k, v, q, o, lse, scratch, counter,
                                                  narrow_grid, (cudaStream_t)stream)));
+    return rc;
+}
+
+extern "C" int cas_cuda_launch_attn_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k,
+                                               const void *v, const void *q, float *o, float *lse,
+                                               float *scratch, int grid, void *stream) {
+    int rc = (int)cudaErrorInvalidValue;
+    CAS_DISPATCH(g, 0,
+                 rc = (launch_narrow_pdl<T_, C_>(g, plan, k, v, q, o, lse, scratch, (int *)NULL, grid,
+                                                 (cudaStream_t)stream)));
     return rc;
 }
 

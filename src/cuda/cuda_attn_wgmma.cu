@@ -53,6 +53,7 @@
 
 #include "cuda_attn_impl.h"
 #include "cuda_attn_ptx.cuh"
+#include "cuda_attn_fuse.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define CAS_WGMMA_OK 1
@@ -852,6 +853,7 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ int s_qpos[128];
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
+    __shared__ int s_fml[2][64], s_fmn[2]; /* XF bit 64: the tokens each consumer merges */
     __shared__ int s_cdone, s_ctile, s_tti; /* kind 11: consumer warps done with their tasks,
                                               tiles consumer warpgroup 0 finished, the tail
                                               warps' task index */
@@ -904,6 +906,7 @@ __global__ void __launch_bounds__(384, 1)
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         s_cdone = 0;
         s_ctile = 0;
+        s_fmn[0] = s_fmn[1] = 0;
     }
     if (MC) cluster_sync_all();
     else __syncthreads();
@@ -1361,6 +1364,14 @@ __global__ void __launch_bounds__(384, 1)
                     if ((lane & 3) == 0) lbase[s_lo[r]] = l > 0.f ? (m * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
                 }
             }
+            /* XF bit 64 (kind 18): each consumer is a writer unit of its 64
+             * rows; the last unit of a token merges its states */
+            if constexpr ((XF & 64) != 0) {
+                if (t.o_off >= 0)
+                    fused_merge<D>(plan, t, cw * 64, t.nrows < cw * 64 + 64 ? t.nrows : cw * 64 + 64, ctid, 128,
+                                   s_fml[cw], &s_fmn[cw], o, lse, scratch, Hq, Hkv,
+                                   [&] { nbar_sync(bar_wg, 128); });
+            }
         }
         /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
         if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
@@ -1417,6 +1428,8 @@ template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, fa
 /* kind 9 with the decode tails in its own list, arranged per CTA by the
  * planner, and consumer 1 idle on tasks of at most 64 rows */
 template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
+/* 18: 17 with the merge of split states in the kernels (XF bit 64) */
+template <typename T, int D> struct wg_kernel<T, D, 18> : wg_ws<T, D, 128, 3, false, true, false, false, 124> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1609,6 +1622,7 @@ extern "C" int cas_cuda_wgmma_supported(int D) { return D == 128; }
         case 11: return F<T, DD, 11>(__VA_ARGS__);                                                \
         case 16: return F<T, DD, 16>(__VA_ARGS__);                                                \
         case 17: return F<T, DD, 17>(__VA_ARGS__);                                                \
+        case 18: return F<T, DD, 18>(__VA_ARGS__);                                                \
         default: return (int)cudaErrorInvalidValue;                                               \
         }                                                                                         \
     } while (0)

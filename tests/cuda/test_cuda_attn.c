@@ -230,6 +230,9 @@ static void test_flat_grid(void) {
         {CAS_BF16, 128, 8, 8, 5, 2, {150, 33}, {301, 33}, 1, -1, 0},
         {CAS_F16, 128, 32, 4, 16, 2, {70, 19}, {333, 1000}, 1, 40, 20.0f},
         {CAS_BF16, 128, 16, 8, 1, 2, {130, 9}, {130, 77}, 0, -1, 0},
+        /* group 6: a token's rows straddle row blocks and the 64-row halves
+         * of a many-rows task (kind 18 counts each half as a writer) */
+        {CAS_BF16, 128, 24, 4, 16, 3, {40, 3, 1}, {700, 2000, 3000}, 1, -1, 0},
     };
     int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     cas_rng rng;
@@ -369,6 +372,7 @@ static void test_cascade_passes(void) {
         run_cascade_case(CAS_F16, 64, 8, 1, 5, -1, 300, "cascade f16 D64 8:1 P5 prefix 1500");
         run_cascade_case(CAS_BF16, 256, 4, 4, 64, -1, 20, "cascade bf16 D256 4:4 P64 prefix 1280");
         run_cascade_case(CAS_F16, 128, 32, 4, 5, -1, 301, "cascade f16 D128 32:4 P5 prefix 1505");
+        run_cascade_case(CAS_BF16, 128, 24, 4, 16, -1, 40, "cascade bf16 D128 24:4 (group 6) prefix 640");
     }
 }
 
@@ -605,7 +609,8 @@ int main(void) {
     RUN(test_rejects);
     RUN(test_merge);
     /* every many-rows kernel kind the device has (CASCADE_CUDA_WIDE, see
-     * cuda_attn.h): 17 warp-specialized wgmma with TMA page loads running
+     * cuda_attn.h): 18 kind 17 merging the split states in the attention
+     * kernels, 17 warp-specialized wgmma with TMA page loads running
      * the decode tails too (Hopper, the default), 9 it without the tails,
      * 6 kind 9 with cp.async, 3 wgmma
      * (v4), 5 kind 3 with passes of <= 64 rows per KV head on the 64-row
@@ -614,7 +619,7 @@ int main(void) {
      * TMA, 10: kind 9 in clusters of two with multicast, 11: kind 9 with the
      * decode tails on its spare producer warps). A kind the device
      * lacks falls back to 1 (then skipped). */
-    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "17,11,9,6,3,5,1";
+    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "18,17,11,9,6,3,5,1";
     for (const char *k = kinds; *k;) {
         char *end = NULL;
         long kind = strtol(k, &end, 10);
