@@ -88,6 +88,10 @@ struct cas_cuda_attn {
      * narrow one its dependent measured slower where tails stay narrow:
      * bench/NOTES.md, v11) */
     int pdl;
+    /* kind 18 probes: fm18 0 (CASCADE_CUDA_FM=0) plans without the fused
+     * merge and launches the merge kernel after the two; order18 1
+     * (CASCADE_CUDA_ORDER18=1) always launches the narrow kernel first */
+    int fm18, order18;
     int run_mask; /* CASCADE_CUDA_RUN_MASK (a timing probe, wrong results): the run
                      launches the narrow (1), many-rows (2) and merge (4) kernels of its bits */
     int32_t *cta_ptr;  /* [wide_grid + 1] */
@@ -253,6 +257,9 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *rmenv = getenv("CASCADE_CUDA_RUN_MASK");
         a->run_mask = rmenv && *rmenv ? atoi(rmenv) : 7;
         const char *pdenv = getenv("CASCADE_CUDA_PDL");
+        const char *fmenv = getenv("CASCADE_CUDA_FM"), *orenv = getenv("CASCADE_CUDA_ORDER18");
+        a->fm18 = fmenv && *fmenv ? atoi(fmenv) != 0 : 1;
+        a->order18 = orenv && *orenv ? atoi(orenv) : 0;
         a->pdl = kind == 18 || (kind == 17 && (pdenv && *pdenv ? atoi(pdenv) != 0 : 1));
     }
     {
@@ -786,7 +793,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
 
     /* tasks */
     int32_t nw = 0, nn = 0, nmid = 0, nf = 0;
-    const int fuse18 = a->wide_kind == 18;
+    const int fuse18 = a->wide_kind == 18 && a->fm18;
     int64_t kv_read = 0;
     for (int32_t i = 0; i < n_passes; i++) {
         const cas_attn_pass *p = &passes[i];
@@ -1067,7 +1074,7 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
          * SMs as the narrow ones leave), else the many-rows kernel first and
          * the empty narrow kernel after it. Either order computes the same;
          * a captured graph keeps the order of its capture. */
-        const int narrow_first = a->info.tasks_narrow > 0 || a->info.tasks_wide == 0;
+        const int narrow_first = a->info.tasks_narrow > 0 || a->info.tasks_wide == 0 || a->order18 == 1;
         if (narrow_first) {
             e = !(a->run_mask & 1) ? 0 : cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
                                                                a->num_sms * a->occ_narrow, stream);
@@ -1081,6 +1088,8 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
                 e = cas_cuda_launch_attn_narrow_pdl(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
                                                     a->num_sms * a->occ_narrow, stream);
         }
+        if (!e && !a->fm18 && (a->run_mask & 4))
+            e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 1, stream);
         if (e) return cas_error(CAS_ERR_INTERNAL, "%s:%d: attention launch: %s", __FILE__, __LINE__,
                                 cas_cuda_error_string(e));
         return CAS_OK;

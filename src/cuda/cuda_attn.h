@@ -134,21 +134,27 @@ cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, i
  * "wgmma-ws-mc" (clusters, multicast), "wgmma-ws-tma-tails" (TMA, decode
  * tails on the spare producer warps), "wgmma-ws-tma-v9" (16: kind 9 as it
  * was in v9), "wgmma-ws-tma-mix" (17: kind 9 running the decode tails too,
- * in task lists arranged per CTA), "mma.sync" or "mma.sync-2mtile". Chosen
- * at create; the environment variable
- * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|16|17 forces one
+ * in task lists arranged per CTA), "wgmma-ws-tma-mix-fm" (18: kind 17 with
+ * the merge of split states inside the attention kernels, no merge kernel),
+ * "mma.sync" or "mma.sync-2mtile". Chosen at create; the environment variable
+ * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|16|17|18 forces one
  * (a kind the device lacks falls back to mma.sync). */
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
 /* Whether `kind` names a many-rows kernel kind of CASCADE_CUDA_WIDE (1-4,
- * 6-11, 16, 17); other values fall back to the default. Tuning knobs of
- * kind 17, read at create: CASCADE_CUDA_TAIL_COST (a tail tile's cost
+ * 6-11, 16-18); other values fall back to the default. Tuning knobs of
+ * kinds 17 and 18, read at create: CASCADE_CUDA_TAIL_COST (a tail tile's cost
  * against a shared-pass tile when tails are given to CTAs, default 1.6),
  * CASCADE_CUDA_TAIL_ORDER (0 tails first in a CTA, 1 shared tasks first,
  * the default, 2 and 3 interleaved), CASCADE_CUDA_TAIL_MIX_LEN (tails of at
  * most this many keys join the many-rows list even when they are few,
- * default 512), CASCADE_CUDA_PDL=0 (two streams instead of the chained
- * launches). CASCADE_CUDA_RUN_MASK is a timing probe only (launches just
- * the kernels of its bits: 1 narrow, 2 many-rows, 4 merge; results wrong). */
+ * default 512), CASCADE_CUDA_PDL=0 (kind 17: two streams instead of the
+ * chained launches). CASCADE_CUDA_RUN_MASK is a timing probe only (launches just
+ * the kernels of its bits: 1 narrow, 2 many-rows, 4 merge; results wrong).
+ * Kind 18 probes: CASCADE_CUDA_FM=0 (plan and run it without the fused
+ * merge, the merge kernel after the two), CASCADE_CUDA_ORDER18=1 (the narrow
+ * kernel first even when it has no tasks). Kind 18 is correct but slower than
+ * 17 on the H200 (bench/NOTES.md, v12): a writer unit that is last for
+ * many tokens merges them one warp per head in turn, on its CTA's path. */
 int cas_cuda_attn_kind_known(int kind);
 
 /* Merges of attention states in device memory (f32), the semantics of

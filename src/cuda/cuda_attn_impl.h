@@ -13,7 +13,9 @@
  * that pass, a key range of the pass's segment). A row of a pass is
  * (pass token, group head): row = tok * group + g. A task writes one state
  * per row, either straight into o/lse (direct) or into scratch, from where the
- * merge kernel combines the states of each token by their log-sum-exp.
+ * merge kernel combines the states of each token by their log-sum-exp (kind
+ * 18: the last attention task to write a token's states merges them,
+ * cuda_attn_fuse.cuh).
  */
 #ifndef CASCADE_CUDA_ATTN_IMPL_H
 #define CASCADE_CUDA_ATTN_IMPL_H

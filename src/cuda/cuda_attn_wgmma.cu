@@ -1367,7 +1367,7 @@ __global__ void __launch_bounds__(384, 1)
             /* XF bit 64 (kind 18): each consumer is a writer unit of its 64
              * rows; the last unit of a token merges its states */
             if constexpr ((XF & 64) != 0) {
-                if (t.o_off >= 0)
+                if (t.o_off >= 0 && h->merge_fused)
                     fused_merge<D>(plan, t, cw * 64, t.nrows < cw * 64 + 64 ? t.nrows : cw * 64 + 64, ctid, 128,
                                    s_fml[cw], &s_fmn[cw], o, lse, scratch, Hq, Hkv,
                                    [&] { nbar_sync(bar_wg, 128); });
