@@ -52,7 +52,7 @@ fi
 command -v cuobjdump >/dev/null && cuobjdump --dump-sass "$T" > "$W/sass.txt" 2>/dev/null &&
   echo "in the test binary: HGMMA $(grep -c HGMMA "$W/sass.txt"), UTMALDG $(grep -c UTMALDG "$W/sass.txt")"
 if has test; then
-  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-17,11,9,6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
+  export CASCADE_TEST_KINDS=${CASCADE_TEST_KINDS:-18,17,11,9,6,3,5,1}; echo "== test-cuda (kinds $CASCADE_TEST_KINDS)"
   timeout ${TEST_TIMEOUT:-200} "$T" > "$W/test_cuda.log" 2>&1; echo "test rc=$?"
   grep -E "^(FAIL|ok|==|skip)|passed" "$W/test_cuda.log" | tail -30
 fi

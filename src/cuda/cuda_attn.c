@@ -1076,8 +1076,8 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
          * a captured graph keeps the order of its capture. */
         const int narrow_first = a->info.tasks_narrow > 0 || a->info.tasks_wide == 0 || a->order18 == 1;
         if (narrow_first) {
-            e = !(a->run_mask & 1) ? 0 : cas_cuda_launch_attn(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, 0,
-                                                               a->num_sms * a->occ_narrow, stream);
+            e = !(a->run_mask & 1) ? 0 : cas_cuda_launch_attn_narrow_fm(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
+                                                                         a->num_sms * a->occ_narrow, 0, stream);
             if (!e && (a->run_mask & 2))
                 e = cas_cuda_launch_attn_wgmma(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch, NULL,
                                                a->wide_kind, a->wide_grid, 1, stream);
@@ -1085,8 +1085,8 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
             e = !(a->run_mask & 2) ? 0 : cas_cuda_launch_attn_wgmma(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
                                                                      NULL, a->wide_kind, a->wide_grid, 0, stream);
             if (!e && (a->run_mask & 1))
-                e = cas_cuda_launch_attn_narrow_pdl(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
-                                                    a->num_sms * a->occ_narrow, stream);
+                e = cas_cuda_launch_attn_narrow_fm(&a->geom, a->dplan, k, v, q, o, lse, a->dscratch,
+                                                   a->num_sms * a->occ_narrow, 1, stream);
         }
         if (!e && !a->fm18 && (a->run_mask & 4))
             e = cas_cuda_launch_merge(&a->geom, a->dplan, o, lse, a->dscratch, a->num_sms * 8, 1, stream);

@@ -23,35 +23,24 @@
 
 #include "cuda_attn_impl.h"
 
-/* One warp merges the states of merge token i (its contributions
- * indptr[i] .. indptr[i + 1]) for q head hh into o and lse: the lanes look up
+/* One warp merges the states of token tkn (its contributions [c0, c1) of
+ * the plan's lists co, cl) for q head hh into o and lse: the lanes look up
  * 32 contributions at once (their offsets and lse), and the weighted sum
  * loads eight states before it adds them, so that a warp waits for one round
  * of loads per eight states instead of a chain of dependent loads per state;
- * the sums run in contribution order. The states are read from L2 (.cg):
- * with the merge fused they come from other SMs of the same grid. (Eight at
- * a time needs the 128-register bound: ptxas capped D 128 at 64 registers and
- * spilled without it.) WAIT: the merge kernel launched as a programmatic
- * dependent waits for the grids before it after its plan reads. */
-template <int D, bool WAIT = false>
-__device__ __forceinline__ void merge_token_head(const char *__restrict__ plan, int i, int hh, int lane,
+ * the sums run in contribution order. FUSED: the states come from other SMs
+ * of the same grid, read from L2 (.cg); else (the merge kernel) through the
+ * read-only path. (Eight at a time needs the 128-register bound: ptxas
+ * capped D 128 at 64 registers and spilled without it.) */
+template <int D, bool FUSED>
+__device__ __forceinline__ void merge_token_head(int tkn, int c0, int c1, const int64_t *__restrict__ co,
+                                                 const int64_t *__restrict__ cl, int hh, int lane,
                                                  float *__restrict__ o, float *__restrict__ lse,
                                                  const float *scratch, int Hq) {
-    const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
-    const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
-    const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
-    const int64_t *cl = reinterpret_cast<const int64_t *>(plan + h->off_contrib_lse);
     constexpr int J = D / 32, U = 8;
-    const int tkn = mtok[i], c0 = indptr[i], c1 = indptr[i + 1];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* the plan's lists above were uploaded before, the states below come
-     * from the grids before this one (without a prerequisite grid this
-     * returns at once) */
-    if (WAIT) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+    auto ld = [&](const float *p) { return FUSED ? __ldcg(p) : __ldg(p); };
     float m = -CUDART_INF_F;
-    for (int c = c0 + lane; c < c1; c += 32) m = fmaxf(m, __ldcg(scratch + cl[c] + hh));
+    for (int c = c0 + lane; c < c1; c += 32) m = fmaxf(m, ld(scratch + cl[c] + hh));
 #pragma unroll
     for (int x = 16; x > 0; x >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
     float acc[J];
@@ -64,7 +53,7 @@ __device__ __forceinline__ void merge_token_head(const char *__restrict__ plan, 
             float f = 0.f;
             long long off = 0;
             if (base + lane < c1) {
-                const float l = __ldcg(scratch + cl[base + lane] + hh);
+                const float l = ld(scratch + cl[base + lane] + hh);
                 if (l != -CUDART_INF_F) {
                     f = __expf(l - m);
                     off = co[base + lane] + (long long)hh * D;
@@ -79,7 +68,7 @@ __device__ __forceinline__ void merge_token_head(const char *__restrict__ plan, 
                     const long long ou = __shfl_sync(0xffffffffu, off, (k0 + u) & 31);
                     const bool use = k0 + u < cnt && fu[u] != 0.f;
 #pragma unroll
-                    for (int j = 0; j < J; j++) v[u][j] = use ? __ldcg(scratch + ou + lane + 32 * j) : 0.f;
+                    for (int j = 0; j < J; j++) v[u][j] = use ? ld(scratch + ou + lane + 32 * j) : 0.f;
                     if (!use) fu[u] = 0.f;
                 }
 #pragma unroll
@@ -134,8 +123,15 @@ __device__ __forceinline__ void fused_merge(const char *__restrict__ plan, const
     }
     sync();
     const int n = *s_n, lane = tid & 31;
-    for (int p = tid >> 5; p < n * group; p += nthr >> 5)
-        merge_token_head<D>(plan, s_list[p / group], t.kv_head * group + p % group, lane, o, lse, scratch, Hq);
+    const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
+    const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
+    const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
+    const int64_t *cl = reinterpret_cast<const int64_t *>(plan + h->off_contrib_lse);
+    for (int p = tid >> 5; p < n * group; p += nthr >> 5) {
+        const int m = s_list[p / group];
+        merge_token_head<D, true>(mtok[m], indptr[m], indptr[m + 1], co, cl, t.kv_head * group + p % group,
+                                  lane, o, lse, scratch, Hq);
+    }
     sync(); /* every thread has read *s_n and s_list */
     if (tid == 0) *s_n = 0;
 }

@@ -122,12 +122,13 @@ int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const voi
 int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k,
                                const void *v, const void *q, float *o, float *lse, float *scratch,
                                int *counter, int wide_grid, int narrow_grid, void *stream);
-/* Kind 18: the narrow kernel over its list as a programmatic dependent of
- * the many-rows kernel launched before it on stream (a plan without narrow
- * tasks: its empty CTAs then run as the many-rows ones leave). */
-int cas_cuda_launch_attn_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k,
-                                    const void *v, const void *q, float *o, float *lse,
-                                    float *scratch, int grid, void *stream);
+/* Kind 18: the narrow kernel over its list, merging split states itself
+ * (cuda_attn_fuse.cuh); pdl: as a programmatic dependent of the many-rows
+ * kernel launched before it on stream (a plan without narrow tasks: its
+ * empty CTAs then run as the many-rows ones leave). */
+int cas_cuda_launch_attn_narrow_fm(const cas_cuda_geom *g, const void *plan, const void *k,
+                                   const void *v, const void *q, float *o, float *lse,
+                                   float *scratch, int grid, int pdl, void *stream);
 /* pdl: launched as a programmatic dependent of the kernel before it on the
  * stream (kind 17: that kernel does not complete before the one before it) */
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse,

@@ -61,7 +61,9 @@ template <int D> struct narrow_cfg : cfg<D, 1, 4, 1, 16, (D <= 128 ? 3 : 2)> {};
 
 /* ---- the attention kernel ----------------------------------------------- */
 
-template <typename T, typename C>
+/* FM (kind 18's narrow kernel): merge the split states of the tasks'
+ * tokens here (cuda_attn_fuse.cuh) when the plan says so */
+template <typename T, typename C, bool FM = false>
 __global__ void __launch_bounds__(C::NT)
     attn_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                 const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(C::NT)
     if (list == 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
     if (tid == 0) s_mn = 0;
-    const bool fuse_merge = h->merge_fused != 0;
+    const bool fuse_merge = FM && h->merge_fused != 0;
 
     auto run_task = [&](const cas_cuda_task &t) {
         const cas_cuda_pass ps = passes[t.pass];
@@ -412,9 +414,11 @@ __global__ void __launch_bounds__(C::NT)
             }
         }
         /* kind 18: the last writer of a token's states merges them */
-        if (fuse_merge && t.o_off >= 0)
-            fused_merge<D>(plan, t, 0, t.nrows, tid, NT, s_mlist, &s_mn, o, lse, scratch, Hq, Hkv,
-                           [] { __syncthreads(); });
+        if constexpr (FM) {
+            if (fuse_merge && t.o_off >= 0)
+                fused_merge<D>(plan, t, 0, t.nrows, tid, NT, s_mlist, &s_mn, o, lse, scratch, Hq, Hkv,
+                               [] { __syncthreads(); });
+        }
         __syncthreads();
     };
     for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) run_task(tasks[ti]);
@@ -452,11 +456,22 @@ __global__ void __launch_bounds__(256, 2)
     merge_plan_kernel(const char *__restrict__ plan, float *__restrict__ o,
                       float *__restrict__ lse, const float *__restrict__ scratch, int Hq) {
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
+    const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
+    const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
+    const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
+    const int64_t *cl = reinterpret_cast<const int64_t *>(plan + h->off_contrib_lse);
     const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
     const int64_t n = (int64_t)h->n_merge_tok * Hq;
     for (int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; w < n; w += nw) {
         const int i = (int)(w / Hq), hh = (int)(w - (int64_t)i * Hq);
-        merge_token_head<D, true>(plan, i, hh, threadIdx.x & 31, o, lse, scratch, Hq);
+        const int tkn = mtok[i], c0 = indptr[i], c1 = indptr[i + 1];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        /* launched as a programmatic dependent (kind 17): the plan's lists
+         * above were uploaded before, the states below come from the grids
+         * before this one (without a prerequisite grid this returns at once) */
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+        merge_token_head<D, false>(tkn, c0, c1, co, cl, hh, threadIdx.x & 31, o, lse, scratch, Hq);
     }
 }
 
@@ -527,13 +542,13 @@ static int launch_one(const cas_cuda_geom *g, const void *plan, const void *k, c
 
 /* the narrow kernel over its list and then the fused list (counter), as a
  * programmatic dependent of the kernel launched before it on st */
-template <typename T, typename C>
+template <typename T, typename C, bool FM = false>
 static int launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                              const void *q, float *o, float *lse, float *scratch, int *counter,
-                             int grid, cudaStream_t st) {
+                             int grid, cudaStream_t st, int pdl = 1) {
     cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cas_launch_cfg(&attr, grid, C::NT, C::SMEM, st, 1);
-    return (int)cudaLaunchKernelEx(&cfg, attn_kernel<T, C>, (const char *)plan, (const T *)k,
+    const cudaLaunchConfig_t cfg = cas_launch_cfg(&attr, grid, C::NT, C::SMEM, st, pdl);
+    return (int)cudaLaunchKernelEx(&cfg, attn_kernel<T, C, FM>, (const char *)plan, (const T *)k,
                                    (const T *)v, (const T *)q, o, lse, scratch, g->Hq, g->Hkv,
                                    g->page_size, 0, counter);
 }
@@ -541,6 +556,9 @@ static int launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const voi
 template <typename T, typename C> static int occ_one(int *ctas) {
     cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, C>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
+    if (e != cudaSuccess) return (int)e;
+    /* kind 18's narrow kernel: the same configuration */
+    e = cudaFuncSetAttribute(attn_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, attn_kernel<T, C>, C::NT,
                                                               C::SMEM);
@@ -602,13 +620,13 @@ extern "C" int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *pl
     return rc;
 }
 
-extern "C" int cas_cuda_launch_attn_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k,
-                                               const void *v, const void *q, float *o, float *lse,
-                                               float *scratch, int grid, void *stream) {
+extern "C" int cas_cuda_launch_attn_narrow_fm(const cas_cuda_geom *g, const void *plan, const void *k,
+                                              const void *v, const void *q, float *o, float *lse,
+                                              float *scratch, int grid, int pdl, void *stream) {
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, 0,
-                 rc = (launch_narrow_pdl<T_, C_>(g, plan, k, v, q, o, lse, scratch, (int *)NULL, grid,
-                                                 (cudaStream_t)stream)));
+                 rc = (launch_narrow_pdl<T_, C_, true>(g, plan, k, v, q, o, lse, scratch, (int *)NULL,
+                                                       grid, (cudaStream_t)stream, pdl)));
     return rc;
 }
 
