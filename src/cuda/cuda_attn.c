@@ -260,7 +260,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *fmenv = getenv("CASCADE_CUDA_FM"), *orenv = getenv("CASCADE_CUDA_ORDER18");
         a->fm18 = fmenv && *fmenv ? atoi(fmenv) != 0 : 1;
         a->order18 = orenv && *orenv ? atoi(orenv) : 0;
-        a->pdl = kind == 18 || (kind == 17 && (pdenv && *pdenv ? atoi(pdenv) != 0 : 1));
+        a->pdl = kind == 17 && (pdenv && *pdenv ? atoi(pdenv) != 0 : 1);
     }
     {
         int e1 = cas_cuda_attn_occupancy(&a->geom, a->wide_kind, &a->occ_wide);

@@ -29,16 +29,16 @@
  * loads eight states before it adds them, so that a warp waits for one round
  * of loads per eight states instead of a chain of dependent loads per state;
  * the sums run in contribution order. FUSED: the states come from other SMs
- * of the same grid, read from L2 (.cg); else (the merge kernel) through the
- * read-only path. (Eight at a time needs the 128-register bound: ptxas
+ * of the same grid, read from L2 (.cg); else (the merge kernel) plain loads
+ * of the kernel's read-only scratch, as v11 compiled them. (Eight at a time needs the 128-register bound: ptxas
  * capped D 128 at 64 registers and spilled without it.) */
 template <int D, bool FUSED>
 __device__ __forceinline__ void merge_token_head(int tkn, int c0, int c1, const int64_t *__restrict__ co,
                                                  const int64_t *__restrict__ cl, int hh, int lane,
                                                  float *__restrict__ o, float *__restrict__ lse,
-                                                 const float *scratch, int Hq) {
+                                                 const float *__restrict__ scratch, int Hq) {
     constexpr int J = D / 32, U = 8;
-    auto ld = [&](const float *p) { return FUSED ? __ldcg(p) : __ldg(p); };
+    auto ld = [&](const float *p) { return FUSED ? __ldcg(p) : *p; };
     float m = -CUDART_INF_F;
     for (int c = c0 + lane; c < c1; c += 32) m = fmaxf(m, ld(scratch + cl[c] + hh));
 #pragma unroll
