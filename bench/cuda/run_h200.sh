@@ -8,7 +8,7 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 fuse ab pf dec cli ncu grid sanitize (default: test bench cli grid)
+#   steps: test bench diag bench2 fuse ab pf dec cli ncupf ncu grid sanitize (default: test bench cli grid)
 #   (dec: DEC_CASES, DEC_WIDE, DEC_AB, DEC_ROUNDS, DEC_RESERVE; see the step)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "17 9 11 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
@@ -154,8 +154,8 @@ if has pf; then
       date +%T.%N | sed "s/^/$name r$r start /" >> "$OUT/pf_marks.txt"
       env $(echo "$envs" | tr , ' ') timeout 60 "$b" --prefill 16384 --iters ${PF_ITERS:-30} --json "$W/pf_${name}_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/$name r$r /"
     done
-    [ -n "${PF_TORCH:-1}" ] && date +%T.%N | sed "s/^/round $r torch /" >> "$OUT/pf_marks.txt"
-    [ -n "${PF_TORCH:-1}" ] && timeout 120 python3 bench/cuda/torch_prefill.py 16384 2>&1 | tee -a "$OUT/torch_prefill.jsonl" | sed "s/^/torch r$r /"
+    [ -n "${PF_TORCH-1}" ] && date +%T.%N | sed "s/^/round $r torch /" >> "$OUT/pf_marks.txt"
+    [ -n "${PF_TORCH-1}" ] && timeout 120 python3 bench/cuda/torch_prefill.py 16384 2>&1 | tee -a "$OUT/torch_prefill.jsonl" | sed "s/^/torch r$r /"
     [ -n "${PF_MHA:-}" ] && CASCADE_CUDA_WIDE=9 timeout 60 "$BB" --heads 32:32 --prefill 16384 --json "$W/pf_mha_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/k9 32:32 r$r /"
     date +%T.%N | sed "s/^/round $r ends /" >> "$OUT/pf_marks.txt"
   done
@@ -192,6 +192,16 @@ if has cli && [ -n "$CAS" ]; then
   CASCADE_CUDA_WIDE=${GRID_WIDE:-} timeout 90 "$CAS" attn-bench --backend cuda --tree '32*8192(16*2048)+32*4096' --suffix 256 --repeats 30 --warmup 5 2>&1 | tee "$W/cli_tree.txt" | tail -6
   python3 -c "import json;d=json.load(open('$W/cli_headline.json'));print({k:d[k] for k in ['device','kernel','flat_ms','cascade_ms','cascade_all_ms','max_abs_err_cascade','peak_GBps','peak_GFLOPs']})" 2>&1 | tail -2
   tail -2 "$W/cli.err"
+fi
+if has ncupf; then
+  # the 16k causal prefill's many-rows kernel under ncu, once per NCUPF_VARIANTS
+  # entry (name=ENV=VAL[,ENV=VAL]): pipe utilization, warp states, issue
+  for var in ${NCUPF_VARIANTS:-k17=CASCADE_CUDA_WIDE=17}; do
+    name=${var%%=*}; envs=${var#*=}
+    echo "== ncu prefill $name ($envs)"
+    env $(echo "$envs" | tr , ' ') timeout 150 ncu --clock-control none -k regex:attn_wgmma --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__cycles_active.avg,sm__cycles_elapsed.avg.per_second,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_misc_per_issue_active.ratio "$BB" --prefill 16384 --iters 3 > "$W/ncupf_$name.txt" 2>&1; echo "ncu rc=$?"
+    grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Executed Ipc A|Issue Slots Busy|No Eligible|Active Warps Per|Eligible Warps|pipe_|stalled|Warp Cycles Per Issued|hmma|xu|fma|alu" "$W/ncupf_$name.txt" | head -40
+  done
 fi
 if has ncu; then
   echo "== ncu: the many-rows kernel of the headline cascade"

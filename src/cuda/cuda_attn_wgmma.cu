@@ -434,6 +434,19 @@ __device__ __forceinline__ float ex2_fast(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
+/* 2^x on the FMA pipe (FA4's idea of moving part of the softmax's exponentials
+ * off the 16-per-clock MUFU): x clamped at -127 and rounded to an integer j by
+ * the 1.5 x 2^23 shift, 2^f for f = x - j in [-0.5, 0.5] by a cubic with p(0)
+ * = 1 exactly (relative error 1.0e-4, under the bf16 / f16 rounding of P), j
+ * added to the exponent field. 2^-inf and 2^-127 are +0 exactly; x in (-127,
+ * -126.5) gives a denormal, nothing larger. */
+__device__ __forceinline__ float ex2_poly(float x) {
+    x = fmaxf(x, -127.f);
+    const float t = __fadd_rn(x, 12582912.f);
+    const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
+    const float p = fmaf(fmaf(fmaf(0.0550091341f, f, 0.242211074f), f, 0.693282902f), f, 1.f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
 /* the online softmax's running max m of a row after a tile whose max is mx
  * (raw logits; x sl is the log2 domain): returns the factor the row's state
  * is rescaled by, mu the offset the tile's exponents subtract */
@@ -847,6 +860,7 @@ __global__ void __launch_bounds__(384, 1)
      * narrow kernel's, whose end it waits for before it completes (below) */
     if (XF & 32) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
+    constexpr int PF = ((XF >> 7) & 3) == 1 ? 4 : ((XF >> 7) & 3) == 2 ? 2 : ((XF >> 7) & 3) == 3 ? 8 : 0;
     extern __shared__ __align__(16) unsigned char smem[];
     /* K/V stages, 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
     const uint32_t kv_s = (smem_u32(smem) + 1023u) & ~1023u;
@@ -1201,6 +1215,10 @@ __global__ void __launch_bounds__(384, 1)
             float al[2];
             auto softmax = [&](int i) {
                 /* s[4 * nt + e]: row (lane / 4) + 8 * (e / 2), key 8 nt + 2 (lane % 4) + e % 2 */
+                if ((XF & 512) && (diag & 2)) { /* timing only: no softmax */
+                    al[0] = al[1] = 1.f;
+                    return;
+                }
                 const int kb = t.kv0 + i * KEYS;
                 const bool full = kb + KEYS <= t.kv1 && (!causal || ps.pos0 + kb + KEYS - 1 <= t.qpos_min) &&
                                   (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
@@ -1234,8 +1252,15 @@ __global__ void __launch_bounds__(384, 1)
                     float rs = 0.f;
 #pragma unroll
                     for (int nt = 0; nt < KEYS / 8; nt++) {
-                        s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mu));
-                        s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
+                        /* XF bits 7-8 (probe CASCADE_CUDA_XV): every PF-th
+                         * column pair of 8 keys by ex2_poly */
+                        if (PF > 0 && nt % (PF > 0 ? PF : 1) == PF - 1) {
+                            s[4 * nt + 2 * hf] = ex2_poly(fmaf(s[4 * nt + 2 * hf], sl, -mu));
+                            s[4 * nt + 2 * hf + 1] = ex2_poly(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
+                        } else {
+                            s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mu));
+                            s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
+                        }
                         rs += s[4 * nt + 2 * hf] + s[4 * nt + 2 * hf + 1];
                     }
                     lrow[hf] = lrow[hf] * al[hf] + rs;
@@ -1430,6 +1455,17 @@ template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, fa
 template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
 /* 18: 17 with the merge of split states in the kernels (XF bit 64) */
 template <typename T, int D> struct wg_kernel<T, D, 18> : wg_ws<T, D, 128, 3, false, true, false, false, 124> {};
+/* 201-203 (never planned: kind 17 launches them under CASCADE_CUDA_XV=1-3):
+ * kind 17 with a quarter, a half or an eighth of the softmax's exponentials
+ * on the FMA pipe (ex2_poly) */
+template <typename T, int D> struct wg_kernel<T, D, 201> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 128> {};
+template <typename T, int D> struct wg_kernel<T, D, 202> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 256> {};
+template <typename T, int D> struct wg_kernel<T, D, 203> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 384> {};
+/* 204 (CASCADE_CUDA_XV=4): kind 17 with FA3's intra-warpgroup overlap (OVL,
+ * kind 8's schedule); 205 (=5): kind 17 whose softmax CASCADE_CUDA_WS_DIAG bit
+ * 2 skips (timing only) */
+template <typename T, int D> struct wg_kernel<T, D, 204> : wg_ws<T, D, 128, 3, true, true, false, false, 60> {};
+template <typename T, int D> struct wg_kernel<T, D, 205> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 512> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1549,6 +1585,25 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                      const void *q, float *o, float *lse, float *scratch, int *counter, int grid,
                      int pdl, cudaStream_t st) {
     typedef wg_kernel<T, D, KIND> K;
+    if constexpr (KIND == 17) {
+        static const int xv = getenv("CASCADE_CUDA_XV") ? atoi(getenv("CASCADE_CUDA_XV")) : 0;
+        if (xv >= 1 && xv <= 5) {
+            static int ready = 0; /* the variants' shared-memory limit, set once per process */
+            if (!ready) {
+                cudaFuncSetAttribute(wg_kernel<T, D, 201>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 202>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 203>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 204>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 205>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                ready = 1;
+            }
+            if (xv == 1) return wg_launch<T, D, 201>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 2) return wg_launch<T, D, 202>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 3) return wg_launch<T, D, 203>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 4) return wg_launch<T, D, 204>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            return wg_launch<T, D, 205>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+        }
+    }
     const char *plan_c = (const char *)plan;
     const T *kp = (const T *)k, *vp = (const T *)v, *qp = (const T *)q;
     int Hq = g->Hq, Hkv = g->Hkv, P = g->page_size;
