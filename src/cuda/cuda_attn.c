@@ -203,6 +203,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->geom.D = shape->head_dim;
     a->geom.page_size = shape->page_size;
     a->geom.dtype = (int32_t)shape->kv_dtype;
+    a->geom.xv = getenv("CASCADE_CUDA_XV") ? atoi(getenv("CASCADE_CUDA_XV")) : 0;
     a->device = caps->device;
     cas_status st = CAS_OK;
 #define TRY(call) CAS_CUDA_TRY(call, fail)

@@ -91,6 +91,8 @@ typedef struct {
 typedef struct {
     int32_t Hq, Hkv, D, page_size;
     int32_t dtype; /* cas_dtype: 1 f16, 2 bf16 */
+    int32_t xv;    /* kind 17's probe variant (CASCADE_CUDA_XV when the context was
+                      created; measurement only), 0: none */
 } cas_cuda_geom;
 
 /* Rows one CTA of the narrow kernel holds; cas_cuda_wide_rows(D, kind) gives

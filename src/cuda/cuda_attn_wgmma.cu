@@ -1203,10 +1203,18 @@ __global__ void __launch_bounds__(384, 1)
             /* S = Q K^T of the tile in stage st (64 rows x KEYS keys per warpgroup), no commit */
             auto mma_qk = [&](int st) {
                 const uint32_t ka = kv_s + (uint32_t)(st * 2 * C::TILE);
+                /* XF bit 2048 (probe): each product's descriptor as the
+                 * tile's plus the byte offset / 16 (the start address field
+                 * is the low 14 bits of addr / 16; shared addresses stay
+                 * under 2^18, so the sum never carries out of it) */
+                const uint64_t kd = wg_desc(ka, 16, 1024);
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ks++)
                     wg_mma<T, KEYS>::template run<0>(
-                        s, qf[ks], wg_desc(ka + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
+                        s, qf[ks],
+                        (XF & 2048) ? kd + (uint64_t)(((ks >> 2) * (KEYS * 128) + (ks & 3) * 32) >> 4)
+                                    : wg_desc(ka + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024),
+                        ks > 0);
             };
             /* softmax of S (tile i) into probabilities in s: scale or soft
              * cap, masks, running max and sum; al: the factor O must be
@@ -1287,10 +1295,18 @@ __global__ void __launch_bounds__(384, 1)
             };
             auto mma_pv = [&](int st) {
                 const uint32_t vs_addr = kv_s + (uint32_t)(st * 2 * C::TILE) + (uint32_t)C::TILE;
+                const uint64_t vd = wg_desc(vs_addr, KEYS * 128, 1024);
 #pragma unroll
                 for (int kk = 0; kk < KEYS / 16; kk++)
-                    wg_mma<T, D>::template run<1>(oacc, pa[kk], wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024), 1);
+                    wg_mma<T, D>::template run<1>(oacc, pa[kk],
+                                                  (XF & 2048) ? vd + (uint64_t)((kk * 2048) >> 4)
+                                                              : wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024),
+                                                  1);
             };
+            /* XF bit 1024 (probe): a consumer hands the turn on only once its
+             * products have completed, so the tensor cores never hold both
+             * consumers' products at once */
+            constexpr bool late = (XF & 1024) != 0;
             if (ntiles > 0) {
                 const int s0 = it % STAGES;
                 mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
@@ -1299,8 +1315,9 @@ __global__ void __launch_bounds__(384, 1)
                 wg_fence();
                 mma_qk(s0);
                 wg_commit();
-                nbar_arrive(other_turn, 256);
+                if (!late) nbar_arrive(other_turn, 256);
                 wg_wait<0>();
+                if (late) nbar_arrive(other_turn, 256);
                 wg_fence_regs<KEYS / 2>(s);
                 release(EMPTY_K(s0));
                 if (OVL) {
@@ -1349,8 +1366,9 @@ __global__ void __launch_bounds__(384, 1)
                     mma_pv(sc);
                     if constexpr (more) mma_qk(sn);
                     wg_commit();
-                    nbar_arrive(other_turn, 256);
+                    if (!late) nbar_arrive(other_turn, 256);
                     wg_wait<0>();
+                    if (late) nbar_arrive(other_turn, 256);
                     wg_fence_regs<D / 2>(oacc);
                     wg_fence_regs<KEYS / 2>(s);
                     release(EMPTY_V(sc));
@@ -1466,6 +1484,12 @@ template <typename T, int D> struct wg_kernel<T, D, 203> : wg_ws<T, D, 128, 3, f
  * 2 skips (timing only) */
 template <typename T, int D> struct wg_kernel<T, D, 204> : wg_ws<T, D, 128, 3, true, true, false, false, 60> {};
 template <typename T, int D> struct wg_kernel<T, D, 205> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 512> {};
+/* 206-208 (CASCADE_CUDA_XV=6-8): kind 17 whose consumers hand the turn on
+ * after their products complete (XF bit 1024), whose descriptors are the
+ * tile's plus an offset (bit 2048), both */
+template <typename T, int D> struct wg_kernel<T, D, 206> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 1024> {};
+template <typename T, int D> struct wg_kernel<T, D, 207> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 2048> {};
+template <typename T, int D> struct wg_kernel<T, D, 208> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 3072> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1586,8 +1610,8 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                      int pdl, cudaStream_t st) {
     typedef wg_kernel<T, D, KIND> K;
     if constexpr (KIND == 17) {
-        static const int xv = getenv("CASCADE_CUDA_XV") ? atoi(getenv("CASCADE_CUDA_XV")) : 0;
-        if (xv >= 1 && xv <= 5) {
+        const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
+        if (xv >= 1 && xv <= 8) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 cudaFuncSetAttribute(wg_kernel<T, D, 201>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
@@ -1595,12 +1619,18 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                 cudaFuncSetAttribute(wg_kernel<T, D, 203>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 cudaFuncSetAttribute(wg_kernel<T, D, 204>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 cudaFuncSetAttribute(wg_kernel<T, D, 205>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 206>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 207>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 208>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 ready = 1;
             }
             if (xv == 1) return wg_launch<T, D, 201>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             if (xv == 2) return wg_launch<T, D, 202>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             if (xv == 3) return wg_launch<T, D, 203>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             if (xv == 4) return wg_launch<T, D, 204>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 6) return wg_launch<T, D, 206>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 7) return wg_launch<T, D, 207>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 8) return wg_launch<T, D, 208>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             return wg_launch<T, D, 205>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
         }
     }
