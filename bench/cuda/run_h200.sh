@@ -223,6 +223,7 @@ if has sanitize && [ $(left) -gt 60 ]; then
   CASCADE_TEST_QUICK=1 timeout $(( $(left) / 2 )) compute-sanitizer --tool memcheck --error-exitcode 9 "$T" > "$W/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed" "$W/memcheck.log" | head -3
   CASCADE_TEST_QUICK=2 timeout $(( $(left) - 5 )) compute-sanitizer --tool racecheck --error-exitcode 9 "$T" > "$W/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed" "$W/racecheck.log" | head -3
 fi
+rm -f "$W/sass.txt"  # megabytes: all.tgz would not come back
 tar czf "$OUT/all.tgz" -C "$W" . 2>/dev/null
 cp "$W/test_cuda.log" "$OUT/" 2>/dev/null
 true

@@ -447,6 +447,16 @@ __device__ __forceinline__ float ex2_poly(float x) {
     const float p = fmaf(fmaf(fmaf(0.0550091341f, f, 0.242211074f), f, 0.693282902f), f, 1.f);
     return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
+/* XF bit 4096 (probe CASCADE_CUDA_XV=9, measurement only): SM clock stamps
+ * of CTA 0's consumer threads 0 at each phase of their first 64 tiles,
+ * read back at exit (cas_cuda_wtrace_dump) */
+#define WTRACE_TILES 64
+__device__ long long cas_wtrace[2][WTRACE_TILES][8];
+__device__ __forceinline__ long long sm_clock64() {
+    long long c;
+    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
+    return c;
+}
 /* the online softmax's running max m of a row after a tile whose max is mx
  * (raw logits; x sl is the log2 domain): returns the factor the row's state
  * is rescaled by, mu the offset the tile's exponents subtract */
@@ -1251,8 +1261,21 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                 for (int hf = 0; hf < 2; hf++) {
                     float mx = -CUDART_INF_F;
+                    if constexpr ((XF & 8192) != 0) {
+                        /* probe (CASCADE_CUDA_XV=10): the row max as a tree,
+                         * depth log2(KEYS / 4) instead of a chain */
+                        float t[KEYS / 8];
 #pragma unroll
-                    for (int nt = 0; nt < KEYS / 8; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
+                        for (int nt = 0; nt < KEYS / 8; nt++) t[nt] = fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]);
+#pragma unroll
+                        for (int w = KEYS / 16; w >= 1; w >>= 1)
+#pragma unroll
+                            for (int j = 0; j < w; j++) t[j] = fmaxf(t[j], t[j + w]);
+                        mx = t[0];
+                    } else {
+#pragma unroll
+                        for (int nt = 0; nt < KEYS / 8; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
+                    }
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     float mu;
@@ -1331,17 +1354,25 @@ __global__ void __launch_bounds__(384, 1)
              * i first, then both products in one commit group. With OVL (P of
              * tile i is ready): S of tile i + 1, then P V of tile i; the
              * softmax of tile i + 1 runs while P V is on the tensor cores. */
+            const bool tr = (XF & 4096) && blockIdx.x == 0 && ctid == 0;
+            auto mark = [&](int k) {
+                if ((XF & 4096) && tr && it < WTRACE_TILES) cas_wtrace[cw][it][k] = sm_clock64();
+            };
             auto step = [&](int i, auto more_c) {
                 constexpr bool more = decltype(more_c)::value;
+                mark(0);
                 if (!OVL) {
                     softmax(i);
                     rescale_pack();
                 }
+                mark(1);
                 const int sc = it % STAGES, sn = (it + 1) % STAGES;
                 mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
                 if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
                 fence_proxy_async();
+                mark(2);
                 nbar_sync(my_turn, 256);
+                mark(3);
                 wg_fence_regs<D / 2>(oacc);
                 wg_fence();
                 if constexpr (OVL) {
@@ -1366,10 +1397,12 @@ __global__ void __launch_bounds__(384, 1)
                     mma_pv(sc);
                     if constexpr (more) mma_qk(sn);
                     wg_commit();
+                    mark(4);
                     if (!late) nbar_arrive(other_turn, 256);
                     wg_wait<0>();
                     if (late) nbar_arrive(other_turn, 256);
                     wg_fence_regs<D / 2>(oacc);
+                    mark(5);
                     wg_fence_regs<KEYS / 2>(s);
                     release(EMPTY_V(sc));
                     if (more) release(EMPTY_K(sn));
@@ -1490,6 +1523,10 @@ template <typename T, int D> struct wg_kernel<T, D, 205> : wg_ws<T, D, 128, 3, f
 template <typename T, int D> struct wg_kernel<T, D, 206> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 1024> {};
 template <typename T, int D> struct wg_kernel<T, D, 207> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 2048> {};
 template <typename T, int D> struct wg_kernel<T, D, 208> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 3072> {};
+/* 209 (=9): kind 17 with clock stamps of its phases (XF bit 4096); 210 (=10):
+ * the row max as a tree (bit 8192) */
+template <typename T, int D> struct wg_kernel<T, D, 209> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 4096> {};
+template <typename T, int D> struct wg_kernel<T, D, 210> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 8192> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1604,6 +1641,27 @@ static cudaLaunchConfig_t wg_cluster_cfg(cudaLaunchAttribute *attr, int grid, cu
     return cfg;
 }
 
+/* CASCADE_CUDA_XV=9: at exit, the clock stamps of the last run (to the file
+ * CASCADE_CUDA_TRACE names, else stderr): per consumer and tile, the SM
+ * clock at the step's start, after its softmax, after the full waits,
+ * with its turn, after issuing, after its products completed */
+static void cas_cuda_wtrace_dump(void) {
+    static long long h[2][WTRACE_TILES][8];
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, cas_wtrace, sizeof h) != cudaSuccess)
+        return;
+    const char *path = getenv("CASCADE_CUDA_TRACE");
+    FILE *f = path && *path ? fopen(path, "w") : stderr;
+    if (!f) return;
+    const long long t0 = h[0][0][0] ? h[0][0][0] : h[1][0][0];
+    for (int cw = 0; cw < 2; cw++)
+        for (int i = 0; i < WTRACE_TILES; i++) {
+            fprintf(f, "wtrace %d %2d", cw, i);
+            for (int k = 0; k < 6; k++) fprintf(f, " %lld", h[cw][i][k] ? h[cw][i][k] - t0 : -1LL);
+            fprintf(f, "\n");
+        }
+    if (f != stderr) fclose(f);
+}
+
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                      const void *q, float *o, float *lse, float *scratch, int *counter, int grid,
@@ -1611,7 +1669,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     typedef wg_kernel<T, D, KIND> K;
     if constexpr (KIND == 17) {
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 8) {
+        if (xv >= 1 && xv <= 10) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 cudaFuncSetAttribute(wg_kernel<T, D, 201>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
@@ -1622,6 +1680,9 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                 cudaFuncSetAttribute(wg_kernel<T, D, 206>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 cudaFuncSetAttribute(wg_kernel<T, D, 207>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 cudaFuncSetAttribute(wg_kernel<T, D, 208>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 209>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 210>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                if (xv == 9) atexit(cas_cuda_wtrace_dump);
                 ready = 1;
             }
             if (xv == 1) return wg_launch<T, D, 201>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
@@ -1631,6 +1692,8 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
             if (xv == 6) return wg_launch<T, D, 206>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             if (xv == 7) return wg_launch<T, D, 207>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             if (xv == 8) return wg_launch<T, D, 208>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 9) return wg_launch<T, D, 209>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 10) return wg_launch<T, D, 210>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             return wg_launch<T, D, 205>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
         }
     }
