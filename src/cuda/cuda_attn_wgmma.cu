@@ -457,6 +457,9 @@ __device__ __forceinline__ long long sm_clock64() {
     asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
     return c;
 }
+/* XF bit 16384: how far (log2 of the factor) a score may pass the running
+ * max before the max moves */
+#define LAZY_LOG2 8.f
 /* the online softmax's running max m of a row after a tile whose max is mx
  * (raw logits; x sl is the log2 domain): returns the factor the row's state
  * is rescaled by, mu the offset the tile's exponents subtract */
@@ -1208,6 +1211,9 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
             for (int i = 0; i < D / 2; i++) oacc[i] = 0.f;
             float mrow[2] = {-CUDART_INF_F, -CUDART_INF_F}, lrow[2] = {0.f, 0.f};
+            /* XF bit 16384: each row's exponent offset (mrow x sl) and the
+             * raw score above which the max must move */
+            float mul[2] = {0.f, 0.f}, mthr[2] = {-CUDART_INF_F, -CUDART_INF_F};
             const int qp[2] = {s_qpos[wrow + (lane >> 2)], s_qpos[wrow + (lane >> 2) + 8]};
             float s[KEYS / 2];
             /* S = Q K^T of the tile in stage st (64 rows x KEYS keys per warpgroup), no commit */
@@ -1258,43 +1264,70 @@ __global__ void __launch_bounds__(384, 1)
                         if (!vis) s[j] = -CUDART_INF_F;
                     }
                 }
+                if constexpr ((XF & 16384) != 0) {
+                    /* XF bit 16384 (probe CASCADE_CUDA_XV=11): the running
+                     * max moves only when a score passes it by more than
+                     * 2^LAZY_LOG2 in the exponential's domain (P up to 256,
+                     * exact after the final division); a warp whose scores
+                     * all stay under that skips the quad shuffles, the
+                     * rescale and its exponential */
+                    float mx[2];
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    float mx = -CUDART_INF_F;
-                    if constexpr ((XF & 8192) != 0) {
-                        /* probe (CASCADE_CUDA_XV=10): the row max as a tree,
-                         * depth log2(KEYS / 4) instead of a chain */
-                        float t[KEYS / 8];
+                    for (int hf = 0; hf < 2; hf++) {
+                        mx[hf] = -CUDART_INF_F;
 #pragma unroll
-                        for (int nt = 0; nt < KEYS / 8; nt++) t[nt] = fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]);
+                        for (int nt = 0; nt < KEYS / 8; nt++)
+                            mx[hf] = fmaxf(mx[hf], fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
+                    }
+                    const bool need = !(mx[0] <= mthr[0]) || !(mx[1] <= mthr[1]);
+                    if (__any_sync(0xffffffffu, need)) {
 #pragma unroll
-                        for (int w = KEYS / 16; w >= 1; w >>= 1)
-#pragma unroll
-                            for (int j = 0; j < w; j++) t[j] = fmaxf(t[j], t[j + w]);
-                        mx = t[0];
+                        for (int hf = 0; hf < 2; hf++) {
+                            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+                            mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+                            al[hf] = online_max(mrow[hf], mx[hf], sl, mul[hf]);
+                            mthr[hf] = mrow[hf] + LAZY_LOG2 / sl;
+                        }
                     } else {
+                        al[0] = al[1] = 1.f;
+                    }
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        float rs = 0.f;
+#pragma unroll
+                        for (int nt = 0; nt < KEYS / 8; nt++) {
+                            s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mul[hf]));
+                            s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mul[hf]));
+                            rs += s[4 * nt + 2 * hf] + s[4 * nt + 2 * hf + 1];
+                        }
+                        lrow[hf] = lrow[hf] * al[hf] + rs;
+                    }
+                } else {
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        float mx = -CUDART_INF_F;
 #pragma unroll
                         for (int nt = 0; nt < KEYS / 8; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
-                    }
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    float mu;
-                    al[hf] = online_max(mrow[hf], mx, sl, mu);
-                    float rs = 0.f;
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                        float mu;
+                        al[hf] = online_max(mrow[hf], mx, sl, mu);
+                        float rs = 0.f;
 #pragma unroll
-                    for (int nt = 0; nt < KEYS / 8; nt++) {
-                        /* XF bits 7-8 (probe CASCADE_CUDA_XV): every PF-th
-                         * column pair of 8 keys by ex2_poly */
-                        if (PF > 0 && nt % (PF > 0 ? PF : 1) == PF - 1) {
-                            s[4 * nt + 2 * hf] = ex2_poly(fmaf(s[4 * nt + 2 * hf], sl, -mu));
-                            s[4 * nt + 2 * hf + 1] = ex2_poly(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
-                        } else {
-                            s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mu));
-                            s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
+                        for (int nt = 0; nt < KEYS / 8; nt++) {
+                            /* XF bits 7-8 (probe CASCADE_CUDA_XV): every PF-th
+                             * column pair of 8 keys by ex2_poly */
+                            if (PF > 0 && nt % (PF > 0 ? PF : 1) == PF - 1) {
+                                s[4 * nt + 2 * hf] = ex2_poly(fmaf(s[4 * nt + 2 * hf], sl, -mu));
+                                s[4 * nt + 2 * hf + 1] = ex2_poly(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
+                            } else {
+                                s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mu));
+                                s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
+                            }
+                            rs += s[4 * nt + 2 * hf] + s[4 * nt + 2 * hf + 1];
                         }
-                        rs += s[4 * nt + 2 * hf] + s[4 * nt + 2 * hf + 1];
+                        lrow[hf] = lrow[hf] * al[hf] + rs;
                     }
-                    lrow[hf] = lrow[hf] * al[hf] + rs;
                 }
             };
             uint32_t pa[KEYS / 16][4];
@@ -1326,6 +1359,13 @@ __global__ void __launch_bounds__(384, 1)
                                                               : wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024),
                                                   1);
             };
+            /* XF bit 32768 (probe CASCADE_CUDA_XV=12): whether the first n
+             * tiles of the task all came by TMA (the producer's rule), whose
+             * writes the full barrier's transaction count already orders
+             * before wgmma's reads; cp.async tiles need the proxy fence */
+            auto tma_tiles = [&](int n) {
+                return (XF & 32768) && TMA && tma_rows > 0 && t.kv0 % tma_rows == 0 && t.kv0 + n * KEYS <= t.kv1;
+            };
             /* XF bit 1024 (probe): a consumer hands the turn on only once its
              * products have completed, so the tensor cores never hold both
              * consumers' products at once */
@@ -1333,7 +1373,7 @@ __global__ void __launch_bounds__(384, 1)
             if (ntiles > 0) {
                 const int s0 = it % STAGES;
                 mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
-                fence_proxy_async();
+                if (!tma_tiles(1)) fence_proxy_async();
                 nbar_sync(my_turn, 256);
                 wg_fence();
                 mma_qk(s0);
@@ -1369,7 +1409,7 @@ __global__ void __launch_bounds__(384, 1)
                 const int sc = it % STAGES, sn = (it + 1) % STAGES;
                 mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
                 if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
-                fence_proxy_async();
+                if (!tma_tiles(i + 1 + (more ? 1 : 0))) fence_proxy_async();
                 mark(2);
                 nbar_sync(my_turn, 256);
                 mark(3);
@@ -1523,10 +1563,13 @@ template <typename T, int D> struct wg_kernel<T, D, 205> : wg_ws<T, D, 128, 3, f
 template <typename T, int D> struct wg_kernel<T, D, 206> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 1024> {};
 template <typename T, int D> struct wg_kernel<T, D, 207> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 2048> {};
 template <typename T, int D> struct wg_kernel<T, D, 208> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 3072> {};
-/* 209 (=9): kind 17 with clock stamps of its phases (XF bit 4096); 210 (=10):
- * the row max as a tree (bit 8192) */
+/* 209 (=9): kind 17 with clock stamps of its phases (XF bit 4096) */
 template <typename T, int D> struct wg_kernel<T, D, 209> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 4096> {};
-template <typename T, int D> struct wg_kernel<T, D, 210> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 8192> {};
+/* 211-213 (=11-13): kind 17 with the lazy running max (XF bit 16384), without
+ * the proxy fence before TMA-filled tiles (bit 32768), both */
+template <typename T, int D> struct wg_kernel<T, D, 211> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384> {};
+template <typename T, int D> struct wg_kernel<T, D, 212> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 32768> {};
+template <typename T, int D> struct wg_kernel<T, D, 213> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 49152> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1669,7 +1712,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     typedef wg_kernel<T, D, KIND> K;
     if constexpr (KIND == 17) {
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 10) {
+        if (xv >= 1 && xv <= 13) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 cudaFuncSetAttribute(wg_kernel<T, D, 201>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
@@ -1681,7 +1724,9 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                 cudaFuncSetAttribute(wg_kernel<T, D, 207>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 cudaFuncSetAttribute(wg_kernel<T, D, 208>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 cudaFuncSetAttribute(wg_kernel<T, D, 209>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 210>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 211>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 212>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                cudaFuncSetAttribute(wg_kernel<T, D, 213>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 if (xv == 9) atexit(cas_cuda_wtrace_dump);
                 ready = 1;
             }
@@ -1693,7 +1738,9 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
             if (xv == 7) return wg_launch<T, D, 207>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             if (xv == 8) return wg_launch<T, D, 208>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             if (xv == 9) return wg_launch<T, D, 209>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 10) return wg_launch<T, D, 210>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 11) return wg_launch<T, D, 211>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 12) return wg_launch<T, D, 212>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            if (xv == 13) return wg_launch<T, D, 213>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
             return wg_launch<T, D, 205>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
         }
     }
