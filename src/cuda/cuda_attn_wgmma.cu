@@ -1265,7 +1265,7 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 if constexpr ((XF & 16384) != 0) {
-                    /* XF bit 16384 (probe CASCADE_CUDA_XV=11): the running
+                    /* XF bit 16384 (kind 17 from v15; XV=11 runs it without): the running
                      * max moves only when a score passes it by more than
                      * 2^LAZY_LOG2 in the exponential's domain (P up to 256,
                      * exact after the final division); a warp whose scores
@@ -1543,7 +1543,7 @@ template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, fa
 template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, false, true, false, false, 0> {};
 /* kind 9 with the decode tails in its own list, arranged per CTA by the
  * planner, and consumer 1 idle on tasks of at most 64 rows */
-template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
+template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384> {};
 /* 18: 17 with the merge of split states in the kernels (XF bit 64) */
 template <typename T, int D> struct wg_kernel<T, D, 18> : wg_ws<T, D, 128, 3, false, true, false, false, 124> {};
 /* 201-203 (never planned: kind 17 launches them under CASCADE_CUDA_XV=1-3):
@@ -1565,9 +1565,10 @@ template <typename T, int D> struct wg_kernel<T, D, 207> : wg_ws<T, D, 128, 3, f
 template <typename T, int D> struct wg_kernel<T, D, 208> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 3072> {};
 /* 209 (=9): kind 17 with clock stamps of its phases (XF bit 4096) */
 template <typename T, int D> struct wg_kernel<T, D, 209> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 4096> {};
-/* 211-213 (=11-13): kind 17 with the lazy running max (XF bit 16384), without
- * the proxy fence before TMA-filled tiles (bit 32768), both */
-template <typename T, int D> struct wg_kernel<T, D, 211> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384> {};
+/* 211-213 (=11-13): kind 17 before v15 (without the lazy running max, XF bit
+ * 16384, which kind 17 now has), kind 17 without the proxy fence before
+ * TMA-filled tiles (bit 32768, slower), both */
+template <typename T, int D> struct wg_kernel<T, D, 211> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
 template <typename T, int D> struct wg_kernel<T, D, 212> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 32768> {};
 template <typename T, int D> struct wg_kernel<T, D, 213> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 49152> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
