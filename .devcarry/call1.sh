@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# v14 call 1: late turn (XV 6), offset descriptors (XV 7), both (XV 8)
-O=${OUT:-/tmp/out}
-for x in 8 6; do
-  echo "#### test XV=$x"; CASCADE_CUDA_XV=$x CASCADE_TEST_KINDS=17 CASCADE_TEST_QUICK=1 TEST_TIMEOUT=100 OUT=$O/t$x bash bench/cuda/run_h200.sh test 2>&1 | grep -E "test rc|passed|FAIL" | tail -4
-done
-PF_TORCH= PF_ROUNDS=3 PF_VARIANTS="k17=CASCADE_CUDA_WIDE=17 xv6=CASCADE_CUDA_XV=6 xv7=CASCADE_CUDA_XV=7 xv8=CASCADE_CUDA_XV=8 d1=CASCADE_CUDA_WS_DIAG=1 d1x6=CASCADE_CUDA_WS_DIAG=1,CASCADE_CUDA_XV=6 d1x8=CASCADE_CUDA_WS_DIAG=1,CASCADE_CUDA_XV=8" \
- DEC_CASES="32768,64,512;32768,256,512;16384,64,2048;1024,8,128" DEC_AB="17:CASCADE_CUDA_XV=6;17:CASCADE_CUDA_XV=7;17:CASCADE_CUDA_XV=8" DEC_ROUNDS=2 \
- NCUPF_VARIANTS="xv6=CASCADE_CUDA_XV=6 xv8=CASCADE_CUDA_XV=8" DEADLINE=440 OUT=$O bash bench/cuda/run_h200.sh pf dec ncupf 2>&1 | grep -vE "^\s*$" | tail -80
