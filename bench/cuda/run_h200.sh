@@ -8,8 +8,9 @@
 # shared libraries the GPU image lacks: pcre2, jansson, microhttpd, xxhash),
 # which saves the nvcc time of the device lease; see bench/NOTES.md.
 # Usage: bash bench/cuda/run_h200.sh [steps...]
-#   steps: test bench diag bench2 fuse ab pf dec cli ncupf ncu grid sanitize (default: test bench cli grid)
-#   (dec: DEC_CASES, DEC_WIDE, DEC_AB, DEC_ROUNDS, DEC_RESERVE; see the step)
+#   steps: test bench diag bench2 fuse ab pf dec tl cli ncupf ncu ncudec grid sanitize (default: test bench cli grid)
+#   (dec: DEC_CASES, DEC_WIDE, DEC_AB, DEC_ROUNDS, DEC_RESERVE; tl: TL_RUNS; ncudec:
+#   NCUDEC_VARIANTS, NCUDEC_CASE; see the steps)
 #   env: BENCH_KINDS (many-rows kernel kinds benchmarked, default "17 9 11 6 8 3 1"),
 #   DIAG_KINDS (warp-specialized kinds timed with CASCADE_CUDA_WS_DIAG=1: no K/V copies),
 #   CASCADE_TEST_KINDS (kinds tested), GRID_WIDE (kind for the grid), NCU_WIDE,
@@ -184,6 +185,28 @@ if has dec; then
   for r in $(seq 1 ${DEC_ROUNDS:-1}); do
     echo "== decode cases, kind ${DEC_WIDE:-17} against ${DEC_AB:-9}, round $r, $(left) s left"
     CASCADE_BENCH_AB=${DEC_AB:-9} CASCADE_CUDA_WIDE=${DEC_WIDE:-17} timeout $(( $(left) - ${DEC_RESERVE:-20} )) "$BB" --cases "$DEC_CASES" --json "$OUT/dec_$r.json" 2>&1 | grep -E '^P |device' | sed "s/^/r$r /"
+  done
+fi
+if has tl; then
+  # timelines of the many-rows kernel (CASCADE_CUDA_XV=18, or 19 with the L2
+  # policy of XV 17): TL_RUNS entries name=P,B,U[,ENV=VAL...]; the last kind-17
+  # run of each process is dumped and summarised (bench/cuda/timeline.py)
+  for run in ${TL_RUNS:-"o1=32768,64,512 o3=32768,64,512,CASCADE_CUDA_TAIL_ORDER=3 hint=32768,64,512,CASCADE_CUDA_XV=19 b256=32768,256,512"}; do
+    name=${run%%=*}; rest=${run#*=}; IFS=, read -r p1 p2 p3 envs <<< "$rest"
+    echo "== timeline $name (P $p1 B $p2 U $p3 ${envs:-})"
+    env CASCADE_CUDA_XV=18 $(echo "${envs:-}" | tr , ' ') CASCADE_CUDA_WIDE=17 CASCADE_CUDA_TRACE="$W/tl_$name.json" timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/tl_$name.bench.json" 2>&1 | tail -1
+    python3 bench/cuda/timeline.py "$W/tl_$name.json" --label "$name" --json "$W/tl_${name}_sum.json" --png "$W/tl_$name.png" 2>&1 | tail -8
+  done
+fi
+if has ncudec; then
+  # the headline's many-rows kernel under ncu per NCUDEC_VARIANTS entry
+  # (name=ENV=VAL[,ENV=VAL]): DRAM and L2 bytes, L2 hit rate, tensor pipe
+  NC=${NCUDEC_CASE:-"--batch 64 --prefix 32768 --suffix 512"}
+  for var in ${NCUDEC_VARIANTS:-"k17=CASCADE_CUDA_WIDE=17 hint=CASCADE_CUDA_XV=17 o3=CASCADE_CUDA_TAIL_ORDER=3 o3hint=CASCADE_CUDA_TAIL_ORDER=3,CASCADE_CUDA_XV=17 last=CASCADE_CUDA_XV=20 diag=CASCADE_CUDA_WS_DIAG=1"}; do
+    name=${var%%=*}; envs=${var#*=}
+    echo "== ncu decode $name ($envs; $NC)"
+    env CASCADE_CUDA_WIDE=17 $(echo "$envs" | tr , ' ') timeout 120 ncu --clock-control none -k regex:attn_wgmma --launch-skip 13 --launch-count 1 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_hit_rate.pct,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg.per_second "$BB" $NC --iters 1 > "$W/ncudec_$name.txt" 2>&1; echo "ncu rc=$?"
+    grep -E "gpu__time|dram__|lts__|hmma|per_second" "$W/ncudec_$name.txt" | sed "s/^ */$name /" | head -12
   done
 fi
 if has cli && [ -n "$CAS" ]; then

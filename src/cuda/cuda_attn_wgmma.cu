@@ -457,6 +457,32 @@ __device__ __forceinline__ long long sm_clock64() {
     asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
     return c;
 }
+/* XF bit 131072 (probes CASCADE_CUDA_XV=18 and 19, measurement only): a
+ * timeline of the run, read back at exit (cas_cuda_tl_dump). Per CTA (the
+ * first TL_CTAS) cas_tl_cta: its SM, the global timer (ns) and SM clock at
+ * its start (0-2), consumer 0's end (3, 4), its task count (5), the
+ * producer's end (6, 7). Per task of its list (the first TL_TASKS) cas_tl,
+ * SM clocks of thread 0 of each warpgroup: consumer 0's start (0), its first
+ * S done (1), its end (2), the cycles it waited for full stages (3) and for
+ * its turn (4); consumer 1's start and end (5, 6); the producer's first tile
+ * past its empty wait (7) and its last tile issued (8); the task's rows |
+ * tiles << 16 | KV head << 32 | a KV-read-once flag << 48 (9); consumer 1's
+ * full waits (10). (A sum of the producer's empty waits made it spill.) */
+#define TL_CTAS 160
+#define TL_TASKS 48
+#define TL_F 11
+__device__ long long cas_tl_cta[TL_CTAS][8];
+__device__ long long cas_tl[TL_CTAS][TL_TASKS][TL_F];
+__device__ __forceinline__ long long global_timer() {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t)::"memory");
+    return t;
+}
+__device__ __forceinline__ int sm_id() {
+    int r;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(r));
+    return r;
+}
 /* XF bit 16384: how far (log2 of the factor) a score may pass the running
  * max before the max moves */
 #define LAZY_LOG2 8.f
@@ -499,6 +525,33 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
                  " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
+}
+/* XF bit 65536 (probe CASCADE_CUDA_XV=17): the boxes above with an L2 cache
+ * policy (createpolicy below), so that K and V read by one CTA only (a
+ * decode tail) leave the L2 before K and V that other CTAs read again (a
+ * shared pass of several row blocks) */
+__device__ __forceinline__ void tma_load_4d_pol(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                int c3, uint32_t bar, uint64_t pol) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "l"(pol)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_pol(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                uint32_t bar, uint64_t pol) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(pol)
+                 : "memory");
+}
+/* L2 policies for every access they are given (fraction 1): evict first,
+ * evict normal, evict last */
+__device__ __forceinline__ uint64_t l2_policy(int which) {
+    uint64_t p;
+    if (which == 0) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    else if (which == 1) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+    else asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
 }
 /* the same box into the shared memory of every CTA of the cluster in mask
  * (same offsets), completing on each one's barrier at bar's offset */
@@ -881,6 +934,7 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
     __shared__ int s_fml[2][64], s_fmn[2]; /* XF bit 64: the tokens each consumer merges */
+    __shared__ long long s_tlw[2][2]; /* XF bit 131072: consumer thread 0's full and turn waits */
     __shared__ int s_cdone, s_ctile, s_tti; /* kind 11: consumer warps done with their tasks,
                                               tiles consumer warpgroup 0 finished, the tail
                                               warps' task index */
@@ -938,6 +992,14 @@ __global__ void __launch_bounds__(384, 1)
     if (MC) cluster_sync_all();
     else __syncthreads();
     const int64_t page_stride = (int64_t)P * Hkv * D;
+    constexpr bool TL = (XF & 131072) != 0, HINT = (XF & 65536) != 0;
+    const bool tl_cta = TL && blockIdx.x < TL_CTAS;
+    if (tl_cta && tid == 0) {
+        cas_tl_cta[blockIdx.x][0] = sm_id();
+        cas_tl_cta[blockIdx.x][1] = global_timer();
+        cas_tl_cta[blockIdx.x][2] = sm_clock64();
+        cas_tl_cta[blockIdx.x][5] = ti_first < ti_end ? (ti_end - ti_first + ti_step - 1) / ti_step : 0;
+    }
 
     /* the warpgroup index, warp-uniform for the compiler (wgmma on a path it
      * thinks divergent gets serialized) */
@@ -972,11 +1034,27 @@ __global__ void __launch_bounds__(384, 1)
         const int ch = tid % CPR, key0 = tid / CPR;
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
+        /* XF bit 65536: K and V of a pass of one row block (read by this CTA
+         * only) evict first; of the others evict normal (bit 262144: last) */
+        uint64_t pol_once = 0, pol_more = 0;
+        if constexpr (HINT) {
+            pol_once = l2_policy(0);
+            pol_more = l2_policy((XF & 262144) ? 2 : 1);
+        }
+        /* XF bit 131072: thread 0's clocks (cas_tl) */
+        const bool tlp = tl_cta && tid == 0;
+        /* the first tile of task ti past its empty wait */
+        auto tl_first = [&](int ti) {
+            const int jt = (ti - ti_first) / ti_step;
+            if (TL && tlp && jt < TL_TASKS) cas_tl[blockIdx.x][jt][7] = sm_clock64();
+        };
         int it = 0;
         for (int ti = ti_first; ti < ti_end; ti += ti_step) {
             const cas_cuda_task t = tasks[ti * tstride];
             const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
+            const bool once = HINT && (int64_t)passes[t.pass].n_tok * h->group <= C::ROWS;
+            const uint64_t pol = once ? pol_once : pol_more;
             const bool look_runs = tma_runs && passes[t.pass].page_runs && !mcast;
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
@@ -1008,6 +1086,7 @@ __global__ void __launch_bounds__(384, 1)
                         const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
                         if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                         else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                        if (TL && j == 0 && kv == 0) tl_first(ti);
                         if (tid == 0 && !(diag & 1)) mbar_arrive_expect_tx(full, (uint32_t)C::TILE);
                         else mbar_arrive(full);
                         if (tid < 32 && !(diag & 1)) {
@@ -1038,8 +1117,13 @@ __global__ void __launch_bounds__(384, 1)
                             if (boxer && mcast)
                                 tma_load_4d_mc(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
                                                (uint16_t)3);
+                            else if (run && HINT)
+                                tma_load_3d_pol(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full, pol);
                             else if (run)
                                 tma_load_3d(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full);
+                            else if (boxer && HINT)
+                                tma_load_4d_pol(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
+                                                pol);
                             else if (boxer)
                                 tma_load_4d(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
                         }
@@ -1104,6 +1188,7 @@ __global__ void __launch_bounds__(384, 1)
                     const uint32_t d0 = dk + (uint32_t)(kv * C::TILE);
                     if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                     else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    if (TL && j == 0 && kv == 0) tl_first(ti);
                     if (diag & 1) { /* measurement only: no copies (wrong results) */
                         mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
                         continue;
@@ -1118,8 +1203,21 @@ __global__ void __launch_bounds__(384, 1)
                     mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
                 }
             }
+            if (TL && tlp) {
+                const int jt = (ti - ti_first) / ti_step;
+                if (jt < TL_TASKS) {
+                    long long *e = cas_tl[blockIdx.x][jt];
+                    e[8] = sm_clock64();
+                    e[9] = (long long)t.nrows | (long long)ntiles << 16 | (long long)t.kv_head << 32 |
+                            (long long)((int64_t)passes[t.pass].n_tok * h->group <= C::ROWS) << 48;
+                }
+            }
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
+        if (TL && tlp) {
+            cas_tl_cta[blockIdx.x][6] = global_timer();
+            cas_tl_cta[blockIdx.x][7] = sm_clock64();
+        }
     } else {
         /* ---- consumers ---- */
         reg_alloc<TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
@@ -1139,9 +1237,25 @@ __global__ void __launch_bounds__(384, 1)
             if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
         };
         int it = 0;
+        /* XF bit 131072: thread 0 of each consumer stamps its tasks (cas_tl) */
+        const bool tlc = tl_cta && ctid == 0;
+        auto clk = [&]() -> long long { return TL && tlc ? sm_clock64() : 0LL; };
+        /* the sums of waits live in shared memory (the consumers' registers are full) */
+        auto tl_add = [&](int k, long long c) {
+            if (TL && tlc) {
+                volatile long long *w = &s_tlw[cw][k];
+                *w = *w + c;
+            }
+        };
         for (int ti = ti_first; ti < ti_end; ti += ti_step) {
             const cas_cuda_task t = tasks[ti * tstride];
             const cas_cuda_pass ps = passes[t.pass];
+            const int jt = (ti - ti_first) / ti_step;
+            const bool tlt = TL && tlc && jt < TL_TASKS;
+            if (TL && tlt) {
+                cas_tl[blockIdx.x][jt][cw ? 5 : 0] = sm_clock64();
+                s_tlw[cw][0] = s_tlw[cw][1] = 0;
+            }
             if constexpr ((XF & 16) != 0) {
                 /* a task of at most 64 rows: consumer 1 has none of them and
                  * keeps only its side of the protocol (its turns, the full
@@ -1151,20 +1265,28 @@ __global__ void __launch_bounds__(384, 1)
                     const int nk = t.kv1 - t.kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
                     if (nt > 0) {
                         const int s0 = it % STAGES;
+                        long long w0 = clk();
                         mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
+                        tl_add(0, clk() - w0);
                         nbar_sync(my_turn, 256);
                         nbar_arrive(other_turn, 256);
                         release(EMPTY_K(s0));
                         for (int i = 0; i < nt; i++, it++) {
                             const int sc = it % STAGES, sn = (it + 1) % STAGES;
                             const bool more = i + 1 < nt;
+                            w0 = clk();
                             mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
                             if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
+                            tl_add(0, clk() - w0);
                             nbar_sync(my_turn, 256);
                             nbar_arrive(other_turn, 256);
                             release(EMPTY_V(sc));
                             if (more) release(EMPTY_K(sn));
                         }
+                    }
+                    if (TL && tlt) {
+                        cas_tl[blockIdx.x][jt][6] = sm_clock64();
+                        cas_tl[blockIdx.x][jt][10] = s_tlw[cw][0];
                     }
                     continue;
                 }
@@ -1372,9 +1494,14 @@ __global__ void __launch_bounds__(384, 1)
             constexpr bool late = (XF & 1024) != 0;
             if (ntiles > 0) {
                 const int s0 = it % STAGES;
+                const long long w0 = clk();
                 mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
                 if (!tma_tiles(1)) fence_proxy_async();
+                const long long w1 = clk();
                 nbar_sync(my_turn, 256);
+                const long long w2 = clk();
+                tl_add(0, w1 - w0);
+                tl_add(1, w2 - w1);
                 wg_fence();
                 mma_qk(s0);
                 wg_commit();
@@ -1382,6 +1509,7 @@ __global__ void __launch_bounds__(384, 1)
                 wg_wait<0>();
                 if (late) nbar_arrive(other_turn, 256);
                 wg_fence_regs<KEYS / 2>(s);
+                if (TL && tlt) cas_tl[blockIdx.x][jt][1] = sm_clock64();
                 release(EMPTY_K(s0));
                 if (OVL) {
                     softmax(0);
@@ -1407,11 +1535,16 @@ __global__ void __launch_bounds__(384, 1)
                 }
                 mark(1);
                 const int sc = it % STAGES, sn = (it + 1) % STAGES;
+                const long long w0 = clk();
                 mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
                 if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
                 if (!tma_tiles(i + 1 + (more ? 1 : 0))) fence_proxy_async();
                 mark(2);
+                const long long w1 = clk();
                 nbar_sync(my_turn, 256);
+                const long long w2 = clk();
+                tl_add(0, w1 - w0);
+                tl_add(1, w2 - w1);
                 mark(3);
                 wg_fence_regs<D / 2>(oacc);
                 wg_fence();
@@ -1480,6 +1613,17 @@ __global__ void __launch_bounds__(384, 1)
                     if ((lane & 3) == 0) lbase[s_lo[r]] = l > 0.f ? (m * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
                 }
             }
+            if (TL && tlt) {
+                long long *e = cas_tl[blockIdx.x][jt];
+                if (cw == 0) {
+                    e[2] = sm_clock64();
+                    e[3] = s_tlw[0][0];
+                    e[4] = s_tlw[0][1];
+                } else {
+                    e[6] = sm_clock64();
+                    e[10] = s_tlw[1][0];
+                }
+            }
             /* XF bit 64 (kind 18): each consumer is a writer unit of its 64
              * rows; the last unit of a token merges its states */
             if constexpr ((XF & 64) != 0) {
@@ -1491,6 +1635,10 @@ __global__ void __launch_bounds__(384, 1)
         }
         /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
         if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
+        if (TL && tlc && cw == 0) {
+            cas_tl_cta[blockIdx.x][3] = global_timer();
+            cas_tl_cta[blockIdx.x][4] = sm_clock64();
+        }
         /* kind 11: the tail warps stop taking tasks once all 8 consumer warps are here */
         if (TAILS && lane == 0) atomicAdd(&s_cdone, 1);
     }
@@ -1573,6 +1721,15 @@ template <typename T, int D> struct wg_kernel<T, D, 212> : wg_ws<T, D, 128, 3, f
 template <typename T, int D> struct wg_kernel<T, D, 213> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 49152> {};
 /* (v16's probes 214-216, decode tails run transposed on m64n16k16, measured
  * slower and removed: commit 950af49, bench/NOTES.md v16) */
+/* 217 (=17): kind 17 whose TMA loads carry an L2 policy, evict first for
+ * passes of one row block (decode tails: each K and V tile read once), evict
+ * normal for the others (XF bit 65536); 218 (=18): kind 17 with a timeline
+ * of every CTA's tasks (bit 131072, cas_tl); 219 (=19): both; 220 (=20): 217
+ * with evict last for passes of several row blocks (bit 262144) */
+template <typename T, int D> struct wg_kernel<T, D, 217> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536> {};
+template <typename T, int D> struct wg_kernel<T, D, 218> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 131072> {};
+template <typename T, int D> struct wg_kernel<T, D, 219> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 196608> {};
+template <typename T, int D> struct wg_kernel<T, D, 220> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 327680> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1708,43 +1865,69 @@ static void cas_cuda_wtrace_dump(void) {
     if (f != stderr) fclose(f);
 }
 
+/* CASCADE_CUDA_XV=18 or 19: at exit, the timeline of the last run (cas_tl,
+ * kernel above) as one JSON object to the file CASCADE_CUDA_TRACE names (else
+ * stderr): "ctas": per CTA [sm, gt0, clk0, gt_c0end, clk_c0end, ntasks,
+ * gt_pend, clk_pend] and its tasks' fields as the kernel wrote them */
+static void cas_cuda_tl_dump(void) {
+    static long long hc[TL_CTAS][8], ht[TL_CTAS][TL_TASKS][TL_F];
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(hc, cas_tl_cta, sizeof hc) != cudaSuccess ||
+        cudaMemcpyFromSymbol(ht, cas_tl, sizeof ht) != cudaSuccess)
+        return;
+    const char *path = getenv("CASCADE_CUDA_TRACE");
+    FILE *f = path && *path ? fopen(path, "w") : stderr;
+    if (!f) return;
+    fprintf(f, "{\"fields\": \"c0_start c0_first_s c0_end c0_full_wait c0_turn_wait c1_start c1_end p_first p_last "
+               "meta c1_full_wait\",\n\"ctas\": [");
+    int first = 1;
+    for (int b = 0; b < TL_CTAS; b++) {
+        if (!hc[b][1]) continue;
+        fprintf(f, "%s\n{\"cta\": %d, \"hdr\": [", first ? "" : ",", b);
+        for (int k = 0; k < 8; k++) fprintf(f, "%s%lld", k ? ", " : "", hc[b][k]);
+        fprintf(f, "], \"tasks\": [");
+        const int n = hc[b][5] < TL_TASKS ? (int)hc[b][5] : TL_TASKS;
+        for (int j = 0; j < n; j++) {
+            fprintf(f, "%s[", j ? ", " : "");
+            for (int k = 0; k < TL_F; k++) fprintf(f, "%s%lld", k ? ", " : "", ht[b][j][k]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "]}");
+        first = 0;
+    }
+    fprintf(f, "\n]}\n");
+    if (f != stderr) fclose(f);
+}
+
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                      const void *q, float *o, float *lse, float *scratch, int *counter, int grid,
                      int pdl, cudaStream_t st) {
     typedef wg_kernel<T, D, KIND> K;
-    if constexpr (KIND == 17) {
+    if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
+        /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 13) {
+        if (xv >= 1 && xv <= 20 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
-                cudaFuncSetAttribute(wg_kernel<T, D, 201>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 202>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 203>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 204>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 205>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 206>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 207>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 208>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 209>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 211>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 212>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                cudaFuncSetAttribute(wg_kernel<T, D, 213>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
+                const void *fns[] = {wg_kernel<T, D, 201>::fn(), wg_kernel<T, D, 202>::fn(), wg_kernel<T, D, 203>::fn(),
+                                     wg_kernel<T, D, 204>::fn(), wg_kernel<T, D, 205>::fn(), wg_kernel<T, D, 206>::fn(),
+                                     wg_kernel<T, D, 207>::fn(), wg_kernel<T, D, 208>::fn(), wg_kernel<T, D, 209>::fn(),
+                                     wg_kernel<T, D, 211>::fn(), wg_kernel<T, D, 212>::fn(), wg_kernel<T, D, 213>::fn(),
+                                     wg_kernel<T, D, 217>::fn(), wg_kernel<T, D, 218>::fn(), wg_kernel<T, D, 219>::fn(),
+                                     wg_kernel<T, D, 220>::fn()};
+                for (const void *f : fns) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 if (xv == 9) atexit(cas_cuda_wtrace_dump);
+                if (xv == 18 || xv == 19) atexit(cas_cuda_tl_dump);
                 ready = 1;
             }
-            if (xv == 1) return wg_launch<T, D, 201>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 2) return wg_launch<T, D, 202>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 3) return wg_launch<T, D, 203>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 4) return wg_launch<T, D, 204>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 6) return wg_launch<T, D, 206>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 7) return wg_launch<T, D, 207>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 8) return wg_launch<T, D, 208>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 9) return wg_launch<T, D, 209>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 11) return wg_launch<T, D, 211>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 12) return wg_launch<T, D, 212>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            if (xv == 13) return wg_launch<T, D, 213>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-            return wg_launch<T, D, 205>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+            switch (xv) {
+#define CAS_XV(n) \
+    case n: return wg_launch<T, D, 200 + n>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
+                CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
+                CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
+#undef CAS_XV
+            default: break;
+            }
         }
     }
     const char *plan_c = (const char *)plan;
