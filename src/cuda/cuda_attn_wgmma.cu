@@ -1066,44 +1066,58 @@ __global__ void __launch_bounds__(384, 1)
          * this CTA's list (a cursor: task pti, tile pj). Full TMA tiles
          * only; with page runs one 64-row box per 64 keys through the row map
          * (a run the loads find broken makes the prefetch read other rows:
-         * wasted bytes, never wrong results) */
-        constexpr int PFD = (XF & 1048576) ? 4 : 2;
-        int pti = ti_first, pj = 0;
+         * wasted bytes, never wrong results). With bit 2097152 the cursor
+         * walks only the tasks whose K and V this CTA alone reads (passes of
+         * one row block: the decode tails) and keeps up to TBUD of their
+         * tiles prefetched ahead of their loads, also while the CTA runs a
+         * shared task (pc: tail tiles the cursor passed, lc: tail tiles
+         * loaded). (ptxas spills ~40 bytes of the producer's run check with
+         * these, at 56 registers and at 64.) */
+        constexpr bool PFX = (XF & 524288) != 0 && TMA && !MC, TPF = PFX && (XF & 2097152) != 0;
+        constexpr int PFD = (XF & 1048576) ? 4 : 2, TBUD = (XF & 1048576) ? 6 : 3;
+        const bool pfx = PFX && tma_rows > 0 && !(diag & 1);
+        int pti = ti_first, pj = 0, pc = 0, lc = 0;
+        auto pf_issue = [&](const cas_cuda_task &pt, const cas_cuda_pass &pp, int jj) {
+            if (pt.kv0 % tma_rows != 0 || pt.kv0 + (jj + 1) * KEYS > pt.kv1) return;
+            const int32_t *pl = pages + pp.page_off;
+            const bool rn = tma_runs && pp.page_runs;
+            const int nbox = rn ? KEYS / 64 * CB : KEYS / tma_rows * CB;
+            if (tid < nbox) {
+                const int kidx = pt.kv0 + jj * KEYS + (tid / CB) * (rn ? 64 : tma_rows);
+                const int pi = kidx / P, pg = pl[pi], pr = kidx - pi * P;
+                const long long row = (long long)pg * P + pr;
+                if (rn && row + 64 <= 0x7fffffffLL) {
+                    tma_prefetch_3d(&krun, (tid % CB) * 64, pt.kv_head, (int)row);
+                    tma_prefetch_3d(&vrun, (tid % CB) * 64, pt.kv_head, (int)row);
+                } else if (!rn) {
+                    tma_prefetch_4d(&kmap, (tid % CB) * 64, pt.kv_head, pr, pg);
+                    tma_prefetch_4d(&vmap, (tid % CB) * 64, pt.kv_head, pr, pg);
+                }
+            }
+        };
         auto pf_next = [&]() {
             while (pti < ti_end) {
                 const cas_cuda_task pt = tasks[pti * tstride];
+                const cas_cuda_pass pp = passes[pt.pass];
                 const int pn = pt.kv1 > pt.kv0 ? (pt.kv1 - pt.kv0 + KEYS - 1) / KEYS : 0;
-                if (pj < pn) {
-                    if (pt.kv0 % tma_rows == 0 && pt.kv0 + (pj + 1) * KEYS <= pt.kv1) {
-                        const cas_cuda_pass pp = passes[pt.pass];
-                        const int32_t *pl = pages + pp.page_off;
-                        const bool rn = tma_runs && pp.page_runs;
-                        const int nbox = rn ? KEYS / 64 * CB : KEYS / tma_rows * CB;
-                        if (tid < nbox) {
-                            const int kidx = pt.kv0 + pj * KEYS + (tid / CB) * (rn ? 64 : tma_rows);
-                            const int pi = kidx / P, pg = pl[pi], pr = kidx - pi * P;
-                            const long long row = (long long)pg * P + pr;
-                            if (rn && row + 64 <= 0x7fffffffLL) {
-                                tma_prefetch_3d(&krun, (tid % CB) * 64, pt.kv_head, (int)row);
-                                tma_prefetch_3d(&vrun, (tid % CB) * 64, pt.kv_head, (int)row);
-                            } else if (!rn) {
-                                tma_prefetch_4d(&kmap, (tid % CB) * 64, pt.kv_head, pr, pg);
-                                tma_prefetch_4d(&vmap, (tid % CB) * 64, pt.kv_head, pr, pg);
-                            }
-                        }
+                const bool skip = TPF && (int64_t)pp.n_tok * h->group > C::ROWS;
+                if (pj < pn && !skip) {
+                    if (TPF && pc < lc) { /* the loads are past this tile */
+                        pj++;
+                        pc++;
+                        continue;
                     }
+                    if (TPF && pc >= lc + TBUD) return;
+                    pf_issue(pt, pp, pj);
                     pj++;
+                    pc++;
                     return;
                 }
                 pti += ti_step;
                 pj = 0;
             }
         };
-        /* (ptxas spills ~40 bytes of the producer's run check with it, at 56
-         * registers and at 64) */
-        constexpr bool PFX = (XF & 524288) != 0 && TMA && !MC;
-        const bool pfx = PFX && tma_rows > 0 && !(diag & 1);
-        if (PFX && pfx)
+        if (PFX && pfx && !TPF)
             for (int i = 0; i < PFD; i++) pf_next();
         int it = 0;
         for (int ti = ti_first; ti < ti_end; ti += ti_step) {
@@ -1120,9 +1134,11 @@ __global__ void __launch_bounds__(384, 1)
             /* whole boxes of tma_rows keys lie in one page when the task
              * starts on a multiple of tma_rows (a divisor of the page size) */
             const bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
+            const bool t_once = TPF && (int64_t)passes[t.pass].n_tok * h->group <= C::ROWS;
             for (int j = 0; j < ntiles; j++, it++) {
                 const int s = it % STAGES;
                 if (PFX && pfx) pf_next();
+                if (TPF) lc += t_once;
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
                 if (task_tma && t.kv0 + (j + 1) * KEYS <= t.kv1) {
                     /* a full tile: one box per lane of warp 0, the bytes
@@ -1792,6 +1808,11 @@ template <typename T, int D> struct wg_kernel<T, D, 220> : wg_ws<T, D, 128, 3, f
  * 2 or 4 tiles ahead of its loads (XF bit 524288; bit 1048576: 4) */
 template <typename T, int D> struct wg_kernel<T, D, 221> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 524288> {};
 template <typename T, int D> struct wg_kernel<T, D, 222> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 1572864> {};
+/* 223, 224 (=23, 24): kind 17 whose producer keeps 3 or 6 tiles of the
+ * decode tails of its list prefetched into the L2 ahead of their loads, from
+ * the start (during its shared tasks too; XF bits 524288 and 2097152) */
+template <typename T, int D> struct wg_kernel<T, D, 223> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 2621440> {};
+template <typename T, int D> struct wg_kernel<T, D, 224> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 3670016> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1968,7 +1989,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 22 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
+        if (xv >= 1 && xv <= 24 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 const void *fns[] = {wg_kernel<T, D, 201>::fn(), wg_kernel<T, D, 202>::fn(), wg_kernel<T, D, 203>::fn(),
@@ -1976,7 +1997,8 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                                      wg_kernel<T, D, 207>::fn(), wg_kernel<T, D, 208>::fn(), wg_kernel<T, D, 209>::fn(),
                                      wg_kernel<T, D, 211>::fn(), wg_kernel<T, D, 212>::fn(), wg_kernel<T, D, 213>::fn(),
                                      wg_kernel<T, D, 217>::fn(), wg_kernel<T, D, 218>::fn(), wg_kernel<T, D, 219>::fn(),
-                                     wg_kernel<T, D, 220>::fn(), wg_kernel<T, D, 221>::fn(), wg_kernel<T, D, 222>::fn()};
+                                     wg_kernel<T, D, 220>::fn(), wg_kernel<T, D, 221>::fn(), wg_kernel<T, D, 222>::fn(),
+                                     wg_kernel<T, D, 223>::fn(), wg_kernel<T, D, 224>::fn()};
                 for (const void *f : fns) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
                 if (xv == 9) atexit(cas_cuda_wtrace_dump);
                 if (xv == 18 || xv == 19) atexit(cas_cuda_tl_dump);
@@ -1987,7 +2009,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     case n: return wg_launch<T, D, 200 + n>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
-                CAS_XV(21) CAS_XV(22)
+                CAS_XV(21) CAS_XV(22) CAS_XV(23) CAS_XV(24)
 #undef CAS_XV
             default: break;
             }
