@@ -193,6 +193,7 @@ if has tl; then
   # run of each process is dumped and summarised (bench/cuda/timeline.py)
   for run in ${TL_RUNS:-"o1=32768,64,512 o3=32768,64,512,CASCADE_CUDA_TAIL_ORDER=3 hint=32768,64,512,CASCADE_CUDA_XV=19 b256=32768,256,512"}; do
     name=${run%%=*}; rest=${run#*=}; IFS=, read -r p1 p2 p3 envs <<< "$rest"
+    [ $(left) -lt 30 ] && { echo "timeline $name skipped: $(left) s left"; continue; }
     echo "== timeline $name (P $p1 B $p2 U $p3 ${envs:-})"
     env CASCADE_CUDA_XV=18 $(echo "${envs:-}" | tr , ' ') CASCADE_CUDA_WIDE=17 CASCADE_CUDA_TRACE="$W/tl_$name.json" timeout 60 "$BB" --prefix $p1 --batch $p2 --suffix $p3 --json "$W/tl_$name.bench.json" 2>&1 | tail -1
     python3 bench/cuda/timeline.py "$W/tl_$name.json" --label "$name" --json "$W/tl_${name}_sum.json" --png "$W/tl_$name.png" 2>&1 | tail -8
@@ -204,8 +205,9 @@ if has ncudec; then
   NC=${NCUDEC_CASE:-"--batch 64 --prefix 32768 --suffix 512"}
   for var in ${NCUDEC_VARIANTS:-"k17=CASCADE_CUDA_WIDE=17 hint=CASCADE_CUDA_XV=17 o3=CASCADE_CUDA_TAIL_ORDER=3 o3hint=CASCADE_CUDA_TAIL_ORDER=3,CASCADE_CUDA_XV=17 last=CASCADE_CUDA_XV=20 diag=CASCADE_CUDA_WS_DIAG=1"}; do
     name=${var%%=*}; envs=${var#*=}
+    [ $(left) -lt 40 ] && { echo "ncu decode $name skipped: $(left) s left"; continue; }
     echo "== ncu decode $name ($envs; $NC)"
-    env CASCADE_CUDA_WIDE=17 $(echo "$envs" | tr , ' ') timeout 120 ncu --clock-control none -k regex:attn_wgmma --launch-skip 13 --launch-count 1 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_hit_rate.pct,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg.per_second "$BB" $NC --iters 1 > "$W/ncudec_$name.txt" 2>&1; echo "ncu rc=$?"
+    env CASCADE_CUDA_WIDE=17 $(echo "$envs" | tr , ' ') timeout $(( $(left) < 120 ? $(left) : 120 )) ncu --clock-control none -k regex:attn_wgmma --launch-skip 13 --launch-count 1 --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_hit_rate.pct,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg.per_second "$BB" $NC --iters 1 > "$W/ncudec_$name.txt" 2>&1; echo "ncu rc=$?"
     grep -E "gpu__time|dram__|lts__|hmma|per_second" "$W/ncudec_$name.txt" | sed "s/^ */$name /" | head -12
   done
 fi
