@@ -867,7 +867,21 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
     }
 }
 
-template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
+/* XF bit 4194304 (probe CASCADE_CUDA_XV=25): the producer stages, for each
+ * task of at most QS_ROWS rows (a decode tail), its Q rows and the rows'
+ * positions and output offsets in one of QS_SLOTS slots after the K/V
+ * stages, ahead of the consumer, which then starts the task without a chain
+ * of dependent global loads (task, tokens, Q). A slot: Q [QS_ROWS][D + 8]
+ * (16-bit, the pitch keeps the fragment reads free of bank conflicts), then
+ * positions int [QS_ROWS], output and lse offsets long long [QS_ROWS] each. */
+#define QS_ROWS 16
+#define QS_SLOTS 4
+template <int D> struct qs_cfg {
+    static constexpr int LDQ = D + 8;
+    static constexpr uint32_t POS = QS_ROWS * LDQ * 2, OO = POS + QS_ROWS * 4, LO = OO + QS_ROWS * 8,
+                              SLOT = (LO + QS_ROWS * 8 + 127) / 128 * 128;
+};
+template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false> struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
     static constexpr int NT = 384, ROWS = 128;
     static constexpr int CPR = D / 8;
@@ -875,7 +889,8 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false> struct ws_cfg {
     static constexpr int NIT = KEYS / KSTEP;  /* 16-byte copies per producer thread per K or V tile */
     static constexpr size_t TILE = (size_t)KEYS * D * 2;
     /* kind 11: the tail warps' staging after the K/V stages */
-    static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0);
+    static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0) +
+                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0);
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
     static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
 };
@@ -931,7 +946,7 @@ __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ CUtensorMap krun, const __grid_constant__ CUtensorMap vrun,
                          int tma_runs, int *counter) {
 #if CAS_WGMMA_OK
-    typedef ws_cfg<D, KEYS, STAGES, TAILS> C;
+    typedef ws_cfg<D, KEYS, STAGES, TAILS, (XF & 4194304) != 0> C;
     /* kind 11: the narrow kernel (a programmatic dependent) may start its CTAs
      * on SMs this grid leaves free; it waits for this grid before it ends */
     if (TAILS) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -949,6 +964,7 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
     __shared__ int s_fml[2][64], s_fmn[2]; /* XF bit 64: the tokens each consumer merges */
     __shared__ long long s_tlw[2][2]; /* XF bit 131072: consumer thread 0's full and turn waits */
+    __shared__ __align__(8) unsigned long long s_qbar[2 * QS_SLOTS]; /* XF bit 4194304: full Q, empty Q */
     __shared__ int s_cdone, s_ctile, s_tti; /* kind 11: consumer warps done with their tasks,
                                               tiles consumer warpgroup 0 finished, the tail
                                               warps' task index */
@@ -999,6 +1015,15 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        if constexpr ((XF & 4194304) != 0) {
+            /* full: 32 cp.async arrivals (Q) and 32 plain ones (the
+             * offsets) of the producer warp; empty: lane 0 of each of consumer
+             * 0's warps */
+            for (int qq = 0; qq < QS_SLOTS; qq++) {
+                mbar_init(smem_u32(&s_qbar[qq]), 64);
+                mbar_init(smem_u32(&s_qbar[QS_SLOTS + qq]), 4);
+            }
+        }
         s_cdone = 0;
         s_ctile = 0;
         s_fmn[0] = s_fmn[1] = 0;
@@ -1007,6 +1032,9 @@ __global__ void __launch_bounds__(384, 1)
     else __syncthreads();
     const int64_t page_stride = (int64_t)P * Hkv * D;
     constexpr bool TL = (XF & 131072) != 0, HINT = (XF & 65536) != 0;
+    /* XF bit 4194304 needs warp 0 alone producing (bit 8) and consumer 0
+     * alone on tasks of at most 64 rows (bit 16) */
+    constexpr bool QSTG = (XF & 4194304) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS;
     const bool tl_cta = TL && blockIdx.x < TL_CTAS;
     if (tl_cta && tid == 0) {
         cas_tl_cta[blockIdx.x][0] = sm_id();
@@ -1074,6 +1102,12 @@ __global__ void __launch_bounds__(384, 1)
          * loaded). (ptxas spills ~40 bytes of the producer's run check with
          * these, at 56 registers and at 64.) */
         constexpr bool PFX = (XF & 524288) != 0 && TMA && !MC, TPF = PFX && (XF & 2097152) != 0;
+        /* XF bit 4194304: the Q slots (qs_cfg), filled by warp 0 */
+        typedef qs_cfg<D> QC;
+        const uint32_t qs_base = kv_s + (uint32_t)(2 * STAGES * C::TILE);
+        const int32_t *qs_tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
+        const int32_t *qs_tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
+        int nqs = 0;
         constexpr int PFD = (XF & 1048576) ? 4 : 2, TBUD = (XF & 1048576) ? 6 : 3;
         const bool pfx = PFX && tma_rows > 0 && !(diag & 1);
         int pti = ti_first, pj = 0, pc = 0, lc = 0;
@@ -1135,6 +1169,40 @@ __global__ void __launch_bounds__(384, 1)
              * starts on a multiple of tma_rows (a divisor of the page size) */
             const bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
             const bool t_once = TPF && (int64_t)passes[t.pass].n_tok * h->group <= C::ROWS;
+            if constexpr (QSTG) {
+                if (t.nrows <= QS_ROWS) {
+                    /* XF bit 4194304: Q rows and offsets of the task into slot qq */
+                    const int qq = nqs % QS_SLOTS;
+                    const uint32_t qph = (uint32_t)(nqs / QS_SLOTS) & 1u;
+                    nqs++;
+                    mbar_wait(smem_u32(&s_qbar[QS_SLOTS + qq]), qph ^ 1u);
+                    unsigned char *sp = smem + (qs_base - smem_u32(smem)) + qq * QC::SLOT;
+                    const int grp = h->group;
+                    long long qrow = 0;
+                    if (lane < t.nrows) {
+                        const int row = t.row0 + lane, tk = row / grp, g = row - tk * grp;
+                        const int tokoff = passes[t.pass].tok_off + tk;
+                        const int tokid = qs_tok_ids[tokoff], hq = t.kv_head * grp + g;
+                        qrow = ((long long)tokid * Hq + hq) * D;
+                        reinterpret_cast<int *>(sp + QC::POS)[lane] = qs_tok_pos[tokoff];
+                        reinterpret_cast<long long *>(sp + QC::OO)[lane] =
+                            t.o_off < 0 ? qrow : t.o_off + ((long long)tk * Hq + hq) * D;
+                        reinterpret_cast<long long *>(sp + QC::LO)[lane] =
+                            t.o_off < 0 ? (long long)tokid * Hq + hq : t.lse_off + (long long)tk * Hq + hq;
+                    }
+                    constexpr int CPRQ = D / 8, RPP = 32 / CPRQ;
+#pragma unroll
+                    for (int k = 0; k < QS_ROWS / RPP; k++) {
+                        const int r = lane / CPRQ + k * RPP;
+                        const long long qr = __shfl_sync(0xffffffffu, qrow, r);
+                        if (r < t.nrows)
+                            cp_async16_s(qs_base + (uint32_t)(qq * QC::SLOT + r * QC::LDQ * 2 + (lane % CPRQ) * 16),
+                                         q + qr + (lane % CPRQ) * 8, 16);
+                    }
+                    mbar_arrive_cpasync(smem_u32(&s_qbar[qq]));
+                    mbar_arrive(smem_u32(&s_qbar[qq]));
+                }
+            }
             for (int j = 0; j < ntiles; j++, it++) {
                 const int s = it % STAGES;
                 if (PFX && pfx) pf_next();
@@ -1311,6 +1379,7 @@ __global__ void __launch_bounds__(384, 1)
             if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
         };
         int it = 0;
+        int nqs_c = 0; /* XF bit 4194304: staged tasks so far (the producer's count) */
         /* XF bit 131072: thread 0 of each consumer stamps its tasks (cas_tl) */
         const bool tlc = tl_cta && ctid == 0;
         auto clk = [&]() -> long long { return TL && tlc ? sm_clock64() : 0LL; };
@@ -1365,6 +1434,17 @@ __global__ void __launch_bounds__(384, 1)
                     continue;
                 }
             }
+            /* XF bit 4194304: a task of at most QS_ROWS rows (consumer 0's)
+             * finds its Q and offsets in a slot the producer filled */
+            const bool staged = QSTG && t.nrows <= QS_ROWS;
+            int qslot = 0;
+            const unsigned char *qsp = nullptr;
+            if (QSTG && staged) {
+                qslot = nqs_c % QS_SLOTS;
+                mbar_wait(smem_u32(&s_qbar[qslot]), (uint32_t)(nqs_c / QS_SLOTS) & 1u);
+                nqs_c++;
+                qsp = smem + (kv_s + (uint32_t)(2 * STAGES * C::TILE) - smem_u32(smem)) + qslot * qs_cfg<D>::SLOT;
+            } else {
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
             if (ctid < 64) {
                 const int r0 = cw * 64 + ctid;
@@ -1384,11 +1464,29 @@ __global__ void __launch_bounds__(384, 1)
                 }
             }
             nbar_sync(bar_wg, 128);
+            }
             /* Q straight into the A fragments (rows lane / 4 and + 8, columns
              * 2 (lane % 4) + {0, 1} and + 8 of each 16-column step): once per
              * task, no shared memory; padding rows are zero */
             uint32_t qf[D / 16][4];
-            {
+            int sqp0 = 0, sqp1 = 0; /* XF bit 4194304: the rows' positions from the slot */
+            if (QSTG && staged) {
+                typedef qs_cfg<D> QC;
+                const int r0 = wrow + (lane >> 2), r1 = r0 + 8, last = t.nrows - 1;
+                const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
+                const uint32_t *q0 = reinterpret_cast<const uint32_t *>(qsp + (ok0 ? r0 : 0) * QC::LDQ * 2) + (lane & 3);
+                const uint32_t *q1 = reinterpret_cast<const uint32_t *>(qsp + (ok1 ? r1 : 0) * QC::LDQ * 2) + (lane & 3);
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ks++) {
+                    qf[ks][0] = ok0 ? q0[ks * 8] : 0u;
+                    qf[ks][1] = ok1 ? q1[ks * 8] : 0u;
+                    qf[ks][2] = ok0 ? q0[ks * 8 + 4] : 0u;
+                    qf[ks][3] = ok1 ? q1[ks * 8 + 4] : 0u;
+                }
+                const int *pos = reinterpret_cast<const int *>(qsp + QC::POS);
+                sqp0 = pos[r0 < last ? r0 : last];
+                sqp1 = pos[r1 < last ? r1 : last];
+            } else {
                 const int r0 = wrow + (lane >> 2), r1 = r0 + 8;
                 const T *q0 = q + s_qrow[r0] + (lane & 3) * 2, *q1 = q + s_qrow[r1] + (lane & 3) * 2;
                 const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
@@ -1410,7 +1508,8 @@ __global__ void __launch_bounds__(384, 1)
             /* XF bit 16384: each row's exponent offset (mrow x sl) and the
              * raw score above which the max must move */
             float mul[2] = {0.f, 0.f}, mthr[2] = {-CUDART_INF_F, -CUDART_INF_F};
-            const int qp[2] = {s_qpos[wrow + (lane >> 2)], s_qpos[wrow + (lane >> 2) + 8]};
+            const int qp[2] = {QSTG && staged ? sqp0 : s_qpos[wrow + (lane >> 2)],
+                               QSTG && staged ? sqp1 : s_qpos[wrow + (lane >> 2) + 8]};
             float s[KEYS / 2];
             /* S = Q K^T of the tile in stage st (64 rows x KEYS keys per warpgroup), no commit */
             auto mma_qk = [&](int st) {
@@ -1678,14 +1777,21 @@ __global__ void __launch_bounds__(384, 1)
                 const float l = lrow[hf], m = mrow[hf];
                 if (r < t.nrows && !(MC && (t.flags & 2))) { /* a stand-in writes nothing */
                     const float inv = l > 0.f ? 1.f / l : 0.f;
-                    float *dst = obase + s_oo[r];
+                    const long long ooff = QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::OO)[r] : s_oo[r];
+                    const long long loff = QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::LO)[r] : s_lo[r];
+                    float *dst = obase + ooff;
 #pragma unroll
                     for (int dt = 0; dt < D / 8; dt++) {
                         float2 v = make_float2(oacc[4 * dt + 2 * hf] * inv, oacc[4 * dt + 2 * hf + 1] * inv);
                         *reinterpret_cast<float2 *>(dst + dt * 8 + (lane & 3) * 2) = v;
                     }
-                    if ((lane & 3) == 0) lbase[s_lo[r]] = l > 0.f ? (m * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
+                    if ((lane & 3) == 0) lbase[loff] = l > 0.f ? (m * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
                 }
+            }
+            /* XF bit 4194304: this warp is done with the task's slot */
+            if (QSTG && staged) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(smem_u32(&s_qbar[QS_SLOTS + qslot]));
             }
             if (TL && tlt) {
                 long long *e = cas_tl[blockIdx.x][jt];
@@ -1750,7 +1856,7 @@ template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool
     return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>;
 }
 template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false, int XF = 0>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>> {};
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS, (XF & 4194304) != 0>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
 template <typename T, int D> struct wg_kernel<T, D, 3> : wg_entry<wg_cfg<D, false>, T, wg_plain_fn<T, D, false>> {};
@@ -1813,6 +1919,11 @@ template <typename T, int D> struct wg_kernel<T, D, 222> : wg_ws<T, D, 128, 3, f
  * the start (during its shared tasks too; XF bits 524288 and 2097152) */
 template <typename T, int D> struct wg_kernel<T, D, 223> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 2621440> {};
 template <typename T, int D> struct wg_kernel<T, D, 224> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 3670016> {};
+/* 225 (=25): kind 17 whose producer stages Q and the output offsets of each
+ * task of at most 16 rows (the decode tails) in shared memory ahead of the
+ * consumer (XF bit 4194304, qs_cfg); 226 (=26): 225 with the timeline */
+template <typename T, int D> struct wg_kernel<T, D, 225> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 4194304> {};
+template <typename T, int D> struct wg_kernel<T, D, 226> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 4194304 | 131072> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -1981,6 +2092,12 @@ static void cas_cuda_tl_dump(void) {
     if (f != stderr) fclose(f);
 }
 
+/* the shared-memory limit of each kind listed (kind 17's probes) */
+template <typename T, int D, int... KS> static void wg_set_smem() {
+    (cudaFuncSetAttribute(wg_kernel<T, D, KS>::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          (int)wg_kernel<T, D, KS>::SMEM),
+     ...);
+}
 template <typename T, int D, int KIND>
 static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
                      const void *q, float *o, float *lse, float *scratch, int *counter, int grid,
@@ -1989,27 +2106,22 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 24 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
+        if (xv >= 1 && xv <= 26 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
-                const void *fns[] = {wg_kernel<T, D, 201>::fn(), wg_kernel<T, D, 202>::fn(), wg_kernel<T, D, 203>::fn(),
-                                     wg_kernel<T, D, 204>::fn(), wg_kernel<T, D, 205>::fn(), wg_kernel<T, D, 206>::fn(),
-                                     wg_kernel<T, D, 207>::fn(), wg_kernel<T, D, 208>::fn(), wg_kernel<T, D, 209>::fn(),
-                                     wg_kernel<T, D, 211>::fn(), wg_kernel<T, D, 212>::fn(), wg_kernel<T, D, 213>::fn(),
-                                     wg_kernel<T, D, 217>::fn(), wg_kernel<T, D, 218>::fn(), wg_kernel<T, D, 219>::fn(),
-                                     wg_kernel<T, D, 220>::fn(), wg_kernel<T, D, 221>::fn(), wg_kernel<T, D, 222>::fn(),
-                                     wg_kernel<T, D, 223>::fn(), wg_kernel<T, D, 224>::fn()};
-                for (const void *f : fns) cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)K::SMEM);
-                if (xv == 9) atexit(cas_cuda_wtrace_dump);
-                if (xv == 18 || xv == 19) atexit(cas_cuda_tl_dump);
+                wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 221, 222,
+                            223, 224, 225, 226>();
                 ready = 1;
             }
+            static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
+            if (xv == 9 && !dump_wtrace) dump_wtrace = !atexit(cas_cuda_wtrace_dump);
+            if ((xv == 18 || xv == 19 || xv == 26) && !dump_tl) dump_tl = !atexit(cas_cuda_tl_dump);
             switch (xv) {
 #define CAS_XV(n) \
     case n: return wg_launch<T, D, 200 + n>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
-                CAS_XV(21) CAS_XV(22) CAS_XV(23) CAS_XV(24)
+                CAS_XV(21) CAS_XV(22) CAS_XV(23) CAS_XV(24) CAS_XV(25) CAS_XV(26)
 #undef CAS_XV
             default: break;
             }
