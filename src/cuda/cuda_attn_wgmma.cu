@@ -526,7 +526,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
-/* XF bit 65536 (probe CASCADE_CUDA_XV=17): the boxes above with an L2 cache
+/* XF bit 65536 (kind 17 since v17; CASCADE_CUDA_XV=17 runs it without): the boxes above with an L2 cache
  * policy (createpolicy below), so that K and V read by one CTA only (a
  * decode tail) leave the L2 before K and V that other CTAs read again (a
  * shared pass of several row blocks) */
@@ -1870,8 +1870,10 @@ template <typename T, int D> struct wg_kernel<T, D, 11> : wg_ws<T, D, 128, 3, fa
 /* kind 9 as in v9 (for A/B runs in one call) */
 template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, false, true, false, false, 0> {};
 /* kind 9 with the decode tails in its own list, arranged per CTA by the
- * planner, and consumer 1 idle on tasks of at most 64 rows */
-template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384> {};
+ * planner, and consumer 1 idle on tasks of at most 64 rows; since v17 its
+ * TMA loads of passes of one row block (the tails) evict first from the L2
+ * (XF bit 65536: the shared passes' K and V stay for their other row blocks) */
+template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536> {};
 /* 18: 17 with the merge of split states in the kernels (XF bit 64) */
 template <typename T, int D> struct wg_kernel<T, D, 18> : wg_ws<T, D, 128, 3, false, true, false, false, 124> {};
 /* 201-203 (never planned: kind 17 launches them under CASCADE_CUDA_XV=1-3):
@@ -1901,14 +1903,15 @@ template <typename T, int D> struct wg_kernel<T, D, 212> : wg_ws<T, D, 128, 3, f
 template <typename T, int D> struct wg_kernel<T, D, 213> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 49152> {};
 /* (v16's probes 214-216, decode tails run transposed on m64n16k16, measured
  * slower and removed: commit 950af49, bench/NOTES.md v16) */
-/* 217 (=17): kind 17 whose TMA loads carry an L2 policy, evict first for
- * passes of one row block (decode tails: each K and V tile read once), evict
- * normal for the others (XF bit 65536); 218 (=18): kind 17 with a timeline
- * of every CTA's tasks (bit 131072, cas_tl); 219 (=19): both; 220 (=20): 217
- * with evict last for passes of several row blocks (bit 262144) */
-template <typename T, int D> struct wg_kernel<T, D, 217> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536> {};
-template <typename T, int D> struct wg_kernel<T, D, 218> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 131072> {};
-template <typename T, int D> struct wg_kernel<T, D, 219> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 196608> {};
+/* 217 (=17): kind 17 before v17, without the L2 policy (XF bit 65536: TMA
+ * loads of passes of one row block evict first, the others evict normal);
+ * 218 (=18): kind 17 with a timeline of every CTA's tasks (bit 131072,
+ * cas_tl); 219 (=19): 217 with the timeline; 220 (=20): kind 17 with evict
+ * last for passes of several row blocks (bit 262144). 221-226 below are
+ * built on 217 (as measured in v17) */
+template <typename T, int D> struct wg_kernel<T, D, 217> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384> {};
+template <typename T, int D> struct wg_kernel<T, D, 218> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 196608> {};
+template <typename T, int D> struct wg_kernel<T, D, 219> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 131072> {};
 template <typename T, int D> struct wg_kernel<T, D, 220> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 327680> {};
 /* 221, 222 (=21, 22): kind 17 whose producer prefetches K and V into the L2
  * 2 or 4 tiles ahead of its loads (XF bit 524288; bit 1048576: 4) */
