@@ -42,8 +42,10 @@ ab = [c for c, *_ in rows if c.get("cascade_ab_ms")]
 if ab:
     import math
     g = math.exp(sum(math.log(c["cascade_ab_ms"] / c["cascade_ms"]) for c in ab) / len(ab))
-    summary += ("; cascade against kind %d in the same run: faster in %d/%d, %.2fx in geometric mean (%.2fx to %.2fx)"
-                % (ab[0]["ab_kind"], sum(1 for c in ab if c["cascade_ms"] < c["cascade_ab_ms"]), len(ab), g,
+    spec = ab[0].get("ab_specs") or ""
+    what = ("kind %d" % ab[0]["ab_kind"]) if ":" not in spec else ("kind %s" % spec.split(";")[0].replace(":", " with "))
+    summary += ("; cascade against %s in the same run: faster in %d/%d, %.2fx in geometric mean (%.2fx to %.2fx)"
+                % (what, sum(1 for c in ab if c["cascade_ms"] < c["cascade_ab_ms"]), len(ab), g,
                    min(c["cascade_ab_ms"] / c["cascade_ms"] for c in ab), max(c["cascade_ab_ms"] / c["cascade_ms"] for c in ab)))
 with open(sys.argv[4], "a") as f:
     f.write("\n" + summary + "\n")
