@@ -409,6 +409,10 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+/* n arrivals on bar at once */
+__device__ __forceinline__ void mbar_arrive_cnt(uint32_t bar, uint32_t n) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(n) : "memory");
+}
 /* arrives on bar when all prior cp.async of this thread have completed; the
  * arrival is one of the count given at init (noinc) */
 __device__ __forceinline__ void mbar_arrive_cpasync(uint32_t bar) {
@@ -1035,6 +1039,9 @@ __global__ void __launch_bounds__(384, 1)
     /* XF bit 4194304 needs warp 0 alone producing (bit 8) and consumer 0
      * alone on tasks of at most 64 rows (bit 16) */
     constexpr bool QSTG = (XF & 4194304) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS;
+    /* XF bit 8388608 (probe CASCADE_CUDA_XV=27): pairs of decode tails, one
+     * per consumer warpgroup (the producer's and consumers' comments there) */
+    constexpr bool PAIR = (XF & 8388608) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG;
     const bool tl_cta = TL && blockIdx.x < TL_CTAS;
     if (tl_cta && tid == 0) {
         cas_tl_cta[blockIdx.x][0] = sm_id();
@@ -1155,19 +1162,23 @@ __global__ void __launch_bounds__(384, 1)
             for (int i = 0; i < PFD; i++) pf_next();
         int it = 0;
         for (int ti = ti_first; ti < ti_end; ti += ti_step) {
-            const cas_cuda_task t = tasks[ti * tstride];
+            cas_cuda_task t = tasks[ti * tstride];
+            /* XF bit 8388608: a pair of tails (flags bit 4 on the first; the
+             * planner pairs equal tile counts) loads its tiles interleaved,
+             * A0 B0 A1 B1 ..., consumer 0 computing A and consumer 1 B */
+            const bool pairp = PAIR && (t.flags & 16) && ti + ti_step < ti_end;
             const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
             const bool once = HINT && (int64_t)passes[t.pass].n_tok * h->group <= C::ROWS;
             const uint64_t pol = once ? pol_once : pol_more;
-            const bool look_runs = tma_runs && passes[t.pass].page_runs && !mcast;
+            bool look_runs = tma_runs && passes[t.pass].page_runs && !mcast;
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
             const T *kb = kpool + (int64_t)t.kv_head * D + ch * 8;
             const T *vb = vpool + (int64_t)t.kv_head * D + ch * 8;
             /* whole boxes of tma_rows keys lie in one page when the task
              * starts on a multiple of tma_rows (a divisor of the page size) */
-            const bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
+            bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
             const bool t_once = TPF && (int64_t)passes[t.pass].n_tok * h->group <= C::ROWS;
             if constexpr (QSTG) {
                 if (t.nrows <= QS_ROWS) {
@@ -1203,7 +1214,18 @@ __global__ void __launch_bounds__(384, 1)
                     mbar_arrive(smem_u32(&s_qbar[qq]));
                 }
             }
-            for (int j = 0; j < ntiles; j++, it++) {
+            for (int jj = 0; jj < ntiles * (PAIR && pairp ? 2 : 1); jj++, it++) {
+                const int j = PAIR && pairp ? jj >> 1 : jj;
+                if constexpr (PAIR) {
+                    if (pairp) {
+                        t = tasks[(ti + (jj & 1) * ti_step) * tstride];
+                        pg_list = pages + passes[t.pass].page_off;
+                        look_runs = tma_runs && passes[t.pass].page_runs;
+                        kb = kpool + (int64_t)t.kv_head * D + ch * 8;
+                        vb = vpool + (int64_t)t.kv_head * D + ch * 8;
+                        task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
+                    }
+                }
                 const int s = it % STAGES;
                 if (PFX && pfx) pf_next();
                 if (TPF) lc += t_once;
@@ -1345,6 +1367,7 @@ __global__ void __launch_bounds__(384, 1)
                     mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
                 }
             }
+            if (PAIR && pairp) ti += ti_step; /* B came with A */
             if (TL && tlp) {
                 const int jt = (ti - ti_first) / ti_step;
                 if (jt < TL_TASKS) {
@@ -1374,7 +1397,15 @@ __global__ void __launch_bounds__(384, 1)
         if (cw == 1) nbar_arrive(WS_BAR_TURN0, 256); /* consumer 0 goes first */
         /* a warp is done with a stage: lane 0 tells this CTA's producer, and
          * with MC lane 1 the other CTA's (which may multicast into it) */
+        /* XF bit 8388608: on a pair of tails each stage belongs to one
+         * consumer, which arrives twice per warp (the empty barriers count 8);
+         * the other consumer neither waits for nor releases it */
+        bool pairt = false;
         auto release = [&](uint32_t bar) {
+            if (PAIR && pairt) {
+                if (lane == 0) mbar_arrive_cnt(bar, 2);
+                return;
+            }
             if (lane == 0) mbar_arrive(bar);
             if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
         };
@@ -1391,7 +1422,11 @@ __global__ void __launch_bounds__(384, 1)
             }
         };
         for (int ti = ti_first; ti < ti_end; ti += ti_step) {
-            const cas_cuda_task t = tasks[ti * tstride];
+            /* XF bit 8388608: consumer 1 computes the pair's second task, its
+             * rows in its own 64-row half (rbase), its tiles every other stage */
+            if constexpr (PAIR) pairt = (tasks[ti * tstride].flags & 16) && ti + ti_step < ti_end;
+            const cas_cuda_task t = tasks[(ti + (PAIR && pairt && cw == 1 ? ti_step : 0)) * tstride];
+            const int rbase = PAIR && pairt ? cw * 64 : 0, ust = PAIR && pairt ? 2 : 1;
             const cas_cuda_pass ps = passes[t.pass];
             const int jt = (ti - ti_first) / ti_step;
             const bool tlt = TL && tlc && jt < TL_TASKS;
@@ -1404,7 +1439,7 @@ __global__ void __launch_bounds__(384, 1)
                  * keeps only its side of the protocol (its turns, the full
                  * waits and the releases), leaving the tensor cores to
                  * consumer 0 */
-                if (cw == 1 && t.nrows <= 64) {
+                if (cw == 1 && t.nrows <= 64 && !(PAIR && pairt)) {
                     const int nk = t.kv1 - t.kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
                     if (nt > 0) {
                         const int s0 = it % STAGES;
@@ -1448,7 +1483,7 @@ __global__ void __launch_bounds__(384, 1)
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
             if (ctid < 64) {
                 const int r0 = cw * 64 + ctid;
-                int r = r0 < t.nrows ? r0 : t.nrows - 1; /* padding rows repeat the last row */
+                int r = r0 - rbase < t.nrows ? r0 - rbase : t.nrows - 1; /* padding rows repeat the last row */
                 int row = t.row0 + r;
                 int tk = row / group, g = row - tk * group;
                 int tokid = tok_ids[ps.tok_off + tk];
@@ -1489,7 +1524,7 @@ __global__ void __launch_bounds__(384, 1)
             } else {
                 const int r0 = wrow + (lane >> 2), r1 = r0 + 8;
                 const T *q0 = q + s_qrow[r0] + (lane & 3) * 2, *q1 = q + s_qrow[r1] + (lane & 3) * 2;
-                const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
+                const bool ok0 = r0 - rbase < t.nrows, ok1 = r1 - rbase < t.nrows;
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ks++) {
                     qf[ks][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16)) : 0u;
@@ -1665,6 +1700,7 @@ __global__ void __launch_bounds__(384, 1)
              * products have completed, so the tensor cores never hold both
              * consumers' products at once */
             constexpr bool late = (XF & 1024) != 0;
+            if (PAIR && pairt) it += cw; /* consumer c's tiles: it0 + c + 2 i */
             if (ntiles > 0) {
                 const int s0 = it % STAGES;
                 const long long w0 = clk();
@@ -1707,10 +1743,10 @@ __global__ void __launch_bounds__(384, 1)
                     rescale_pack();
                 }
                 mark(1);
-                const int sc = it % STAGES, sn = (it + 1) % STAGES;
+                const int sc = it % STAGES, sn = (it + ust) % STAGES;
                 const long long w0 = clk();
                 mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
-                if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
+                if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + ust) / STAGES) & 1u);
                 if (!tma_tiles(i + 1 + (more ? 1 : 0))) fence_proxy_async();
                 mark(2);
                 const long long w1 = clk();
@@ -1759,11 +1795,12 @@ __global__ void __launch_bounds__(384, 1)
                     *ct = *ct + 1;
                 }
             };
-            for (int i = 0; i + 1 < ntiles; i++, it++) step(i, std::true_type{});
+            for (int i = 0; i + 1 < ntiles; i++, it += ust) step(i, std::true_type{});
             if (ntiles > 0) {
                 step(ntiles - 1, std::false_type{});
-                it++;
+                it += ust;
             }
+            if (PAIR && pairt) it -= cw;
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 1);
@@ -1775,7 +1812,7 @@ __global__ void __launch_bounds__(384, 1)
             for (int hf = 0; hf < 2; hf++) {
                 const int r = wrow + (lane >> 2) + hf * 8;
                 const float l = lrow[hf], m = mrow[hf];
-                if (r < t.nrows && !(MC && (t.flags & 2))) { /* a stand-in writes nothing */
+                if (r - rbase < t.nrows && !(MC && (t.flags & 2))) { /* a stand-in writes nothing */
                     const float inv = l > 0.f ? 1.f / l : 0.f;
                     const long long ooff = QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::OO)[r] : s_oo[r];
                     const long long loff = QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::LO)[r] : s_lo[r];
@@ -1812,6 +1849,7 @@ __global__ void __launch_bounds__(384, 1)
                                    s_fml[cw], &s_fmn[cw], o, lse, scratch, Hq, Hkv,
                                    [&] { nbar_sync(bar_wg, 128); });
             }
+            if (PAIR && pairt) ti += ti_step; /* the pair's second task is done too */
         }
         /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
         if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
@@ -1927,6 +1965,11 @@ template <typename T, int D> struct wg_kernel<T, D, 224> : wg_ws<T, D, 128, 3, f
  * consumer (XF bit 4194304, qs_cfg); 226 (=26): 225 with the timeline */
 template <typename T, int D> struct wg_kernel<T, D, 225> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 4194304> {};
 template <typename T, int D> struct wg_kernel<T, D, 226> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 4194304 | 131072> {};
+/* 227 (=27): kind 17 with pairs of decode tails of equal length, one per
+ * consumer warpgroup (XF bit 8388608; the planner pairs them, flags bit 4);
+ * 228 (=28): 227 with the timeline */
+template <typename T, int D> struct wg_kernel<T, D, 227> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608> {};
+template <typename T, int D> struct wg_kernel<T, D, 228> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 131072> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -2109,22 +2152,23 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 26 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
+        if (xv >= 1 && xv <= 28 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 221, 222,
-                            223, 224, 225, 226>();
+                            223, 224, 225, 226, 227, 228>();
                 ready = 1;
             }
             static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
             if (xv == 9 && !dump_wtrace) dump_wtrace = !atexit(cas_cuda_wtrace_dump);
-            if ((xv == 18 || xv == 19 || xv == 26) && !dump_tl) dump_tl = !atexit(cas_cuda_tl_dump);
+            if ((xv == 18 || xv == 19 || xv == 26 || xv == 28) && !dump_tl) dump_tl = !atexit(cas_cuda_tl_dump);
             switch (xv) {
 #define CAS_XV(n) \
     case n: return wg_launch<T, D, 200 + n>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
                 CAS_XV(21) CAS_XV(22) CAS_XV(23) CAS_XV(24) CAS_XV(25) CAS_XV(26)
+                CAS_XV(27) CAS_XV(28)
 #undef CAS_XV
             default: break;
             }
