@@ -439,6 +439,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--prefix must be a multiple of --page-size\n");
         return 2;
     }
+    /* run_case times at most 8 variants of CASCADE_BENCH_AB: refuse more
+     * rather than drop them */
+    const char *abl = getenv("CASCADE_BENCH_AB");
+    int n_specs = abl && *abl ? 1 : 0;
+    for (const char *c = abl; c && *c; c++) n_specs += *c == ';' && c[1];
+    if (n_specs > 8) {
+        fprintf(stderr, "CASCADE_BENCH_AB: %d variants, at most 8 are timed\n", n_specs);
+        return 2;
+    }
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     double peak, tflops;
