@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # v17 probe calls on the H200 (bench/NOTES.md v17): bash bench/cuda/v17_calls.sh 1|2
-# with the binaries in .devcarry (CARRY), built here from the commit this file came with.
+# with the binaries of commit 5b0fce7 in .devcarry (CARRY): XV 21-24 were removed after.
 case "${1:-1}" in
 1)
 O=${OUT:-/tmp/out}

@@ -548,20 +548,6 @@ __device__ __forceinline__ void tma_load_3d_pol(uint32_t dst, const CUtensorMap 
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(pol)
                  : "memory");
 }
-/* XF bit 524288 (probes CASCADE_CUDA_XV=21, 22): a box of the 4-D or 3-D map
- * brought into the L2 only (no shared memory, no barrier) */
-__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap *map, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-                 : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_3d(const CUtensorMap *map, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(c0), "r"(c1), "r"(c2)
-                 : "memory");
-}
 /* L2 policies for every access they are given (fraction 1): evict first,
  * evict normal, evict last */
 __device__ __forceinline__ uint64_t l2_policy(int which) {
@@ -1097,69 +1083,12 @@ __global__ void __launch_bounds__(384, 1)
             const int jt = (ti - ti_first) / ti_step;
             if (TL && tlp && jt < TL_TASKS) cas_tl[blockIdx.x][jt][7] = sm_clock64();
         };
-        /* XF bit 524288: an L2 prefetch PFD tiles ahead of the loads, along
-         * this CTA's list (a cursor: task pti, tile pj). Full TMA tiles
-         * only; with page runs one 64-row box per 64 keys through the row map
-         * (a run the loads find broken makes the prefetch read other rows:
-         * wasted bytes, never wrong results). With bit 2097152 the cursor
-         * walks only the tasks whose K and V this CTA alone reads (passes of
-         * one row block: the decode tails) and keeps up to TBUD of their
-         * tiles prefetched ahead of their loads, also while the CTA runs a
-         * shared task (pc: tail tiles the cursor passed, lc: tail tiles
-         * loaded). (ptxas spills ~40 bytes of the producer's run check with
-         * these, at 56 registers and at 64.) */
-        constexpr bool PFX = (XF & 524288) != 0 && TMA && !MC, TPF = PFX && (XF & 2097152) != 0;
         /* XF bit 4194304: the Q slots (qs_cfg), filled by warp 0 */
         typedef qs_cfg<D> QC;
         const uint32_t qs_base = kv_s + (uint32_t)(2 * STAGES * C::TILE);
         const int32_t *qs_tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *qs_tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         int nqs = 0;
-        constexpr int PFD = (XF & 1048576) ? 4 : 2, TBUD = (XF & 1048576) ? 6 : 3;
-        const bool pfx = PFX && tma_rows > 0 && !(diag & 1);
-        int pti = ti_first, pj = 0, pc = 0, lc = 0;
-        auto pf_issue = [&](const cas_cuda_task &pt, const cas_cuda_pass &pp, int jj) {
-            if (pt.kv0 % tma_rows != 0 || pt.kv0 + (jj + 1) * KEYS > pt.kv1) return;
-            const int32_t *pl = pages + pp.page_off;
-            const bool rn = tma_runs && pp.page_runs;
-            const int nbox = rn ? KEYS / 64 * CB : KEYS / tma_rows * CB;
-            if (tid < nbox) {
-                const int kidx = pt.kv0 + jj * KEYS + (tid / CB) * (rn ? 64 : tma_rows);
-                const int pi = kidx / P, pg = pl[pi], pr = kidx - pi * P;
-                const long long row = (long long)pg * P + pr;
-                if (rn && row + 64 <= 0x7fffffffLL) {
-                    tma_prefetch_3d(&krun, (tid % CB) * 64, pt.kv_head, (int)row);
-                    tma_prefetch_3d(&vrun, (tid % CB) * 64, pt.kv_head, (int)row);
-                } else if (!rn) {
-                    tma_prefetch_4d(&kmap, (tid % CB) * 64, pt.kv_head, pr, pg);
-                    tma_prefetch_4d(&vmap, (tid % CB) * 64, pt.kv_head, pr, pg);
-                }
-            }
-        };
-        auto pf_next = [&]() {
-            while (pti < ti_end) {
-                const cas_cuda_task pt = tasks[pti * tstride];
-                const cas_cuda_pass pp = passes[pt.pass];
-                const int pn = pt.kv1 > pt.kv0 ? (pt.kv1 - pt.kv0 + KEYS - 1) / KEYS : 0;
-                const bool skip = TPF && (int64_t)pp.n_tok * h->group > C::ROWS;
-                if (pj < pn && !skip) {
-                    if (TPF && pc < lc) { /* the loads are past this tile */
-                        pj++;
-                        pc++;
-                        continue;
-                    }
-                    if (TPF && pc >= lc + TBUD) return;
-                    pf_issue(pt, pp, pj);
-                    pj++;
-                    pc++;
-                    return;
-                }
-                pti += ti_step;
-                pj = 0;
-            }
-        };
-        if (PFX && pfx && !TPF)
-            for (int i = 0; i < PFD; i++) pf_next();
         int it = 0;
         for (int ti = ti_first; ti < ti_end; ti += ti_step) {
             cas_cuda_task t = tasks[ti * tstride];
@@ -1179,7 +1108,6 @@ __global__ void __launch_bounds__(384, 1)
             /* whole boxes of tma_rows keys lie in one page when the task
              * starts on a multiple of tma_rows (a divisor of the page size) */
             bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
-            const bool t_once = TPF && (int64_t)passes[t.pass].n_tok * h->group <= C::ROWS;
             if constexpr (QSTG) {
                 if (t.nrows <= QS_ROWS) {
                     /* XF bit 4194304: Q rows and offsets of the task into slot qq */
@@ -1227,8 +1155,6 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 const int s = it % STAGES;
-                if (PFX && pfx) pf_next();
-                if (TPF) lc += t_once;
                 const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
                 if (task_tma && t.kv0 + (j + 1) * KEYS <= t.kv1) {
                     /* a full tile: one box per lane of warp 0, the bytes
@@ -1945,21 +1871,14 @@ template <typename T, int D> struct wg_kernel<T, D, 213> : wg_ws<T, D, 128, 3, f
  * loads of passes of one row block evict first, the others evict normal);
  * 218 (=18): kind 17 with a timeline of every CTA's tasks (bit 131072,
  * cas_tl); 219 (=19): 217 with the timeline; 220 (=20): kind 17 with evict
- * last for passes of several row blocks (bit 262144). 221-226 below are
- * built on 217 (as measured in v17) */
+ * last for passes of several row blocks (bit 262144). 225, 226 below are
+ * built on 217 (as measured in v17). (v17's 221-224, L2 prefetches of K and
+ * V ahead of the loads, 1.1-1.5x slower, were removed: commit 5b0fce7,
+ * bench/NOTES.md v17) */
 template <typename T, int D> struct wg_kernel<T, D, 217> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384> {};
 template <typename T, int D> struct wg_kernel<T, D, 218> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 196608> {};
 template <typename T, int D> struct wg_kernel<T, D, 219> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 131072> {};
 template <typename T, int D> struct wg_kernel<T, D, 220> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 327680> {};
-/* 221, 222 (=21, 22): kind 17 whose producer prefetches K and V into the L2
- * 2 or 4 tiles ahead of its loads (XF bit 524288; bit 1048576: 4) */
-template <typename T, int D> struct wg_kernel<T, D, 221> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 524288> {};
-template <typename T, int D> struct wg_kernel<T, D, 222> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 1572864> {};
-/* 223, 224 (=23, 24): kind 17 whose producer keeps 3 or 6 tiles of the
- * decode tails of its list prefetched into the L2 ahead of their loads, from
- * the start (during its shared tasks too; XF bits 524288 and 2097152) */
-template <typename T, int D> struct wg_kernel<T, D, 223> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 2621440> {};
-template <typename T, int D> struct wg_kernel<T, D, 224> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 3670016> {};
 /* 225 (=25): kind 17 whose producer stages Q and the output offsets of each
  * task of at most 16 rows (the decode tails) in shared memory ahead of the
  * consumer (XF bit 4194304, qs_cfg); 226 (=26): 225 with the timeline */
@@ -2152,11 +2071,11 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 28 && xv != 10 && xv != 14 && xv != 15 && xv != 16) {
+        if (xv >= 1 && xv <= 28 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
-                wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 221, 222,
-                            223, 224, 225, 226, 227, 228>();
+                wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 225, 226,
+                            227, 228>();
                 ready = 1;
             }
             static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
@@ -2167,7 +2086,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     case n: return wg_launch<T, D, 200 + n>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
-                CAS_XV(21) CAS_XV(22) CAS_XV(23) CAS_XV(24) CAS_XV(25) CAS_XV(26)
+                CAS_XV(25) CAS_XV(26)
                 CAS_XV(27) CAS_XV(28)
 #undef CAS_XV
             default: break;
