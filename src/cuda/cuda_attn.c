@@ -74,9 +74,11 @@ struct cas_cuda_attn {
      * tile's cost against a many-rows tile (CASCADE_CUDA_TAIL_COST), tail_order
      * how a CTA's tails and shared tasks follow each other
      * (CASCADE_CUDA_TAIL_ORDER: 0 tails first, 1 shared first, 2 interleaved
-     * with a phase per KV chunk, 3 interleaved) */
+     * with a phase per KV chunk, 3 interleaved, 4 CTAs of their own: tail_ctas
+     * of the grid run the tails while the others run the shared passes, each
+     * side as many CTAs as its share of the work at tail_cost) */
     double tail_cost;
-    int tail_order;
+    int tail_order, tail_ctas;
     /* a tail pass joins the list when the tails are at least a grid of
      * (unsplit) tasks or it has at most tail_mix_len keys
      * (CASCADE_CUDA_TAIL_MIX_LEN): few long tails ran faster on the narrow
@@ -501,18 +503,35 @@ static int cmp_mix(const void *x, const void *y) {
 static double mix_cost(const cas_cuda_attn *a, const cas_cuda_task *t, int tail) {
     return tiles_of(t) * (tail ? a->tail_cost : 1.0) + 0.05;
 }
-static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
+/* order 4: CTAs [0, tc) take the tails (longest first to the least loaded),
+ * [tc, g) the shared tasks in the persistent order, each CTA's in list order */
+static void split_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t nw, int32_t tc) {
+    const int32_t g = a->wide_grid, gs = g - tc;
+    struct mix_item *m = a->mix;
+    double *load = a->cta_load;
+    if (a->snake) snake_rounds(tmp, ns, gs);
+    for (int32_t b = 0; b < g; b++) load[b] = 0.0;
+    for (int32_t k = 0; k < ns; k++) {
+        m[k].cta = tc + k % gs;
+        m[k].key = k;
+        m[k].idx = k;
+    }
+    for (int32_t b = 0; b < tc; b++) a->heap[b] = b;
+    for (int32_t k = ns; k < nw; k++) {
+        const int32_t b = a->heap[0];
+        m[k].cta = b;
+        m[k].key = k;
+        m[k].idx = k;
+        load[b] += mix_cost(a, &tmp[k], 1);
+        heap_down(a->heap, load, tc, 0);
+    }
+}
+/* orders 0-3: the shared tasks round-robin, the tails to the least loaded
+ * CTA, each CTA's two classes ordered by tail_order */
+static void order_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t nw) {
     const int32_t g = a->wide_grid;
-    cas_cuda_task *tw = a->tw, *tmp = a->tp;
     struct mix_item *m = a->mix;
     double *load = a->cta_load, *tot_s = load + g, *tot_t = load + 2 * g, *cum = load + 3 * g;
-    int32_t ns = 0, nt = 0;
-    for (int32_t i = 0; i < nw; i++)
-        if (!(tw[i].flags & 8)) tmp[ns++] = tw[i];
-    for (int32_t i = 0; i < nw; i++)
-        if (tw[i].flags & 8) tmp[ns + nt++] = tw[i];
-    qsort(tmp, (size_t)ns, sizeof(cas_cuda_task), cmp_task);
-    qsort(tmp + ns, (size_t)nt, sizeof(cas_cuda_task), cmp_task);
     if (a->snake) snake_rounds(tmp, ns, g);
     for (int32_t b = 0; b < g; b++) load[b] = tot_s[b] = tot_t[b] = 0.0;
     for (int32_t k = 0; k < ns; k++) {
@@ -563,6 +582,22 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
         m[k].idx = k;
         cum[b] += c;
     }
+}
+static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
+    const int32_t g = a->wide_grid;
+    cas_cuda_task *tw = a->tw, *tmp = a->tp;
+    struct mix_item *m = a->mix;
+    int32_t ns = 0, nt = 0;
+    for (int32_t i = 0; i < nw; i++)
+        if (!(tw[i].flags & 8)) tmp[ns++] = tw[i];
+    for (int32_t i = 0; i < nw; i++)
+        if (tw[i].flags & 8) tmp[ns + nt++] = tw[i];
+    qsort(tmp, (size_t)ns, sizeof(cas_cuda_task), cmp_task);
+    qsort(tmp + ns, (size_t)nt, sizeof(cas_cuda_task), cmp_task);
+    /* order 4: CTAs of their own for the tails */
+    const int32_t tc = a->tail_order == 4 && ns > 0 && nt > 0 ? a->tail_ctas : 0;
+    if (tc > 0) split_mix(a, tmp, ns, nw, tc);
+    else order_mix(a, tmp, ns, nw);
     qsort(m, (size_t)nw, sizeof *m, cmp_mix);
     for (int32_t b = 0; b <= g; b++) a->cta_ptr[b] = 0;
     for (int32_t i = 0; i < nw; i++) {
@@ -713,7 +748,29 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * L only, 1: chunks of at least 512 keys, 2 (default): at least 128); L
      * is that of the narrow passes */
     const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
-    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, a->wide_grid, L, split_rule);
+    /* tail_order 4: the tails' CTAs first, the shared passes chunked for the rest */
+    int32_t wide_g = a->wide_grid;
+    a->tail_ctas = 0;
+    if (tails17 && a->tail_order == 4) {
+        double ws = 0.0, wt = 0.0;
+        for (int32_t i = 0; i < n_passes; i++) {
+            const int64_t rows = (int64_t)passes[i].n_tok * group, tiles = ((int64_t)passes[i].len + 127) / 128;
+            if (rows <= 0 || tiles <= 0) continue;
+            if (pass_class(a, rows) == CLS_WIDE)
+                ws += (double)((rows + a->wide_rows - 1) / a->wide_rows * Hkv * tiles);
+            else if (TAIL17(i))
+                wt += (double)((rows + CAS_CUDA_NARROW_ROWS - 1) / CAS_CUDA_NARROW_ROWS * Hkv) *
+                      ((double)tiles * a->tail_cost + 0.05);
+        }
+        if (ws > 0.0 && wt > 0.0 && wide_g > 1) {
+            int32_t nt = (int32_t)((double)wide_g * wt / (ws + wt) + 0.5);
+            if (nt < 1) nt = 1;
+            if (nt > wide_g - 1) nt = wide_g - 1;
+            a->tail_ctas = nt;
+            wide_g -= nt;
+        }
+    }
+    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, wide_g, L, split_rule);
     int64_t Lm = pick_chunk(a, n_passes, passes, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
