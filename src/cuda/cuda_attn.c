@@ -76,8 +76,11 @@ struct cas_cuda_attn {
      * (CASCADE_CUDA_TAIL_ORDER: 0 tails first, 1 shared first, 2 interleaved
      * with a phase per KV chunk, 3 interleaved, 4 CTAs of their own: tail_ctas
      * of the grid run the tails while the others run the shared passes, each
-     * side as many CTAs as its share of the work at tail_cost) */
-    double tail_cost;
+     * side as many CTAs as its share of the work at tail_cost (default 0.5
+     * with order 4, 1.6 with the others) or of the HBM's time when that is
+     * longer (tile_bw: 128-key tiles of K and V the HBM brings in a shared
+     * tile's time, CASCADE_CUDA_TILE_BW)) */
+    double tail_cost, tile_bw;
     int tail_order, tail_ctas;
     /* a tail pass joins the list when the tails are at least a grid of
      * (unsplit) tasks or it has at most tail_mix_len keys
@@ -252,9 +255,14 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *senv = getenv("CASCADE_CUDA_SNAKE");
         a->snake = senv && *senv ? atoi(senv) != 0 : 1;
         const char *tcenv = getenv("CASCADE_CUDA_TAIL_COST"), *toenv = getenv("CASCADE_CUDA_TAIL_ORDER");
-        a->tail_cost = tcenv && *tcenv ? atof(tcenv) : 1.6;
-        if (!(a->tail_cost > 0.0)) a->tail_cost = 1.6;
         a->tail_order = toenv && *toenv ? atoi(toenv) : 1;
+        const double tc_def = a->tail_order == 4 ? 0.5 : 1.6;
+        a->tail_cost = tcenv && *tcenv ? atof(tcenv) : tc_def;
+        if (!(a->tail_cost > 0.0)) a->tail_cost = tc_def;
+        /* ~2.2 us a shared tile at ~3.8 TB/s of 64 KB tiles (bench/NOTES.md v17) */
+        const char *tbenv = getenv("CASCADE_CUDA_TILE_BW");
+        a->tile_bw = tbenv && *tbenv ? atof(tbenv) : 128.0;
+        if (!(a->tile_bw > 0.0)) a->tile_bw = 128.0;
         const char *tlenv = getenv("CASCADE_CUDA_TAIL_MIX_LEN");
         a->tail_mix_len = tlenv && *tlenv ? atoi(tlenv) : 512;
         const char *rmenv = getenv("CASCADE_CUDA_RUN_MASK");
@@ -606,11 +614,11 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
         a->cta_ptr[m[i].cta + 1]++;
     }
     for (int32_t b = 0; b < g; b++) a->cta_ptr[b + 1] += a->cta_ptr[b];
-    /* probe CASCADE_CUDA_XV=27, 28 (bf16, head_dim 128): two tails of one CTA
+    /* probes CASCADE_CUDA_XV=27, 28, 30 (bf16, head_dim 128): two tails of one CTA
      * that follow each other with equal tile counts run as a pair, one per
      * consumer warpgroup (flags bit 4 on the first; the kernel needs the
      * counts equal) */
-    if (a->geom.xv == 27 || a->geom.xv == 28)
+    if (a->geom.xv == 27 || a->geom.xv == 28 || a->geom.xv == 30)
         for (int32_t b = 0; b < g; b++)
             for (int32_t i = a->cta_ptr[b]; i + 1 < a->cta_ptr[b + 1]; i++)
                 if (m[i].idx >= ns && m[i + 1].idx >= ns && tw[i].nrows <= 64 && tw[i + 1].nrows <= 64 &&
@@ -752,22 +760,32 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     int32_t wide_g = a->wide_grid;
     a->tail_ctas = 0;
     if (tails17 && a->tail_order == 4) {
-        double ws = 0.0, wt = 0.0;
+        /* in shared tiles' time: the shared tiles ws, the tails' wt (at
+         * tail_cost a tile), the tiles the HBM must bring (each pass's K and V
+         * once) over tile_bw tiles per shared tile's time; the run takes
+         * T = max((ws + wt) / g, bytes), and the shared side gets the CTAs
+         * that finish it in T, the tails the rest */
+        double ws = 0.0, wt = 0.0, wb = 0.0;
         for (int32_t i = 0; i < n_passes; i++) {
             const int64_t rows = (int64_t)passes[i].n_tok * group, tiles = ((int64_t)passes[i].len + 127) / 128;
             if (rows <= 0 || tiles <= 0) continue;
-            if (pass_class(a, rows) == CLS_WIDE)
+            if (pass_class(a, rows) == CLS_WIDE) {
                 ws += (double)((rows + a->wide_rows - 1) / a->wide_rows * Hkv * tiles);
-            else if (TAIL17(i))
+                wb += (double)(Hkv * tiles);
+            } else if (TAIL17(i)) {
                 wt += (double)((rows + CAS_CUDA_NARROW_ROWS - 1) / CAS_CUDA_NARROW_ROWS * Hkv) *
                       ((double)tiles * a->tail_cost + 0.05);
+                wb += (double)(Hkv * tiles);
+            }
         }
         if (ws > 0.0 && wt > 0.0 && wide_g > 1) {
-            int32_t nt = (int32_t)((double)wide_g * wt / (ws + wt) + 0.5);
-            if (nt < 1) nt = 1;
-            if (nt > wide_g - 1) nt = wide_g - 1;
-            a->tail_ctas = nt;
-            wide_g -= nt;
+            double T = (ws + wt) / wide_g;
+            if (wb / a->tile_bw > T) T = wb / a->tile_bw;
+            int32_t nsh = (int32_t)ceil(ws / T - 1e-9);
+            if (nsh < 1) nsh = 1;
+            if (nsh > wide_g - 1) nsh = wide_g - 1;
+            a->tail_ctas = wide_g - nsh;
+            wide_g = nsh;
         }
     }
     int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, wide_g, L, split_rule);
