@@ -871,16 +871,19 @@ template <int D> struct qs_cfg {
     static constexpr uint32_t POS = QS_ROWS * LDQ * 2, OO = POS + QS_ROWS * 4, LO = OO + QS_ROWS * 8,
                               SLOT = (LO + QS_ROWS * 8 + 127) / 128 * 128;
 };
-template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false> struct ws_cfg {
+template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false, bool TMM_ = false> struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
     static constexpr int NT = 384, ROWS = 128;
     static constexpr int CPR = D / 8;
     static constexpr int KSTEP = 128 / CPR;   /* keys one pass of the producer's 128 threads covers */
     static constexpr int NIT = KEYS / KSTEP;  /* 16-byte copies per producer thread per K or V tile */
     static constexpr size_t TILE = (size_t)KEYS * D * 2;
+    /* XF bit 33554432: per consumer warpgroup the merge buffer of its
+     * mma.sync tails, O of 16 rows and each warp's max and sum per row */
+    static constexpr size_t TMB = (size_t)16 * D * 4 + 4 * 16 * 2 * 4;
     /* kind 11: the tail warps' staging after the K/V stages */
     static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0) +
-                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0);
+                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? 2 * TMB : 0);
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
     static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
 };
@@ -936,7 +939,7 @@ __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ CUtensorMap krun, const __grid_constant__ CUtensorMap vrun,
                          int tma_runs, int *counter) {
 #if CAS_WGMMA_OK
-    typedef ws_cfg<D, KEYS, STAGES, TAILS, (XF & 4194304) != 0> C;
+    typedef ws_cfg<D, KEYS, STAGES, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0> C;
     /* kind 11: the narrow kernel (a programmatic dependent) may start its CTAs
      * on SMs this grid leaves free; it waits for this grid before it ends */
     if (TAILS) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -1028,6 +1031,8 @@ __global__ void __launch_bounds__(384, 1)
     /* XF bit 8388608 (probe CASCADE_CUDA_XV=27): pairs of decode tails, one
      * per consumer warpgroup (the producer's and consumers' comments there) */
     constexpr bool PAIR = (XF & 8388608) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG;
+    /* XF bit 33554432 (probes XV 31, 32): tasks of at most 16 rows by mma.sync (the consumers') */
+    constexpr bool TMM = (XF & 33554432) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG;
     const bool tl_cta = TL && blockIdx.x < TL_CTAS;
     if (tl_cta && tid == 0) {
         cas_tl_cta[blockIdx.x][0] = sm_id();
@@ -1425,6 +1430,197 @@ __global__ void __launch_bounds__(384, 1)
                 }
             }
             nbar_sync(bar_wg, 128);
+            }
+            /* XF bit 33554432 (probes XV 31, 32): a task of at most 16 rows
+             * (a decode tail) by mma.sync m16n8k16, its 16 rows in every warp
+             * of the warpgroup and each warp on 32 keys of every tile: S of
+             * 16 x 32, its own max and sum per row, O of 16 x D; at the end
+             * the four warps' states merge in shared memory. A quarter of the
+             * tensor work of a 64-row wgmma tile, an eighth of its softmax. */
+            if constexpr (TMM) {
+                if (t.nrows <= 16) {
+                    const int w = ctid >> 5;
+                    float *obuf = reinterpret_cast<float *>(smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE +
+                                                            cw * C::TMB);
+                    float *mlb = obuf + 16 * D;
+                    /* the task's setup barrier ordered the last task's reads of it */
+                    for (int k = ctid; k < 16 * D; k += 128) obuf[k] = 0.f;
+                    const int r0 = lane >> 2, r1 = r0 + 8, nh = t.nrows > 8 ? 2 : 1;
+                    uint32_t qf[D / 16][4];
+                    {
+                        const T *q0 = q + s_qrow[rbase + r0] + (lane & 3) * 2, *q1 = q + s_qrow[rbase + r1] + (lane & 3) * 2;
+                        const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
+#pragma unroll
+                        for (int ks = 0; ks < D / 16; ks++) {
+                            qf[ks][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16)) : 0u;
+                            qf[ks][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16)) : 0u;
+                            qf[ks][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16 + 8)) : 0u;
+                            qf[ks][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16 + 8)) : 0u;
+                        }
+                    }
+                    const int qp[2] = {s_qpos[rbase + r0], s_qpos[rbase + r1]};
+                    float oa[D / 2];
+#pragma unroll
+                    for (int k = 0; k < D / 2; k++) oa[k] = 0.f;
+                    float mr[2] = {-CUDART_INF_F, -CUDART_INF_F}, lr[2] = {0.f, 0.f};
+                    const int nkeys = t.kv1 - t.kv0, ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
+                    /* the turns as the wgmma path takes them (one more than
+                     * tiles), which consumer 1's side of a lone tail expects */
+                    if (ntiles > 0) {
+                        nbar_sync(my_turn, 256);
+                        nbar_arrive(other_turn, 256);
+                    }
+                    int itx = it + (PAIR && pairt ? cw : 0);
+                    for (int i = 0; i < ntiles; i++, itx += ust) {
+                        const int st = itx % STAGES;
+                        const uint32_t ph = (uint32_t)(itx / STAGES) & 1u;
+                        nbar_sync(my_turn, 256);
+                        nbar_arrive(other_turn, 256);
+                        const uint32_t ka = kv_s + (uint32_t)(st * 2 * C::TILE), va = ka + (uint32_t)C::TILE;
+                        /* lane's row of the ldmatrix boxes: matrix lane / 8, key row lane % 8 */
+                        const int mj = lane >> 3, kr = lane & 7;
+                        float sc[16];
+#pragma unroll
+                        for (int k = 0; k < 16; k++) sc[k] = 0.f;
+                        mbar_wait(FULL_K(st), ph);
+#pragma unroll
+                        for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+                            for (int np = 0; np < 2; np++) {
+                                /* matrices: key groups 2 np, 2 np + 1 x 16-byte chunks 2 ks, 2 ks + 1 */
+                                const int key = 32 * w + 16 * np + 8 * (mj >> 1) + kr, c = 2 * ks + (mj & 1);
+                                uint32_t b[4];
+                                ldsm_x4(b, ka + (uint32_t)((c >> 3) * (KEYS * 128) + key * 128 + (((c & 7) ^ kr) << 4)));
+                                mma_op<T>::run(sc + 8 * np, qf[ks], b[0], b[1]);
+                                mma_op<T>::run(sc + 8 * np + 4, qf[ks], b[2], b[3]);
+                            }
+                        __syncwarp();
+                        release(EMPTY_K(st));
+                        /* sc[4 nt + e]: row r0 + 8 (e / 2), key 32 w + 8 nt + 2 (lane % 4) + e % 2 */
+                        const int kb = t.kv0 + i * KEYS;
+                        const bool full = kb + KEYS <= t.kv1 && (!causal || ps.pos0 + kb + KEYS - 1 <= t.qpos_min) &&
+                                          (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
+                        if (cap > 0.f) {
+#pragma unroll
+                            for (int k = 0; k < 16; k++) sc[k] = cap * tanhf(sc[k] * scale / cap) * LOG2E_F;
+                        }
+                        if (!full) {
+#pragma unroll
+                            for (int k = 0; k < 16; k++) {
+                                const int key = kb + 32 * w + (k >> 2) * 8 + (lane & 3) * 2 + (k & 1);
+                                const int kabs = ps.pos0 + key, qq = qp[(k >> 1) & 1];
+                                const bool vis = key < t.kv1 && (!causal || kabs <= qq) && (window < 0 || kabs >= qq - window);
+                                if (!vis) sc[k] = -CUDART_INF_F;
+                            }
+                        }
+                        float al[2] = {1.f, 1.f};
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            if (hf >= nh) continue;
+                            float mx = -CUDART_INF_F;
+#pragma unroll
+                            for (int nt = 0; nt < 4; nt++) mx = fmaxf(mx, fmaxf(sc[4 * nt + 2 * hf], sc[4 * nt + 2 * hf + 1]));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                            float mu;
+                            al[hf] = online_max(mr[hf], mx, sl, mu);
+                            float rs = 0.f;
+#pragma unroll
+                            for (int nt = 0; nt < 4; nt++) {
+                                sc[4 * nt + 2 * hf] = ex2_fast(fmaf(sc[4 * nt + 2 * hf], sl, -mu));
+                                sc[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(sc[4 * nt + 2 * hf + 1], sl, -mu));
+                                rs += sc[4 * nt + 2 * hf] + sc[4 * nt + 2 * hf + 1];
+                            }
+                            lr[hf] = lr[hf] * al[hf] + rs;
+                        }
+                        if (al[0] != 1.f || al[1] != 1.f) {
+#pragma unroll
+                            for (int dt = 0; dt < D / 8; dt++) {
+                                oa[4 * dt] *= al[0];
+                                oa[4 * dt + 1] *= al[0];
+                                oa[4 * dt + 2] *= al[1];
+                                oa[4 * dt + 3] *= al[1];
+                            }
+                        }
+                        uint32_t pa[2][4];
+#pragma unroll
+                        for (int kk = 0; kk < 2; kk++) {
+                            pa[kk][0] = mma_op<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+                            pa[kk][1] = mma_op<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+                            pa[kk][2] = mma_op<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+                            pa[kk][3] = mma_op<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+                        }
+                        mbar_wait(FULL_V(st), ph);
+#pragma unroll
+                        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+                            for (int dp = 0; dp < D / 16; dp++) {
+                                /* matrices (transposed): keys + 0-7, + 8-15 x chunks 2 dp, 2 dp + 1 */
+                                const int key = 32 * w + 16 * kk + 8 * (mj & 1) + kr, c = 2 * dp + (mj >> 1);
+                                uint32_t b[4];
+                                ldsm_x4_t(b, va + (uint32_t)((c >> 3) * (KEYS * 128) + key * 128 + (((c & 7) ^ kr) << 4)));
+                                mma_op<T>::run(oa + 8 * dp, pa[kk], b[0], b[1]);
+                                mma_op<T>::run(oa + 8 * dp + 4, pa[kk], b[2], b[3]);
+                            }
+                        __syncwarp();
+                        release(EMPTY_V(st));
+                    }
+                    it += ntiles * ust;
+                    /* the merge: each warp's max and sum per row, then its O
+                     * scaled into the buffer (shared-memory atomics), then out */
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        lr[hf] += __shfl_xor_sync(0xffffffffu, lr[hf], 1);
+                        lr[hf] += __shfl_xor_sync(0xffffffffu, lr[hf], 2);
+                    }
+                    if ((lane & 3) == 0) {
+                        mlb[(w * 16 + r0) * 2] = mr[0];
+                        mlb[(w * 16 + r0) * 2 + 1] = lr[0];
+                        mlb[(w * 16 + r1) * 2] = mr[1];
+                        mlb[(w * 16 + r1) * 2 + 1] = lr[1];
+                    }
+                    nbar_sync(bar_wg, 128);
+                    float rowm[2], rowl[2];
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int r = r0 + 8 * hf;
+                        float M = -CUDART_INF_F, L = 0.f;
+#pragma unroll
+                        for (int ww = 0; ww < 4; ww++) M = fmaxf(M, mlb[(ww * 16 + r) * 2]);
+#pragma unroll
+                        for (int ww = 0; ww < 4; ww++) {
+                            const float mw = mlb[(ww * 16 + r) * 2];
+                            if (mw != -CUDART_INF_F) L += mlb[(ww * 16 + r) * 2 + 1] * ex2_fast((mw - M) * sl);
+                        }
+                        rowm[hf] = M;
+                        rowl[hf] = L;
+                        const float f = mr[hf] == -CUDART_INF_F || !(L > 0.f) ? 0.f : ex2_fast((mr[hf] - M) * sl) / L;
+                        if (r < t.nrows) {
+#pragma unroll
+                            for (int dt = 0; dt < D / 8; dt++) {
+                                atomicAdd(&obuf[r * D + dt * 8 + (lane & 3) * 2], oa[4 * dt + 2 * hf] * f);
+                                atomicAdd(&obuf[r * D + dt * 8 + (lane & 3) * 2 + 1], oa[4 * dt + 2 * hf + 1] * f);
+                            }
+                        }
+                    }
+                    nbar_sync(bar_wg, 128);
+                    float *obase = t.o_off < 0 ? o : scratch;
+                    float *lbase = t.o_off < 0 ? lse : scratch;
+                    for (int k = ctid; k < t.nrows * (D / 2); k += 128) {
+                        const int r = k / (D / 2), c2 = k - r * (D / 2);
+                        *reinterpret_cast<float2 *>(obase + s_oo[rbase + r] + 2 * c2) =
+                            reinterpret_cast<const float2 *>(obuf + r * D)[c2];
+                    }
+                    if (w == 0 && (lane & 3) == 0) {
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++)
+                            if (r0 + 8 * hf < t.nrows)
+                                lbase[s_lo[rbase + r0 + 8 * hf]] =
+                                    rowl[hf] > 0.f ? (rowm[hf] * sl + log2f(rowl[hf])) * LN2_F : -CUDART_INF_F;
+                    }
+                    if (PAIR && pairt) ti += ti_step; /* the pair's second task is done too */
+                    continue;
+                }
             }
             /* Q straight into the A fragments (rows lane / 4 and + 8, columns
              * 2 (lane % 4) + {0, 1} and + 8 of each 16-column step): once per
@@ -1835,7 +2031,8 @@ template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool
     return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>;
 }
 template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false, int XF = 0>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS, (XF & 4194304) != 0>, T, wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>> {};
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0>, T,
+                        wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
 template <typename T, int D> struct wg_kernel<T, D, 3> : wg_entry<wg_cfg<D, false>, T, wg_plain_fn<T, D, false>> {};
@@ -1908,6 +2105,9 @@ template <typename T, int D> struct wg_kernel<T, D, 228> : wg_ws<T, D, 128, 3, f
  * rows of a task skip the softmax */
 template <typename T, int D> struct wg_kernel<T, D, 229> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216> {};
 template <typename T, int D> struct wg_kernel<T, D, 230> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216> {};
+/* probes XV=31 (30 with the tails by mma.sync) and 32 (29 with them): XF bit 33554432 */
+template <typename T, int D> struct wg_kernel<T, D, 231> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216 | 33554432> {};
+template <typename T, int D> struct wg_kernel<T, D, 232> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216 | 33554432> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -2090,11 +2290,11 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 30 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
+        if (xv >= 1 && xv <= 32 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 225, 226,
-                            227, 228, 229, 230>();
+                            227, 228, 229, 230, 231, 232>();
                 ready = 1;
             }
             static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
@@ -2106,7 +2306,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
                 CAS_XV(25) CAS_XV(26)
-                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30)
+                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32)
 #undef CAS_XV
             default: break;
             }
