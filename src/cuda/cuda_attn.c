@@ -614,11 +614,11 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
         a->cta_ptr[m[i].cta + 1]++;
     }
     for (int32_t b = 0; b < g; b++) a->cta_ptr[b + 1] += a->cta_ptr[b];
-    /* probes CASCADE_CUDA_XV=27, 28, 30, 31 (bf16, head_dim 128): two tails of one CTA
+    /* probes CASCADE_CUDA_XV=27, 28, 30, 31, 33 (bf16, head_dim 128): two tails of one CTA
      * that follow each other with equal tile counts run as a pair, one per
      * consumer warpgroup (flags bit 4 on the first; the kernel needs the
      * counts equal) */
-    if (a->geom.xv == 27 || a->geom.xv == 28 || a->geom.xv == 30 || a->geom.xv == 31)
+    if (a->geom.xv == 27 || a->geom.xv == 28 || a->geom.xv == 30 || a->geom.xv == 31 || a->geom.xv == 33)
         for (int32_t b = 0; b < g; b++)
             for (int32_t i = a->cta_ptr[b]; i + 1 < a->cta_ptr[b + 1]; i++)
                 if (m[i].idx >= ns && m[i + 1].idx >= ns && tw[i].nrows <= 64 && tw[i + 1].nrows <= 64 &&

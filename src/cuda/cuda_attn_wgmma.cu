@@ -1618,6 +1618,7 @@ __global__ void __launch_bounds__(384, 1)
                                 lbase[s_lo[rbase + r0 + 8 * hf]] =
                                     rowl[hf] > 0.f ? (rowm[hf] * sl + log2f(rowl[hf])) * LN2_F : -CUDART_INF_F;
                     }
+                    if (TL && tlt) cas_tl[blockIdx.x][jt][cw ? 6 : 2] = sm_clock64();
                     if (PAIR && pairt) ti += ti_step; /* the pair's second task is done too */
                     continue;
                 }
@@ -2108,6 +2109,8 @@ template <typename T, int D> struct wg_kernel<T, D, 230> : wg_ws<T, D, 128, 3, f
 /* probes XV=31 (30 with the tails by mma.sync) and 32 (29 with them): XF bit 33554432 */
 template <typename T, int D> struct wg_kernel<T, D, 231> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216 | 33554432> {};
 template <typename T, int D> struct wg_kernel<T, D, 232> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216 | 33554432> {};
+/* probe XV=33: 31 with the timeline (XF bit 131072; a pair's trace records its first task) */
+template <typename T, int D> struct wg_kernel<T, D, 233> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216 | 33554432 | 131072> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -2290,23 +2293,23 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 32 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
+        if (xv >= 1 && xv <= 33 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 225, 226,
-                            227, 228, 229, 230, 231, 232>();
+                            227, 228, 229, 230, 231, 232, 233>();
                 ready = 1;
             }
             static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
             if (xv == 9 && !dump_wtrace) dump_wtrace = !atexit(cas_cuda_wtrace_dump);
-            if ((xv == 18 || xv == 19 || xv == 26 || xv == 28) && !dump_tl) dump_tl = !atexit(cas_cuda_tl_dump);
+            if ((xv == 18 || xv == 19 || xv == 26 || xv == 28 || xv == 33) && !dump_tl) dump_tl = !atexit(cas_cuda_tl_dump);
             switch (xv) {
 #define CAS_XV(n) \
     case n: return wg_launch<T, D, 200 + n>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
                 CAS_XV(25) CAS_XV(26)
-                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32)
+                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32) CAS_XV(33)
 #undef CAS_XV
             default: break;
             }
