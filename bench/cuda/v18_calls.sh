@@ -2,7 +2,7 @@
 # v18 probe calls on the H200 (bench/NOTES.md v18): bash bench/cuda/v18_calls.sh 1|2
 # with the binaries of this commit in .devcarry (CARRY).
 #   1: quick tests of the probes with every tail on the many-rows list, then the
-#      decode A/B (two rounds) and a timeline of order 4
+#      decode A/B (two rounds) and timelines of order 4 (XV 18; XV 33: 31's mma.sync tails)
 #   2: the grid with the variant in GRID_ENV (ENV=VAL,...), timed against kind 17
 #      as it was (GRID_AB), then memcheck and racecheck of it
 O=${OUT:-/tmp/out}
@@ -19,8 +19,8 @@ O4=CASCADE_CUDA_TAIL_ORDER=4
 DEC_CASES="32768,64,512;32768,256,512;16384,64,2048;16384,256,512;16384,64,128;1024,128,128;4096,256,128;1024,64,512;32768,64,2048;16384,128,2048" \
  DEC_AB="17:CASCADE_CUDA_XV=29;17:CASCADE_CUDA_XV=32;17:$O4,CASCADE_CUDA_TAIL_COST=0.9;17:$O4,CASCADE_CUDA_XV=30;17:$O4,CASCADE_CUDA_XV=31,CASCADE_CUDA_TAIL_COST=0.3;17:$O4,CASCADE_CUDA_XV=32,CASCADE_CUDA_TAIL_COST=0.35;17:$O4,CASCADE_CUDA_XV=31,CASCADE_CUDA_TAIL_COST=0.2;17:$O4,CASCADE_CUDA_XV=32,CASCADE_CUDA_TAIL_COST=0.5" DEC_ROUNDS=2 \
  DEADLINE=$((SECONDS + 330)) OUT=$O bash bench/cuda/run_h200.sh dec 2>&1 | grep -E "^r[12] P|device"
-TL_RUNS="o4=32768,64,512,$O4,CASCADE_CUDA_TAIL_COST=0.9 o4u=16384,64,2048,$O4,CASCADE_CUDA_TAIL_COST=0.9" \
- DEADLINE=$((SECONDS + 90)) OUT=$O/tl bash bench/cuda/run_h200.sh tl 2>&1 | grep -vE "^\s*$" | tail -24
+TL_RUNS="o4=32768,64,512,$O4,CASCADE_CUDA_TAIL_COST=0.9 o4m=32768,64,512,$O4,CASCADE_CUDA_XV=33,CASCADE_CUDA_TAIL_COST=0.3 o4mu=16384,64,2048,$O4,CASCADE_CUDA_XV=33,CASCADE_CUDA_TAIL_COST=0.3" \
+ DEADLINE=$((SECONDS + 100)) OUT=$O/tl bash bench/cuda/run_h200.sh tl 2>&1 | grep -vE "^\s*$" | tail -24
 ;;
 2)
 # e.g. GRID_ENV=CASCADE_CUDA_TAIL_ORDER=4,CASCADE_CUDA_XV=31,CASCADE_CUDA_TAIL_COST=0.3
