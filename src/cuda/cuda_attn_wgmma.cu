@@ -879,8 +879,10 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false
     static constexpr int NIT = KEYS / KSTEP;  /* 16-byte copies per producer thread per K or V tile */
     static constexpr size_t TILE = (size_t)KEYS * D * 2;
     /* XF bit 33554432: per consumer warpgroup the merge buffer of its
-     * mma.sync tails, O of 16 rows and each warp's max and sum per row */
-    static constexpr size_t TMB = (size_t)16 * D * 4 + 4 * 16 * 2 * 4;
+     * mma.sync tails, O of 16 rows (row pitch TML floats: the rows of one
+     * column in different banks) and each warp's max and sum per row */
+    static constexpr int TML = D + 8;
+    static constexpr size_t TMB = (size_t)16 * TML * 4 + 4 * 16 * 2 * 4;
     /* kind 11: the tail warps' staging after the K/V stages */
     static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0) +
                                    (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? 2 * TMB : 0);
@@ -1442,9 +1444,10 @@ __global__ void __launch_bounds__(384, 1)
                     const int w = ctid >> 5;
                     float *obuf = reinterpret_cast<float *>(smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE +
                                                             cw * C::TMB);
-                    float *mlb = obuf + 16 * D;
+                    constexpr int TML = C::TML;
+                    float *mlb = obuf + 16 * TML;
                     /* the task's setup barrier ordered the last task's reads of it */
-                    for (int k = ctid; k < 16 * D; k += 128) obuf[k] = 0.f;
+                    for (int k = ctid; k < 16 * TML; k += 128) obuf[k] = 0.f;
                     const int r0 = lane >> 2, r1 = r0 + 8, nh = t.nrows > 8 ? 2 : 1;
                     uint32_t qf[D / 16][4];
                     {
@@ -1598,8 +1601,8 @@ __global__ void __launch_bounds__(384, 1)
                         if (r < t.nrows) {
 #pragma unroll
                             for (int dt = 0; dt < D / 8; dt++) {
-                                atomicAdd(&obuf[r * D + dt * 8 + (lane & 3) * 2], oa[4 * dt + 2 * hf] * f);
-                                atomicAdd(&obuf[r * D + dt * 8 + (lane & 3) * 2 + 1], oa[4 * dt + 2 * hf + 1] * f);
+                                atomicAdd(&obuf[r * TML + dt * 8 + (lane & 3) * 2], oa[4 * dt + 2 * hf] * f);
+                                atomicAdd(&obuf[r * TML + dt * 8 + (lane & 3) * 2 + 1], oa[4 * dt + 2 * hf + 1] * f);
                             }
                         }
                     }
@@ -1609,7 +1612,7 @@ __global__ void __launch_bounds__(384, 1)
                     for (int k = ctid; k < t.nrows * (D / 2); k += 128) {
                         const int r = k / (D / 2), c2 = k - r * (D / 2);
                         *reinterpret_cast<float2 *>(obase + s_oo[rbase + r] + 2 * c2) =
-                            reinterpret_cast<const float2 *>(obuf + r * D)[c2];
+                            reinterpret_cast<const float2 *>(obuf + r * TML)[c2];
                     }
                     if (w == 0 && (lane & 3) == 0) {
 #pragma unroll
