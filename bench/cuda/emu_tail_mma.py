@@ -1,0 +1,104 @@
+"""Emulates the fragment mapping of the mma.sync decode tails (CASCADE_CUDA_XV 31-33,
+src/cuda/cuda_attn_wgmma.cu, XF bit 33554432) with numpy: the swizzled K/V stage,
+ldmatrix (.trans), mma.sync m16n8k16 as the PTX ISA lays out their fragments, and
+the kernel's index formulas, checked against Q K^T and P V for each of the four
+warps. Prints "mapping ok" or exits 1. A development check of the formulas (the
+kernel itself is tested by test-cuda on the GPU)."""
+import numpy as np
+rng=np.random.default_rng(1)
+D=128; KEYS=128
+K=rng.standard_normal((KEYS,D)); V=rng.standard_normal((KEYS,D)); Q=rng.standard_normal((16,D))
+def swz(key,d):  # element index in the stage (in 2-byte units)
+    c=d//8
+    byte=(c>>3)*(KEYS*128)+key*128+(((c&7)^(key&7))<<4)+(d%8)*2
+    return byte
+# smem as dict byte->value(element at that 2-byte offset)
+def store(M):
+    sm={}
+    for k in range(KEYS):
+        for d in range(D): sm[swz(k,d)]=M[k,d]
+    return sm
+sK=store(K); sV=store(V)
+def ldsm(sm,addrs,trans):
+    # addrs[lane] = row address of matrix lane//8 row lane%8; returns r[lane][j] = (lo,hi)
+    rows=[[sm[addrs[8*j+i]+2*e] for e in range(8)] for j in range(4) for i in range(8)]
+    out=[[None]*4 for _ in range(32)]
+    for t in range(32):
+        for j in range(4):
+            mat=[rows[8*j+i] for i in range(8)]
+            if not trans: out[t][j]=(mat[t//4][2*(t%4)],mat[t//4][2*(t%4)+1])
+            else: out[t][j]=(mat[2*(t%4)][t//4],mat[2*(t%4)+1][t//4])
+    return out
+def mma(c,a,b0,b1):
+    # c[lane]=[4], a[lane]=[4 pairs], b0/b1[lane]=pair; m16n8k16
+    A=np.zeros((16,16)); B=np.zeros((16,8))
+    for t in range(32):
+        g,q=t//4,t%4
+        A[g,2*q:2*q+2]=a[t][0]; A[g+8,2*q:2*q+2]=a[t][1]; A[g,2*q+8:2*q+10]=a[t][2]; A[g+8,2*q+8:2*q+10]=a[t][3]
+        B[2*q:2*q+2,g]=b0[t]; B[2*q+8:2*q+10,g]=b1[t]
+    Cm=A@B
+    for t in range(32):
+        g,q=t//4,t%4
+        c[t][0]+=Cm[g,2*q]; c[t][1]+=Cm[g,2*q+1]; c[t][2]+=Cm[g+8,2*q]; c[t][3]+=Cm[g+8,2*q+1]
+ok=True
+for w in range(4):
+    # Q fragments
+    qf=[[None]*4 for _ in range(32)]
+    qfk=[[ [None]*4 for _ in range(32)] for ks in range(D//16)]
+    for ks in range(D//16):
+        for t in range(32):
+            r0=t>>2; r1=r0+8; c=(t&3)*2
+            qfk[ks][t]=[(Q[r0,ks*16+c],Q[r0,ks*16+c+1]),(Q[r1,ks*16+c],Q[r1,ks*16+c+1]),(Q[r0,ks*16+c+8],Q[r0,ks*16+c+9]),(Q[r1,ks*16+c+8],Q[r1,ks*16+c+9])]
+    sc=[[0.0]*16 for _ in range(32)]
+    for ks in range(D//16):
+        for np_ in range(2):
+            addrs=[]
+            for lane in range(32):
+                mj=lane>>3; kr=lane&7
+                key=32*w+16*np_+8*(mj>>1)+kr; c=2*ks+(mj&1)
+                addrs.append((c>>3)*(KEYS*128)+key*128+(((c&7)^kr)<<4))
+            b=ldsm(sK,addrs,False)
+            c1=[[sc[t][8*np_+e] for e in range(4)] for t in range(32)]
+            mma(c1,qfk[ks],[b[t][0] for t in range(32)],[b[t][1] for t in range(32)])
+            c2=[[sc[t][8*np_+4+e] for e in range(4)] for t in range(32)]
+            mma(c2,qfk[ks],[b[t][2] for t in range(32)],[b[t][3] for t in range(32)])
+            for t in range(32):
+                for e in range(4): sc[t][8*np_+e]=c1[t][e]; sc[t][8*np_+4+e]=c2[t][e]
+    S=Q@K.T
+    for t in range(32):
+        for k in range(16):
+            row=(t>>2)+8*((k>>1)&1); key=32*w+(k>>2)*8+(t&3)*2+(k&1)
+            if abs(sc[t][k]-S[row,key])>1e-9: ok=False
+    # P = some values: use P[row][key] = sc (the S itself) as probabilities
+    P=np.zeros((16,KEYS)); 
+    for t in range(32):
+        for k in range(16):
+            row=(t>>2)+8*((k>>1)&1); key=32*w+(k>>2)*8+(t&3)*2+(k&1); P[row,key]=sc[t][k]
+    pa=[[None]*32 for kk in range(2)]
+    for kk in range(2):
+        for t in range(32):
+            s=sc[t]
+            pa[kk][t]=[(s[8*kk],s[8*kk+1]),(s[8*kk+2],s[8*kk+3]),(s[8*kk+4],s[8*kk+5]),(s[8*kk+6],s[8*kk+7])]
+    oa=[[0.0]*(D//2) for _ in range(32)]
+    for kk in range(2):
+        for dp in range(D//16):
+            addrs=[]
+            for lane in range(32):
+                mj=lane>>3; kr=lane&7
+                key=32*w+16*kk+8*(mj&1)+kr; c=2*dp+(mj>>1)
+                addrs.append((c>>3)*(KEYS*128)+key*128+(((c&7)^kr)<<4))
+            b=ldsm(sV,addrs,True)
+            c1=[[oa[t][8*dp+e] for e in range(4)] for t in range(32)]
+            mma(c1,pa[kk],[b[t][0] for t in range(32)],[b[t][1] for t in range(32)])
+            c2=[[oa[t][8*dp+4+e] for e in range(4)] for t in range(32)]
+            mma(c2,pa[kk],[b[t][2] for t in range(32)],[b[t][3] for t in range(32)])
+            for t in range(32):
+                for e in range(4): oa[t][8*dp+e]=c1[t][e]; oa[t][8*dp+4+e]=c2[t][e]
+    O=P@V
+    for t in range(32):
+        for dt in range(D//8):
+            for e in range(4):
+                row=(t>>2)+8*(e>>1); d=dt*8+(t&3)*2+(e&1)
+                if abs(oa[t][4*dt+e]-O[row,d])>1e-9: ok=False; 
+print("mapping ok" if ok else "MISMATCH")
+raise SystemExit(0 if ok else 1)
