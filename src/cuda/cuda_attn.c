@@ -79,9 +79,13 @@ struct cas_cuda_attn {
      * side as many CTAs as its share of the work at tail_cost (default 0.5
      * with order 4, 1.6 with the others) or of the HBM's time when that is
      * longer (tile_bw: 128-key tiles of K and V the HBM brings in a shared
-     * tile's time, CASCADE_CUDA_TILE_BW)) */
-    double tail_cost, tile_bw;
-    int tail_order, tail_ctas;
+     * tile's time, CASCADE_CUDA_TILE_BW), then moved by at most split_search
+     * CTAs to where the shared passes' chunks fit the grid best
+     * (CASCADE_CUDA_SPLIT_SEARCH, default 6); a tail task's start costs
+     * tail_task on top of its tiles (CASCADE_CUDA_TAIL_TASK_COST, default
+     * 0.3: v17's first tile of a one-tile tail took ~1.5 us)) */
+    double tail_cost, tile_bw, tail_task;
+    int tail_order, tail_ctas, split_search;
     /* a tail pass joins the list when the tails are at least a grid of
      * (unsplit) tasks or it has at most tail_mix_len keys
      * (CASCADE_CUDA_TAIL_MIX_LEN): few long tails ran faster on the narrow
@@ -263,6 +267,13 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *tbenv = getenv("CASCADE_CUDA_TILE_BW");
         a->tile_bw = tbenv && *tbenv ? atof(tbenv) : 128.0;
         if (!(a->tile_bw > 0.0)) a->tile_bw = 128.0;
+        const char *ttenv = getenv("CASCADE_CUDA_TAIL_TASK_COST");
+        a->tail_task = ttenv && *ttenv ? atof(ttenv) : 0.3;
+        if (!(a->tail_task >= 0.0)) a->tail_task = 0.3;
+        const char *ssenv = getenv("CASCADE_CUDA_SPLIT_SEARCH");
+        a->split_search = ssenv && *ssenv ? atoi(ssenv) : 6;
+        if (a->split_search < 0) a->split_search = 0;
+        if (a->split_search > 64) a->split_search = 64;
         const char *tlenv = getenv("CASCADE_CUDA_TAIL_MIX_LEN");
         a->tail_mix_len = tlenv && *tlenv ? atoi(tlenv) : 512;
         const char *rmenv = getenv("CASCADE_CUDA_RUN_MASK");
@@ -530,7 +541,7 @@ static void split_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t 
         m[k].cta = b;
         m[k].key = k;
         m[k].idx = k;
-        load[b] += mix_cost(a, &tmp[k], 1);
+        load[b] += tiles_of(&tmp[k]) * a->tail_cost + a->tail_task;
         heap_down(a->heap, load, tc, 0);
     }
 }
@@ -774,7 +785,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                 wb += (double)(Hkv * tiles);
             } else if (TAIL17(i)) {
                 wt += (double)((rows + CAS_CUDA_NARROW_ROWS - 1) / CAS_CUDA_NARROW_ROWS * Hkv) *
-                      ((double)tiles * a->tail_cost + 0.05);
+                      ((double)tiles * a->tail_cost + a->tail_task);
                 wb += (double)(Hkv * tiles);
             }
         }
@@ -784,6 +795,24 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             int32_t nsh = (int32_t)ceil(ws / T - 1e-9);
             if (nsh < 1) nsh = 1;
             if (nsh > wide_g - 1) nsh = wide_g - 1;
+            /* the chunks quantize the shared side's time (waves x the longest
+             * chunk): among the grids within split_search of nsh, the one
+             * whose chunks (pick_chunk's) and tails end first */
+            int32_t best_n = nsh;
+            double best_t = INFINITY;
+            for (int32_t c = nsh - a->split_search; c <= nsh + a->split_search; c++) {
+                if (c < 1 || c > wide_g - 1) continue;
+                int64_t mc = 0;
+                const int64_t Lc = pick_chunk(a, n_passes, passes, group, CLS_WIDE, c, L, split_rule);
+                const int64_t n = class_tasks(a, n_passes, passes, group, CLS_WIDE, Lc, &mc);
+                const double ts = (double)((n + c - 1) / c) * (double)((mc + 127) / 128), tt = wt / (wide_g - c);
+                const double tm = ts > tt ? ts : tt;
+                if (tm < best_t * 0.999) {
+                    best_t = tm;
+                    best_n = c;
+                }
+            }
+            nsh = best_n;
             a->tail_ctas = wide_g - nsh;
             wide_g = nsh;
         }
