@@ -114,8 +114,10 @@ clean:
 
 # ---- CUDA backend: tests and benchmark (need CUDA=1) ----------------------
 # `make CUDA=1 test-cuda` builds and runs tests/cuda/test_cuda_attn.c on the
-# GPU (against the float64 reference); `make CUDA=1 cuda-build-check` only
-# compiles the backend, its test and its benchmark (works without a GPU: CI);
+# GPU (against the float64 reference) and the planner's CPU test
+# (tests/cuda/test_cuda_plan.c); `make CUDA=1 cuda-build-check` compiles the
+# backend, its tests and its benchmark and runs the planner's test (works
+# without a GPU: CI);
 # `make CUDA=1 cuda-bench` builds bench/cuda/attn_bench_cuda; `make CUDA=1`
 # builds `cascade` with `attn-bench --backend cuda` (cuda-build-check compiles
 # that command's object too, which needs none of the higher layers' libraries).
@@ -133,15 +135,24 @@ $(CUDA_TEST_BIN): tests/cuda/test_cuda_attn.c $(TEST_SUPPORT_OBJ) $(BUILD)/libca
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
+# The planner's test: cuda_attn.c's host code on the CPU against the runtime
+# stand-ins of tests/cuda/cuda_stub.c (no libcudart, no kernels, no GPU)
+CUDA_PLAN_TEST := $(BUILD)/tests/cuda/test_cuda_plan
+PLAN_TEST_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/%,$(LIB_OBJ)) $(BUILD)/src/cuda/cuda_attn.o
+$(CUDA_PLAN_TEST): tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c tests/cuda/cuda_stub.h $(PLAN_TEST_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -Itests -o $@ tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c $(PLAN_TEST_OBJ) -fopenmp -lm -lpthread $(LDFLAGS)
+
 $(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -o $@ $< $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
 ifeq ($(CUDA),1)
-test-cuda: $(CUDA_TEST_BIN)
-	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN)
-cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o
-	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled"
+test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST)
+	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST)
+cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST)
+	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_PLAN_TEST)
+	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled; the planner's test ran"
 cuda-bench: $(CUDA_BENCH_BIN)
 else
 test-cuda cuda-build-check cuda-bench:

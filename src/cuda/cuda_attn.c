@@ -403,6 +403,13 @@ static void snake_rounds(cas_cuda_task *t, int32_t n, int32_t g) {
 /* Which kernel a pass of `rows` rows per KV head goes to: 0 narrow, 1 the
  * many-rows kernel, 2 the mid list (64-row mma.sync next to wgmma). */
 enum { CLS_NARROW = 0, CLS_WIDE = 1, CLS_MID = 2 };
+/* host-only: here rather than beside the kernels, so that the planner links
+ * without them (tests/cuda/test_cuda_plan.c) */
+int cas_cuda_wide_rows(int D, int kind) {
+    if (kind >= 3) return 128;
+    if (kind == 2) return D <= 128 ? 128 : 64;
+    return kind ? 64 : CAS_CUDA_NARROW_ROWS;
+}
 static int pass_class(const cas_cuda_attn *a, int64_t rows) {
     if (rows <= CAS_CUDA_NARROW_ROWS) return CLS_NARROW;
     return rows <= a->mid_rows ? CLS_MID : CLS_WIDE;

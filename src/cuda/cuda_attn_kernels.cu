@@ -589,12 +589,6 @@ template <typename T, typename C> static int occ_one(int *ctas) {
     else if (wide) { typedef wide_cfg<DD> C_; CALL; }                                     \
     else { typedef narrow_cfg<DD> C_; CALL; }
 
-extern "C" int cas_cuda_wide_rows(int D, int kind) {
-    if (kind >= 3) return 128;
-    if (kind == 2) return D <= 128 ? 128 : 64;
-    return kind ? 64 : CAS_CUDA_NARROW_ROWS;
-}
-
 extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
                                     const void *v, const void *q, float *o, float *lse,
                                     float *scratch, int wide, int grid, void *stream) {

@@ -1,0 +1,290 @@
+/*
+ * test_cuda_plan.c: the CUDA backend's planner (src/cuda/cuda_attn.c) on the
+ * CPU, against the runtime stand-ins of cuda_stub.c (an H200's shape, no
+ * GPU): cascade batches (a shared prefix over many decode tails, random
+ * ones and the grid's headline) planned with kinds 17, 9, 3 and 1, every
+ * tail order and the tail pairs, and the uploaded block checked: every
+ * (pass, KV head, row) gets its keys exactly once across the task lists,
+ * kind 17's per-CTA ranges partition its list, order 4 gives the tails CTAs
+ * of their own ahead of the shared ones, and a pair's two tails follow each
+ * other in one CTA with equal tile counts. Built and run by `make CUDA=1
+ * cuda-build-check` (no GPU needed) and `make test-cuda`.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cuda_stub.h"
+#include "../../src/cuda/cuda_attn.h"
+
+#define PS 16 /* page size */
+#define HQ 32
+#define HKV 8
+#define GROUP (HQ / HKV)
+
+typedef struct {
+    int32_t npass, ntok, npages;
+    cas_attn_pass *passes;
+    int32_t *pages, *tok_ids, *tok_pos;
+    int32_t npage_ids;
+} batch;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(uint32_t n) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng % n);
+}
+
+/* B requests, one decode token each, a shared prefix of P keys (0: none)
+ * and tails of U[i] keys after it */
+static void batch_make(batch *b, int32_t B, int32_t P, const int32_t *U) {
+    b->npass = (P > 0) + B;
+    b->ntok = B;
+    b->passes = calloc((size_t)b->npass, sizeof *b->passes);
+    int64_t np = (P + PS - 1) / PS;
+    for (int32_t i = 0; i < B; i++) np += (U[i] + PS - 1) / PS;
+    b->pages = malloc(sizeof(int32_t) * (size_t)np);
+    b->tok_ids = malloc(sizeof(int32_t) * (size_t)(2 * B));
+    b->tok_pos = malloc(sizeof(int32_t) * (size_t)(2 * B));
+    int32_t pg = 0, rows = 0, k = 0;
+    if (P > 0) {
+        cas_attn_pass *s = &b->passes[k++];
+        s->page_off = pg;
+        s->pos0 = 0;
+        s->len = P;
+        s->tok_off = rows;
+        s->n_tok = B;
+        s->node = 0;
+        for (int32_t j = 0; j < (P + PS - 1) / PS; j++) b->pages[pg + j] = pg + j;
+        pg += (P + PS - 1) / PS;
+        for (int32_t i = 0; i < B; i++) {
+            b->tok_ids[rows + i] = i;
+            b->tok_pos[rows + i] = P + U[i] - 1;
+        }
+        rows += B;
+    }
+    for (int32_t i = 0; i < B; i++) {
+        cas_attn_pass *t = &b->passes[k++];
+        t->page_off = pg;
+        t->pos0 = P;
+        t->len = U[i];
+        t->tok_off = rows;
+        t->n_tok = 1;
+        t->node = -1;
+        for (int32_t j = 0; j < (U[i] + PS - 1) / PS; j++) b->pages[pg + j] = pg + j;
+        pg += (U[i] + PS - 1) / PS;
+        b->tok_ids[rows] = i;
+        b->tok_pos[rows] = P + U[i] - 1;
+        rows++;
+    }
+    b->npages = pg;
+    b->npage_ids = pg;
+}
+static void batch_free(batch *b) {
+    free(b->passes);
+    free(b->pages);
+    free(b->tok_ids);
+    free(b->tok_pos);
+}
+
+typedef struct {
+    int32_t pass, head, row, kv0, kv1;
+} cover;
+static int cmp_cover(const void *x, const void *y) {
+    const cover *a = x, *b = y;
+    if (a->pass != b->pass) return a->pass < b->pass ? -1 : 1;
+    if (a->head != b->head) return a->head < b->head ? -1 : 1;
+    if (a->row != b->row) return a->row < b->row ? -1 : 1;
+    return a->kv0 < b->kv0 ? -1 : a->kv0 > b->kv0;
+}
+
+static int last_pairs; /* pairs in the last kind-17 plan checked */
+static int tiles(const cas_cuda_task *t) { return t->kv1 > t->kv0 ? (t->kv1 - t->kv0 + 127) / 128 : 0; }
+
+/* plans b with kind `kind`, tail order `order` and probe `xv` (0 none) and
+ * checks the uploaded block; returns the tail CTAs under order 4 (-1: none) */
+static int plan_check(const batch *b, int kind, int order, int xv, const char *what) {
+    char ks[16], os[16], xs[16];
+    snprintf(ks, sizeof ks, "%d", kind);
+    snprintf(os, sizeof os, "%d", order);
+    snprintf(xs, sizeof xs, "%d", xv);
+    setenv("CASCADE_CUDA_WIDE", ks, 1);
+    setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
+    setenv("CASCADE_CUDA_XV", xs, 1);
+    const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
+    cas_cuda_attn_caps caps = {0};
+    caps.max_total_q = b->ntok;
+    caps.max_passes = b->npass;
+    caps.max_tok_rows = 2 * b->ntok;
+    caps.max_page_ids = b->npage_ids;
+    caps.max_states = 64 * (int64_t)b->ntok;
+    cas_cuda_attn *a = NULL;
+    if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
+        CHECKF(0, "%s: create: %s", what, cas_last_error());
+        return -1;
+    }
+    cas_attn_params pr = cas_attn_params_default();
+    cas_status st = cas_cuda_attn_plan_passes(a, &pr, b->npages, b->npass, b->passes, b->pages, b->npage_ids,
+                                              b->tok_ids, b->tok_pos, b->ntok * 2, b->ntok);
+    if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
+    if (st != CAS_OK) {
+        CHECKF(0, "%s: plan: %s", what, cas_last_error());
+        cas_cuda_attn_destroy(a);
+        return -1;
+    }
+    const char *blk = cas_stub_last_h2d;
+    const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
+    CHECK((size_t)h->block_bytes == cas_stub_last_h2d_bytes);
+    CHECK(h->n_passes == b->npass && h->group == GROUP);
+
+    /* every (pass, head, row) gets [0, len) once over the three lists */
+    const struct {
+        int64_t off;
+        int32_t n;
+    } lists[3] = {{h->off_tasks_wide, h->n_tasks_wide}, {h->off_tasks_narrow, h->n_tasks_narrow},
+                  {h->off_tasks_mid, h->n_tasks_mid}};
+    int64_t ncov = 0, cap = 0;
+    for (int l = 0; l < 3; l++) {
+        const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
+        for (int32_t i = 0; i < lists[l].n; i++) cap += t[i].nrows > 0 ? t[i].nrows : 0;
+    }
+    cover *cv = malloc(sizeof *cv * (size_t)(cap > 0 ? cap : 1));
+    int bad = 0;
+    for (int l = 0; l < 3; l++) {
+        const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
+        for (int32_t i = 0; i < lists[l].n; i++) {
+            const cas_cuda_task *x = &t[i];
+            if (x->pass < 0 || x->pass >= b->npass || x->kv_head < 0 || x->kv_head >= HKV || x->nrows < 1 ||
+                x->row0 < 0 || x->row0 + x->nrows > b->passes[x->pass].n_tok * GROUP || x->kv0 < 0 ||
+                x->kv1 > b->passes[x->pass].len) {
+                bad++;
+                continue;
+            }
+            for (int32_t r = 0; r < x->nrows; r++) cv[ncov++] = (cover){x->pass, x->kv_head, x->row0 + r, x->kv0, x->kv1};
+        }
+    }
+    CHECKF(bad == 0, "%s: %d tasks out of range", what, bad);
+    qsort(cv, (size_t)ncov, sizeof *cv, cmp_cover);
+    int64_t rows_all = 0;
+    for (int32_t p = 0; p < b->npass; p++) rows_all += (int64_t)b->passes[p].n_tok * GROUP * HKV;
+    int64_t seen = 0, gaps = 0;
+    for (int64_t i = 0; i < ncov;) {
+        int64_t j = i;
+        int32_t end = 0;
+        for (; j < ncov && cv[j].pass == cv[i].pass && cv[j].head == cv[i].head && cv[j].row == cv[i].row; j++) {
+            if (cv[j].kv0 != end) gaps++;
+            end = cv[j].kv1;
+        }
+        if (end != b->passes[cv[i].pass].len) gaps++;
+        seen++;
+        i = j;
+    }
+    CHECKF(seen == rows_all && gaps == 0, "%s: %lld of %lld rows covered, %lld gaps or overlaps", what,
+           (long long)seen, (long long)rows_all, (long long)gaps);
+    free(cv);
+
+    int tail_ctas = -1;
+    if (kind == 17 && h->off_cta_ptr > 0) {
+        const int32_t *cp = (const int32_t *)(blk + h->off_cta_ptr);
+        const cas_cuda_task *t = (const cas_cuda_task *)(blk + h->off_tasks_wide);
+        const int g = CAS_STUB_SMS;
+        int mono = cp[0] == 0 && cp[g] == h->n_tasks_wide;
+        for (int c = 0; c < g; c++) mono &= cp[c] <= cp[c + 1];
+        CHECKF(mono, "%s: cta_ptr does not partition the %d tasks", what, h->n_tasks_wide);
+        if (!mono) {
+            cas_cuda_attn_destroy(a);
+            return -1;
+        }
+        /* classes per CTA: 1 tails only, 2 shared only, 3 both */
+        int cls[CAS_STUB_SMS] = {0}, nshared = 0, ntails = 0;
+        for (int c = 0; c < g; c++)
+            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
+                const int tail = b->passes[t[i].pass].n_tok * GROUP <= CAS_CUDA_NARROW_ROWS;
+                cls[c] |= tail ? 1 : 2;
+                nshared += !tail;
+                ntails += tail;
+            }
+        if (order == 4 && nshared > 0 && ntails > 0) {
+            int tc = 0;
+            while (tc < g && cls[tc] == 1) tc++;
+            int ok = tc > 0 && tc < g;
+            for (int c = tc; c < g; c++) ok &= cls[c] != 1 && cls[c] != 3;
+            CHECKF(ok, "%s: order 4 mixes tails and shared tasks (first %d CTAs tails only)", what, tc);
+            tail_ctas = tc;
+        }
+        /* pairs: a flagged tail and the next task of its CTA, equal tiles */
+        int pairs = 0, badp = 0;
+        for (int c = 0; c < g; c++)
+            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
+                if (!(t[i].flags & 16)) continue;
+                pairs++;
+                const int ok = i + 1 < cp[c + 1] && !(t[i + 1].flags & 16) && tiles(&t[i]) == tiles(&t[i + 1]) &&
+                               tiles(&t[i]) > 0 && t[i].nrows <= 64 && t[i + 1].nrows <= 64;
+                badp += !ok;
+                i++;
+            }
+        CHECKF(badp == 0, "%s: %d of %d pairs malformed", what, badp, pairs);
+        if (xv == 0) CHECKF(pairs == 0, "%s: pairs without the probe", what);
+        last_pairs = pairs;
+    }
+    cas_cuda_attn_destroy(a);
+    return tail_ctas;
+}
+
+static void test_headline(void) {
+    int32_t U[64];
+    for (int i = 0; i < 64; i++) U[i] = 512;
+    batch b;
+    batch_make(&b, 64, 32768, U);
+    const int kinds[4] = {17, 9, 3, 1};
+    for (int k = 0; k < 4; k++)
+        for (int order = 0; order <= 4; order++) {
+            if (kinds[k] != 17 && order != 1) continue;
+            char what[64];
+            snprintf(what, sizeof what, "headline kind %d order %d", kinds[k], order);
+            const int tc = plan_check(&b, kinds[k], order, 0, what);
+            if (kinds[k] == 17 && order == 4) {
+                /* the headline's split (bench/NOTES.md v18): a share of the
+                 * grid for the tails, most of it for the shared pass */
+                CHECKF(tc >= 4 && tc <= 60, "%s: %d tail CTAs", what, tc);
+            }
+        }
+    /* its 512 equal tails pair up on either order (256 pairs at most) */
+    plan_check(&b, 17, 4, 31, "headline kind 17 order 4 XV 31");
+    CHECKF(last_pairs >= 200 && last_pairs <= 256, "order 4: %d pairs", last_pairs);
+    plan_check(&b, 17, 1, 27, "headline kind 17 order 1 XV 27");
+    CHECKF(last_pairs >= 200 && last_pairs <= 256, "order 1: %d pairs", last_pairs);
+    batch_free(&b);
+}
+
+/* random cascades: prefix 0-8k keys, 1-96 requests, tails of 1-1500 keys */
+static void test_random(void) {
+    for (int it = 0; it < 60; it++) {
+        const int32_t B = 1 + (int32_t)rnd(96), P = (int32_t)rnd(3) == 0 ? 0 : PS * (int32_t)rnd(513);
+        int32_t U[96];
+        const int same = rnd(2) == 0;
+        const int32_t u0 = 1 + (int32_t)rnd(1500);
+        for (int32_t i = 0; i < B; i++) U[i] = same ? u0 : 1 + (int32_t)rnd(1500);
+        batch b;
+        batch_make(&b, B, P, U);
+        const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
+        const int order = kind == 17 ? (int)rnd(5) : 1;
+        const int xv = kind == 17 && rnd(2) ? 31 : 0;
+        char what[96];
+        snprintf(what, sizeof what, "random %d (B %d P %d U0 %d%s) kind %d order %d xv %d", it, B, P, U[0],
+                 same ? " all" : "", kind, order, xv);
+        setenv("CASCADE_CUDA_TAIL_MIX_LEN", rnd(2) ? "1000000000" : "512", 1);
+        plan_check(&b, kind, order, xv, what);
+        unsetenv("CASCADE_CUDA_TAIL_MIX_LEN");
+        batch_free(&b);
+    }
+}
+
+int main(void) {
+    RUN(test_headline);
+    RUN(test_random);
+    return check_summary();
+}
