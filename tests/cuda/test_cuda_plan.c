@@ -284,6 +284,11 @@ static void test_random(void) {
 }
 
 int main(void) {
+    /* the planner's knobs at their defaults (the checks' bounds assume them) */
+    const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TILE_BW", "CASCADE_CUDA_TAIL_TASK_COST",
+                           "CASCADE_CUDA_SPLIT_SEARCH", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
+                           "CASCADE_CUDA_SPLIT", "CASCADE_CUDA_MID_ROWS", "CASCADE_CUDA_FUSE_CHUNK"};
+    for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) unsetenv(knobs[i]);
     RUN(test_headline);
     RUN(test_random);
     return check_summary();
