@@ -3,8 +3,9 @@
  * CPU, against the runtime stand-ins of cuda_stub.c (an H200's shape, no
  * GPU): cascade batches (a shared prefix over many decode tails, random
  * ones and the grid's headline) planned with kinds 17, 9, 3 and 1, every
- * tail order and the tail pairs, and the uploaded block checked: every
- * (pass, KV head, row) gets its keys exactly once across the task lists,
+ * tail order and the tail pairs, and random flat batches (prefill chunks
+ * beside decode rows, causal); the uploaded block checked: every (pass, KV
+ * head, row) gets its visible keys exactly once across the task lists,
  * kind 17's per-CTA ranges partition its list, order 4 gives the tails CTAs
  * of their own ahead of the shared ones, and a pair's two tails follow each
  * other in one CTA with equal tile counts. Built and run by `make CUDA=1
@@ -104,6 +105,111 @@ static int cmp_cover(const void *x, const void *y) {
 static int last_pairs; /* pairs in the last kind-17 plan checked */
 static int tiles(const cas_cuda_task *t) { return t->kv1 > t->kv0 ? (t->kv1 - t->kv0 + 127) / 128 : 0; }
 
+/* checks the last uploaded block (kind, order, xv: how it was planned);
+ * returns the tail CTAs under order 4 (-1: none) */
+static int check_block(const char *what, int kind, int order, int xv) {
+    const char *blk = cas_stub_last_h2d;
+    const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
+    CHECK((size_t)h->block_bytes == cas_stub_last_h2d_bytes);
+    CHECK(h->group == GROUP);
+
+    /* every (pass, head, row) gets its visible keys once over the three
+     * lists: intervals from 0, disjoint and contiguous, ending at or past the
+     * row's last visible key (causal: its position) and at most at len */
+    const cas_cuda_pass *gp = (const cas_cuda_pass *)(blk + h->off_passes);
+    const int32_t *gpos = (const int32_t *)(blk + h->off_tok_pos);
+    const struct {
+        int64_t off;
+        int32_t n;
+    } lists[3] = {{h->off_tasks_wide, h->n_tasks_wide}, {h->off_tasks_narrow, h->n_tasks_narrow},
+                  {h->off_tasks_mid, h->n_tasks_mid}};
+    int64_t ncov = 0, cap = 0;
+    for (int l = 0; l < 3; l++) {
+        const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
+        for (int32_t i = 0; i < lists[l].n; i++) cap += t[i].nrows > 0 ? t[i].nrows : 0;
+    }
+    cover *cv = malloc(sizeof *cv * (size_t)(cap > 0 ? cap : 1));
+    int bad = 0;
+    for (int l = 0; l < 3; l++) {
+        const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
+        for (int32_t i = 0; i < lists[l].n; i++) {
+            const cas_cuda_task *x = &t[i];
+            if (x->pass < 0 || x->pass >= h->n_passes || x->kv_head < 0 || x->kv_head >= HKV || x->nrows < 1 ||
+                x->row0 < 0 || x->row0 + x->nrows > gp[x->pass].n_tok * GROUP || x->kv0 < 0 ||
+                x->kv1 > gp[x->pass].len) {
+                bad++;
+                continue;
+            }
+            for (int32_t r = 0; r < x->nrows; r++) cv[ncov++] = (cover){x->pass, x->kv_head, x->row0 + r, x->kv0, x->kv1};
+        }
+    }
+    CHECKF(bad == 0, "%s: %d tasks out of range", what, bad);
+    qsort(cv, (size_t)ncov, sizeof *cv, cmp_cover);
+    int64_t rows_all = 0;
+    for (int32_t p = 0; p < h->n_passes; p++) rows_all += (int64_t)gp[p].n_tok * GROUP * HKV;
+    int64_t seen = 0, gaps = 0;
+    for (int64_t i = 0; i < ncov;) {
+        int64_t j = i;
+        int32_t end = 0;
+        for (; j < ncov && cv[j].pass == cv[i].pass && cv[j].head == cv[i].head && cv[j].row == cv[i].row; j++) {
+            if (cv[j].kv0 != end && cv[j].kv1 > cv[j].kv0) gaps++;
+            if (cv[j].kv1 > end) end = cv[j].kv1;
+        }
+        const cas_cuda_pass *ps = &gp[cv[i].pass];
+        const int64_t vis = (int64_t)gpos[ps->tok_off + cv[i].row / GROUP] - ps->pos0 + 1;
+        const int32_t need = h->causal && vis < ps->len ? (int32_t)(vis > 0 ? vis : 0) : ps->len;
+        if (end < need || end > ps->len) gaps++;
+        seen++;
+        i = j;
+    }
+    CHECKF(seen == rows_all && gaps == 0, "%s: %lld of %lld rows covered, %lld gaps or overlaps", what,
+           (long long)seen, (long long)rows_all, (long long)gaps);
+    free(cv);
+
+    int tail_ctas = -1;
+    if (kind == 17 && h->off_cta_ptr > 0) {
+        const int32_t *cp = (const int32_t *)(blk + h->off_cta_ptr);
+        const cas_cuda_task *t = (const cas_cuda_task *)(blk + h->off_tasks_wide);
+        const int g = CAS_STUB_SMS;
+        int mono = cp[0] == 0 && cp[g] == h->n_tasks_wide;
+        for (int c = 0; c < g; c++) mono &= cp[c] <= cp[c + 1];
+        CHECKF(mono, "%s: cta_ptr does not partition the %d tasks", what, h->n_tasks_wide);
+        if (!mono) return -1;
+        /* classes per CTA: 1 tails only, 2 shared only, 3 both */
+        int cls[CAS_STUB_SMS] = {0}, nshared = 0, ntails = 0;
+        for (int c = 0; c < g; c++)
+            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
+                const int tail = gp[t[i].pass].n_tok * GROUP <= CAS_CUDA_NARROW_ROWS;
+                cls[c] |= tail ? 1 : 2;
+                nshared += !tail;
+                ntails += tail;
+            }
+        if (order == 4 && nshared > 0 && ntails > 0) {
+            int tc = 0;
+            while (tc < g && cls[tc] == 1) tc++;
+            int ok = tc > 0 && tc < g;
+            for (int c = tc; c < g; c++) ok &= cls[c] != 1 && cls[c] != 3;
+            CHECKF(ok, "%s: order 4 mixes tails and shared tasks (first %d CTAs tails only)", what, tc);
+            tail_ctas = tc;
+        }
+        /* pairs: a flagged tail and the next task of its CTA, equal tiles */
+        int pairs = 0, badp = 0;
+        for (int c = 0; c < g; c++)
+            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
+                if (!(t[i].flags & 16)) continue;
+                pairs++;
+                const int ok = i + 1 < cp[c + 1] && !(t[i + 1].flags & 16) && tiles(&t[i]) == tiles(&t[i + 1]) &&
+                               tiles(&t[i]) > 0 && t[i].nrows <= 64 && t[i + 1].nrows <= 64;
+                badp += !ok;
+                i++;
+            }
+        CHECKF(badp == 0, "%s: %d of %d pairs malformed", what, badp, pairs);
+        if (xv == 0) CHECKF(pairs == 0, "%s: pairs without the probe", what);
+        last_pairs = pairs;
+    }
+    return tail_ctas;
+}
+
 /* plans b with kind `kind`, tail order `order` and probe `xv` (0 none) and
  * checks the uploaded block; returns the tail CTAs under order 4 (-1: none) */
 static int plan_check(const batch *b, int kind, int order, int xv, const char *what) {
@@ -135,101 +241,8 @@ static int plan_check(const batch *b, int kind, int order, int xv, const char *w
         cas_cuda_attn_destroy(a);
         return -1;
     }
-    const char *blk = cas_stub_last_h2d;
-    const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
-    CHECK((size_t)h->block_bytes == cas_stub_last_h2d_bytes);
-    CHECK(h->n_passes == b->npass && h->group == GROUP);
-
-    /* every (pass, head, row) gets [0, len) once over the three lists */
-    const struct {
-        int64_t off;
-        int32_t n;
-    } lists[3] = {{h->off_tasks_wide, h->n_tasks_wide}, {h->off_tasks_narrow, h->n_tasks_narrow},
-                  {h->off_tasks_mid, h->n_tasks_mid}};
-    int64_t ncov = 0, cap = 0;
-    for (int l = 0; l < 3; l++) {
-        const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
-        for (int32_t i = 0; i < lists[l].n; i++) cap += t[i].nrows > 0 ? t[i].nrows : 0;
-    }
-    cover *cv = malloc(sizeof *cv * (size_t)(cap > 0 ? cap : 1));
-    int bad = 0;
-    for (int l = 0; l < 3; l++) {
-        const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
-        for (int32_t i = 0; i < lists[l].n; i++) {
-            const cas_cuda_task *x = &t[i];
-            if (x->pass < 0 || x->pass >= b->npass || x->kv_head < 0 || x->kv_head >= HKV || x->nrows < 1 ||
-                x->row0 < 0 || x->row0 + x->nrows > b->passes[x->pass].n_tok * GROUP || x->kv0 < 0 ||
-                x->kv1 > b->passes[x->pass].len) {
-                bad++;
-                continue;
-            }
-            for (int32_t r = 0; r < x->nrows; r++) cv[ncov++] = (cover){x->pass, x->kv_head, x->row0 + r, x->kv0, x->kv1};
-        }
-    }
-    CHECKF(bad == 0, "%s: %d tasks out of range", what, bad);
-    qsort(cv, (size_t)ncov, sizeof *cv, cmp_cover);
-    int64_t rows_all = 0;
-    for (int32_t p = 0; p < b->npass; p++) rows_all += (int64_t)b->passes[p].n_tok * GROUP * HKV;
-    int64_t seen = 0, gaps = 0;
-    for (int64_t i = 0; i < ncov;) {
-        int64_t j = i;
-        int32_t end = 0;
-        for (; j < ncov && cv[j].pass == cv[i].pass && cv[j].head == cv[i].head && cv[j].row == cv[i].row; j++) {
-            if (cv[j].kv0 != end) gaps++;
-            end = cv[j].kv1;
-        }
-        if (end != b->passes[cv[i].pass].len) gaps++;
-        seen++;
-        i = j;
-    }
-    CHECKF(seen == rows_all && gaps == 0, "%s: %lld of %lld rows covered, %lld gaps or overlaps", what,
-           (long long)seen, (long long)rows_all, (long long)gaps);
-    free(cv);
-
-    int tail_ctas = -1;
-    if (kind == 17 && h->off_cta_ptr > 0) {
-        const int32_t *cp = (const int32_t *)(blk + h->off_cta_ptr);
-        const cas_cuda_task *t = (const cas_cuda_task *)(blk + h->off_tasks_wide);
-        const int g = CAS_STUB_SMS;
-        int mono = cp[0] == 0 && cp[g] == h->n_tasks_wide;
-        for (int c = 0; c < g; c++) mono &= cp[c] <= cp[c + 1];
-        CHECKF(mono, "%s: cta_ptr does not partition the %d tasks", what, h->n_tasks_wide);
-        if (!mono) {
-            cas_cuda_attn_destroy(a);
-            return -1;
-        }
-        /* classes per CTA: 1 tails only, 2 shared only, 3 both */
-        int cls[CAS_STUB_SMS] = {0}, nshared = 0, ntails = 0;
-        for (int c = 0; c < g; c++)
-            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
-                const int tail = b->passes[t[i].pass].n_tok * GROUP <= CAS_CUDA_NARROW_ROWS;
-                cls[c] |= tail ? 1 : 2;
-                nshared += !tail;
-                ntails += tail;
-            }
-        if (order == 4 && nshared > 0 && ntails > 0) {
-            int tc = 0;
-            while (tc < g && cls[tc] == 1) tc++;
-            int ok = tc > 0 && tc < g;
-            for (int c = tc; c < g; c++) ok &= cls[c] != 1 && cls[c] != 3;
-            CHECKF(ok, "%s: order 4 mixes tails and shared tasks (first %d CTAs tails only)", what, tc);
-            tail_ctas = tc;
-        }
-        /* pairs: a flagged tail and the next task of its CTA, equal tiles */
-        int pairs = 0, badp = 0;
-        for (int c = 0; c < g; c++)
-            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
-                if (!(t[i].flags & 16)) continue;
-                pairs++;
-                const int ok = i + 1 < cp[c + 1] && !(t[i + 1].flags & 16) && tiles(&t[i]) == tiles(&t[i + 1]) &&
-                               tiles(&t[i]) > 0 && t[i].nrows <= 64 && t[i + 1].nrows <= 64;
-                badp += !ok;
-                i++;
-            }
-        CHECKF(badp == 0, "%s: %d of %d pairs malformed", what, badp, pairs);
-        if (xv == 0) CHECKF(pairs == 0, "%s: pairs without the probe", what);
-        last_pairs = pairs;
-    }
+    CHECKF(((const cas_cuda_plan_hdr *)cas_stub_last_h2d)->n_passes == b->npass, "%s: passes", what);
+    const int tail_ctas = check_block(what, kind, order, xv);
     cas_cuda_attn_destroy(a);
     return tail_ctas;
 }
@@ -283,6 +296,50 @@ static void test_random(void) {
     }
 }
 
+/* flat batches: 1-40 requests of 1-40 queries at the end of 1-3000 keys
+ * (prefill chunks beside decode rows), causal */
+static void test_flat(void) {
+    for (int it = 0; it < 40; it++) {
+        const int32_t B = 1 + (int32_t)rnd(40);
+        int32_t qo[41], kvp[41], last[40], kvl[40];
+        qo[0] = kvp[0] = 0;
+        for (int32_t r = 0; r < B; r++) {
+            const int32_t ql = rnd(3) ? 1 : 1 + (int32_t)rnd(40);
+            kvl[r] = ql + (int32_t)rnd(3000);
+            qo[r + 1] = qo[r] + ql;
+            kvp[r + 1] = kvp[r] + (kvl[r] + PS - 1) / PS;
+            last[r] = kvl[r] - (kvl[r] - 1) / PS * PS;
+        }
+        int32_t *idx = malloc(sizeof(int32_t) * (size_t)kvp[B]);
+        for (int32_t j = 0; j < kvp[B]; j++) idx[j] = j;
+        const cas_attn_batch bt = {B, qo, kvp, idx, last};
+        const int kinds[3] = {17, 9, 1}, kind = kinds[rnd(3)];
+        char what[64];
+        snprintf(what, sizeof what, "flat %d (B %d, %d queries) kind %d", it, B, qo[B], kind);
+        setenv("CASCADE_CUDA_WIDE", kind == 17 ? "17" : kind == 9 ? "9" : "1", 1);
+        const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
+        cas_cuda_attn_caps caps = {0};
+        caps.max_total_q = qo[B];
+        caps.max_passes = B;
+        caps.max_tok_rows = qo[B];
+        caps.max_page_ids = kvp[B];
+        cas_cuda_attn *a = NULL;
+        if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
+            CHECKF(0, "%s: create: %s", what, cas_last_error());
+            free(idx);
+            continue;
+        }
+        cas_attn_params pr = cas_attn_params_default();
+        if (cas_cuda_attn_plan_flat(a, &bt, kvp[B], &pr) != CAS_OK || cas_cuda_attn_upload(a, NULL) != CAS_OK) {
+            CHECKF(0, "%s: plan: %s", what, cas_last_error());
+        } else {
+            check_block(what, 0, 0, 0);
+        }
+        cas_cuda_attn_destroy(a);
+        free(idx);
+    }
+}
+
 int main(void) {
     /* the planner's knobs at their defaults (the checks' bounds assume them) */
     const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TILE_BW", "CASCADE_CUDA_TAIL_TASK_COST",
@@ -291,5 +348,6 @@ int main(void) {
     for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) unsetenv(knobs[i]);
     RUN(test_headline);
     RUN(test_random);
+    RUN(test_flat);
     return check_summary();
 }
