@@ -609,6 +609,13 @@ static void order_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t 
         cum[b] += c;
     }
 }
+/* whether the many-rows kernel runs pairs of tails (the probes that have
+ * them: CASCADE_CUDA_XV 27, 28, 30, 31, 33; bf16, head_dim 128) */
+static int mix_pairs(const cas_cuda_attn *a) {
+    const int xv = a->geom.xv;
+    return a->wide_kind == 17 && a->shape.kv_dtype == CAS_BF16 && a->shape.head_dim == 128 &&
+           (xv == 27 || xv == 28 || xv == 30 || xv == 31 || xv == 33);
+}
 static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     const int32_t g = a->wide_grid;
     cas_cuda_task *tw = a->tw, *tmp = a->tp;
@@ -636,7 +643,7 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
      * that follow each other with equal tile counts run as a pair, one per
      * consumer warpgroup (flags bit 4 on the first; the kernel needs the
      * counts equal) */
-    if (a->geom.xv == 27 || a->geom.xv == 28 || a->geom.xv == 30 || a->geom.xv == 31 || a->geom.xv == 33)
+    if (mix_pairs(a))
         for (int32_t b = 0; b < g; b++)
             for (int32_t i = a->cta_ptr[b]; i + 1 < a->cta_ptr[b + 1]; i++)
                 if (m[i].idx >= ns && m[i + 1].idx >= ns && tw[i].nrows <= 64 && tw[i + 1].nrows <= 64 &&
