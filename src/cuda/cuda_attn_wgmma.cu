@@ -880,12 +880,14 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false
     static constexpr size_t TILE = (size_t)KEYS * D * 2;
     /* XF bit 33554432: per consumer warpgroup the merge buffer of its
      * mma.sync tails, O of 16 rows (row pitch TML floats: the rows of one
-     * column in different banks) and each warp's max and sum per row */
+     * column in different banks) and each warp's max and sum per row (one
+     * buffer with the Q slots: consumer 0 alone runs those tails), after
+     * the stages and the slots */
     static constexpr int TML = D + 8;
     static constexpr size_t TMB = (size_t)16 * TML * 4 + 4 * 16 * 2 * 4;
     /* kind 11: the tail warps' staging after the K/V stages */
     static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0) +
-                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? 2 * TMB : 0);
+                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? (QST_ ? 1 : 2) * TMB : 0);
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
     static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
 };
@@ -1033,8 +1035,9 @@ __global__ void __launch_bounds__(384, 1)
     /* XF bit 8388608 (probe CASCADE_CUDA_XV=27): pairs of decode tails, one
      * per consumer warpgroup (the producer's and consumers' comments there) */
     constexpr bool PAIR = (XF & 8388608) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG;
-    /* XF bit 33554432 (probes XV 31, 32): tasks of at most 16 rows by mma.sync (the consumers') */
-    constexpr bool TMM = (XF & 33554432) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG;
+    /* XF bit 33554432 (probes XV 31, 32, 34): tasks of at most 16 rows by mma.sync (the consumers'),
+     * with QSTG (34) their Q and offsets from the producer's slots */
+    constexpr bool TMM = (XF & 33554432) != 0 && (XF & 16) != 0 && !MC && !TAILS;
     const bool tl_cta = TL && blockIdx.x < TL_CTAS;
     if (tl_cta && tid == 0) {
         cas_tl_cta[blockIdx.x][0] = sm_id();
@@ -1443,16 +1446,34 @@ __global__ void __launch_bounds__(384, 1)
                 if (t.nrows <= 16) {
                     const int w = ctid >> 5;
                     float *obuf = reinterpret_cast<float *>(smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE +
-                                                            cw * C::TMB);
+                                                            (QSTG ? QS_SLOTS * qs_cfg<D>::SLOT : 0) + cw * C::TMB);
                     constexpr int TML = C::TML;
                     float *mlb = obuf + 16 * TML;
-                    /* the task's setup barrier ordered the last task's reads of it */
+                    /* the task's setup barrier ordered the last task's reads of
+                     * it (a staged task has none: this one) */
+                    if (QSTG && staged) nbar_sync(bar_wg, 128);
                     for (int k = ctid; k < 16 * TML; k += 128) obuf[k] = 0.f;
                     const int r0 = lane >> 2, r1 = r0 + 8, nh = t.nrows > 8 ? 2 : 1;
+                    const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
                     uint32_t qf[D / 16][4];
-                    {
+                    int qp[2];
+                    if (QSTG && staged) {
+                        /* XF bit 4194304: Q (row pitch LDQ), positions and offsets from the slot */
+                        typedef qs_cfg<D> QC;
+                        const uint32_t *q0 = reinterpret_cast<const uint32_t *>(qsp + (ok0 ? r0 : 0) * QC::LDQ * 2) + (lane & 3);
+                        const uint32_t *q1 = reinterpret_cast<const uint32_t *>(qsp + (ok1 ? r1 : 0) * QC::LDQ * 2) + (lane & 3);
+#pragma unroll
+                        for (int ks = 0; ks < D / 16; ks++) {
+                            qf[ks][0] = ok0 ? q0[ks * 8] : 0u;
+                            qf[ks][1] = ok1 ? q1[ks * 8] : 0u;
+                            qf[ks][2] = ok0 ? q0[ks * 8 + 4] : 0u;
+                            qf[ks][3] = ok1 ? q1[ks * 8 + 4] : 0u;
+                        }
+                        const int *pos = reinterpret_cast<const int *>(qsp + QC::POS);
+                        qp[0] = pos[ok0 ? r0 : t.nrows - 1];
+                        qp[1] = pos[ok1 ? r1 : t.nrows - 1];
+                    } else {
                         const T *q0 = q + s_qrow[rbase + r0] + (lane & 3) * 2, *q1 = q + s_qrow[rbase + r1] + (lane & 3) * 2;
-                        const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
 #pragma unroll
                         for (int ks = 0; ks < D / 16; ks++) {
                             qf[ks][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16)) : 0u;
@@ -1460,8 +1481,16 @@ __global__ void __launch_bounds__(384, 1)
                             qf[ks][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16 + 8)) : 0u;
                             qf[ks][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16 + 8)) : 0u;
                         }
+                        qp[0] = s_qpos[rbase + r0];
+                        qp[1] = s_qpos[rbase + r1];
                     }
-                    const int qp[2] = {s_qpos[rbase + r0], s_qpos[rbase + r1]};
+                    /* a row's output and LSE offsets */
+                    auto o_of = [&](int r) -> long long {
+                        return QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::OO)[r] : s_oo[rbase + r];
+                    };
+                    auto l_of = [&](int r) -> long long {
+                        return QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::LO)[r] : s_lo[rbase + r];
+                    };
                     float oa[D / 2];
 #pragma unroll
                     for (int k = 0; k < D / 2; k++) oa[k] = 0.f;
@@ -1611,15 +1640,20 @@ __global__ void __launch_bounds__(384, 1)
                     float *lbase = t.o_off < 0 ? lse : scratch;
                     for (int k = ctid; k < t.nrows * (D / 2); k += 128) {
                         const int r = k / (D / 2), c2 = k - r * (D / 2);
-                        *reinterpret_cast<float2 *>(obase + s_oo[rbase + r] + 2 * c2) =
+                        *reinterpret_cast<float2 *>(obase + o_of(r) + 2 * c2) =
                             reinterpret_cast<const float2 *>(obuf + r * TML)[c2];
                     }
                     if (w == 0 && (lane & 3) == 0) {
 #pragma unroll
                         for (int hf = 0; hf < 2; hf++)
                             if (r0 + 8 * hf < t.nrows)
-                                lbase[s_lo[rbase + r0 + 8 * hf]] =
+                                lbase[l_of(r0 + 8 * hf)] =
                                     rowl[hf] > 0.f ? (rowm[hf] * sl + log2f(rowl[hf])) * LN2_F : -CUDART_INF_F;
+                    }
+                    /* XF bit 4194304: this warp is done with the task's slot */
+                    if (QSTG && staged) {
+                        __syncwarp();
+                        if (lane == 0) mbar_arrive(smem_u32(&s_qbar[QS_SLOTS + qslot]));
                     }
                     if (TL && tlt) cas_tl[blockIdx.x][jt][cw ? 6 : 2] = sm_clock64();
                     if (PAIR && pairt) ti += ti_step; /* the pair's second task is done too */
@@ -2114,6 +2148,9 @@ template <typename T, int D> struct wg_kernel<T, D, 231> : wg_ws<T, D, 128, 3, f
 template <typename T, int D> struct wg_kernel<T, D, 232> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216 | 33554432> {};
 /* probe XV=33: 31 with the timeline (XF bit 131072; a pair's trace records its first task) */
 template <typename T, int D> struct wg_kernel<T, D, 233> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216 | 33554432 | 131072> {};
+/* probe XV=34: 32 with 25's Q staging (the producer fills a slot of Q and
+ * offsets per tail ahead of its tiles) */
+template <typename T, int D> struct wg_kernel<T, D, 234> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216 | 33554432 | 4194304> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -2296,11 +2333,11 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 33 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
+        if (xv >= 1 && xv <= 34 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 225, 226,
-                            227, 228, 229, 230, 231, 232, 233>();
+                            227, 228, 229, 230, 231, 232, 233, 234>();
                 ready = 1;
             }
             static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
@@ -2312,7 +2349,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
                 CAS_XV(25) CAS_XV(26)
-                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32) CAS_XV(33)
+                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32) CAS_XV(33) CAS_XV(34)
 #undef CAS_XV
             default: break;
             }
