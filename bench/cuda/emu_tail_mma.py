@@ -3,7 +3,10 @@ src/cuda/cuda_attn_wgmma.cu, XF bit 33554432) with numpy: the swizzled K/V stage
 ldmatrix (.trans), mma.sync m16n8k16 as the PTX ISA lays out their fragments, and
 the kernel's index formulas, checked against Q K^T and P V for each of the four
 warps. Prints "mapping ok" or exits 1. A development check of the formulas (the
-kernel itself is tested by test-cuda on the GPU)."""
+kernel itself is tested by test-cuda on the GPU). Then the per-warp online
+softmax over each warp's 32 keys of every tile and the four warps' merge, as the
+kernel computes them, against the direct softmax (ragged tails, 1-16 rows):
+prints "merge ok" or exits 1."""
 import numpy as np
 rng=np.random.default_rng(1)
 D=128; KEYS=128
@@ -101,4 +104,53 @@ for w in range(4):
                 row=(t>>2)+8*(e>>1); d=dt*8+(t&3)*2+(e&1)
                 if abs(oa[t][4*dt+e]-O[row,d])>1e-9: ok=False; 
 print("mapping ok" if ok else "MISMATCH")
-raise SystemExit(0 if ok else 1)
+if not ok:
+    raise SystemExit(1)
+
+# --- the online softmax of each warp and the four warps' merge, as the kernel
+# does them (per warp: its 32 keys of every tile; sl = scale x log2 e; a row's
+# running max m in raw scores, the exponent offset mu = m x sl), against the
+# direct softmax over all keys; ragged last tile masked (keys >= kv1)
+def tail_task(Q, Kall, Vall, nrows, kv1, scale):
+    LOG2E = 1.4426950408889634
+    sl = scale * LOG2E
+    ntiles = (kv1 + 127) // 128
+    st = []
+    for w in range(4):
+        m = np.full(16, -np.inf); l = np.zeros(16); O = np.zeros((16, Vall.shape[1]))
+        for i in range(ntiles):
+            keys = np.arange(128 * i + 32 * w, 128 * i + 32 * w + 32)
+            s = Q @ Kall[np.minimum(keys, len(Kall) - 1)].T
+            s[:, keys >= kv1] = -np.inf
+            mx = s.max(axis=1)
+            mn = np.maximum(m, mx)
+            mu = np.where(mn == -np.inf, 0.0, mn * sl)
+            al = np.where(mn == m, 1.0, np.exp2(m * sl - mu))
+            p = np.exp2(s * sl - mu[:, None])
+            l = l * al + p.sum(axis=1)
+            O = O * al[:, None] + p @ (Vall[np.minimum(keys, len(Vall) - 1)] * (keys < kv1)[:, None])
+            m = mn
+        st.append((m, l, O))
+    M = np.max([x[0] for x in st], axis=0)
+    L = sum(np.where(x[0] == -np.inf, 0.0, x[1] * np.exp2((x[0] - M) * sl)) for x in st)
+    out = np.zeros_like(st[0][2])
+    for (m, l, O) in st:
+        f = np.where((m == -np.inf) | ~(L > 0), 0.0, np.exp2((m - M) * sl) / np.where(L > 0, L, 1))
+        out += O * f[:, None]
+    lse = np.where(L > 0, (M * sl + np.log2(np.where(L > 0, L, 1))) * np.log(2), -np.inf)
+    return out[:nrows], lse[:nrows]
+
+ok2 = True
+for trial in range(20):
+    nrows = int(rng.integers(1, 17)); kv1 = int(rng.integers(1, 700)); scale = 1 / np.sqrt(D)
+    Qt = rng.standard_normal((16, D)); Qt[nrows:] = 0
+    Kt = rng.standard_normal((kv1, D)); Vt = rng.standard_normal((kv1, D))
+    o, lse = tail_task(Qt, Kt, Vt, nrows, kv1, scale)
+    S = (Qt[:nrows] @ Kt.T) * scale
+    P = np.exp(S - S.max(axis=1, keepdims=True))
+    ref = (P @ Vt) / P.sum(axis=1, keepdims=True)
+    lref = np.log(P.sum(axis=1)) + S.max(axis=1)
+    if not (np.allclose(o, ref, atol=1e-10) and np.allclose(lse, lref, atol=1e-10)):
+        ok2 = False
+print("merge ok" if ok2 else "MERGE MISMATCH")
+raise SystemExit(0 if ok2 else 1)
