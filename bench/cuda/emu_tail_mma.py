@@ -43,6 +43,16 @@ def mma(c,a,b0,b1):
     for t in range(32):
         g,q=t//4,t%4
         c[t][0]+=Cm[g,2*q]; c[t][1]+=Cm[g,2*q+1]; c[t][2]+=Cm[g+8,2*q]; c[t][3]+=Cm[g+8,2*q+1]
+def box_addr(key,c):
+    # the kernel's ldmatrix row address: key's 16-byte chunk c in the swizzled stage
+    return (c>>3)*(KEYS*128)+key*128+(((c&7)^(key&7))<<4)
+def mma_two(acc,o,a,b):
+    # two m16n8k16 into acc[lane][o:o+4] and [o+4:o+8] with B from matrices 0, 1 and 2, 3
+    for h in range(2):
+        c=[[acc[t][o+4*h+e] for e in range(4)] for t in range(32)]
+        mma(c,a,[b[t][2*h] for t in range(32)],[b[t][2*h+1] for t in range(32)])
+        for t in range(32):
+            for e in range(4): acc[t][o+4*h+e]=c[t][e]
 ok=True
 for w in range(4):
     # Q fragments
@@ -55,18 +65,9 @@ for w in range(4):
     sc=[[0.0]*16 for _ in range(32)]
     for ks in range(D//16):
         for np_ in range(2):
-            addrs=[]
-            for lane in range(32):
-                mj=lane>>3; kr=lane&7
-                key=32*w+16*np_+8*(mj>>1)+kr; c=2*ks+(mj&1)
-                addrs.append((c>>3)*(KEYS*128)+key*128+(((c&7)^kr)<<4))
-            b=ldsm(sK,addrs,False)
-            c1=[[sc[t][8*np_+e] for e in range(4)] for t in range(32)]
-            mma(c1,qfk[ks],[b[t][0] for t in range(32)],[b[t][1] for t in range(32)])
-            c2=[[sc[t][8*np_+4+e] for e in range(4)] for t in range(32)]
-            mma(c2,qfk[ks],[b[t][2] for t in range(32)],[b[t][3] for t in range(32)])
-            for t in range(32):
-                for e in range(4): sc[t][8*np_+e]=c1[t][e]; sc[t][8*np_+4+e]=c2[t][e]
+            # matrices: key groups 2 np, 2 np + 1 x chunks 2 ks, 2 ks + 1
+            b=ldsm(sK,[box_addr(32*w+16*np_+8*((l>>3)>>1)+(l&7),2*ks+((l>>3)&1)) for l in range(32)],False)
+            mma_two(sc,8*np_,qfk[ks],b)
     S=Q@K.T
     for t in range(32):
         for k in range(16):
@@ -85,18 +86,9 @@ for w in range(4):
     oa=[[0.0]*(D//2) for _ in range(32)]
     for kk in range(2):
         for dp in range(D//16):
-            addrs=[]
-            for lane in range(32):
-                mj=lane>>3; kr=lane&7
-                key=32*w+16*kk+8*(mj&1)+kr; c=2*dp+(mj>>1)
-                addrs.append((c>>3)*(KEYS*128)+key*128+(((c&7)^kr)<<4))
-            b=ldsm(sV,addrs,True)
-            c1=[[oa[t][8*dp+e] for e in range(4)] for t in range(32)]
-            mma(c1,pa[kk],[b[t][0] for t in range(32)],[b[t][1] for t in range(32)])
-            c2=[[oa[t][8*dp+4+e] for e in range(4)] for t in range(32)]
-            mma(c2,pa[kk],[b[t][2] for t in range(32)],[b[t][3] for t in range(32)])
-            for t in range(32):
-                for e in range(4): oa[t][8*dp+e]=c1[t][e]; oa[t][8*dp+4+e]=c2[t][e]
+            # matrices (transposed): keys + 0-7, + 8-15 x chunks 2 dp, 2 dp + 1
+            b=ldsm(sV,[box_addr(32*w+16*kk+8*((l>>3)&1)+(l&7),2*dp+((l>>3)>>1)) for l in range(32)],True)
+            mma_two(oa,8*dp,pa[kk],b)
     O=P@V
     for t in range(32):
         for dt in range(D//8):

@@ -55,6 +55,34 @@
 #include "cuda_attn_ptx.cuh"
 #include "cuda_attn_fuse.cuh"
 
+/* Q rows r0 and r1 = r0 + 8 into the A fragments (of m16n8k16, and of a
+ * warp's 16 rows of wgmma: columns 2 (lane % 4) + {0, 1} and + 8 of each
+ * 16-column step); rows not ok are zero. From global memory (q0, q1: the
+ * rows' first element + 2 (lane % 4)) or from a Q slot (row pitch LDQ) */
+template <typename T, int D>
+__device__ __forceinline__ void q_frags_global(uint32_t (&qf)[D / 16][4], const T *q0, const T *q1, bool ok0, bool ok1) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        qf[ks][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16)) : 0u;
+        qf[ks][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16)) : 0u;
+        qf[ks][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16 + 8)) : 0u;
+        qf[ks][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16 + 8)) : 0u;
+    }
+}
+template <int D, int LDQ>
+__device__ __forceinline__ void q_frags_slot(uint32_t (&qf)[D / 16][4], const unsigned char *qsp, int r0, int r1,
+                                             bool ok0, bool ok1, int lane) {
+    const uint32_t *q0 = reinterpret_cast<const uint32_t *>(qsp + (ok0 ? r0 : 0) * LDQ * 2) + (lane & 3);
+    const uint32_t *q1 = reinterpret_cast<const uint32_t *>(qsp + (ok1 ? r1 : 0) * LDQ * 2) + (lane & 3);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        qf[ks][0] = ok0 ? q0[ks * 8] : 0u;
+        qf[ks][1] = ok1 ? q1[ks * 8] : 0u;
+        qf[ks][2] = ok0 ? q0[ks * 8 + 4] : 0u;
+        qf[ks][3] = ok1 ? q1[ks * 8 + 4] : 0u;
+    }
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define CAS_WGMMA_OK 1
 #else
@@ -1458,29 +1486,14 @@ __global__ void __launch_bounds__(384, 1)
                     uint32_t qf[D / 16][4];
                     int qp[2];
                     if (QSTG && staged) {
-                        /* XF bit 4194304: Q (row pitch LDQ), positions and offsets from the slot */
-                        typedef qs_cfg<D> QC;
-                        const uint32_t *q0 = reinterpret_cast<const uint32_t *>(qsp + (ok0 ? r0 : 0) * QC::LDQ * 2) + (lane & 3);
-                        const uint32_t *q1 = reinterpret_cast<const uint32_t *>(qsp + (ok1 ? r1 : 0) * QC::LDQ * 2) + (lane & 3);
-#pragma unroll
-                        for (int ks = 0; ks < D / 16; ks++) {
-                            qf[ks][0] = ok0 ? q0[ks * 8] : 0u;
-                            qf[ks][1] = ok1 ? q1[ks * 8] : 0u;
-                            qf[ks][2] = ok0 ? q0[ks * 8 + 4] : 0u;
-                            qf[ks][3] = ok1 ? q1[ks * 8 + 4] : 0u;
-                        }
-                        const int *pos = reinterpret_cast<const int *>(qsp + QC::POS);
+                        /* XF bit 4194304: Q, positions and offsets from the slot */
+                        q_frags_slot<D, qs_cfg<D>::LDQ>(qf, qsp, r0, r1, ok0, ok1, lane);
+                        const int *pos = reinterpret_cast<const int *>(qsp + qs_cfg<D>::POS);
                         qp[0] = pos[ok0 ? r0 : t.nrows - 1];
                         qp[1] = pos[ok1 ? r1 : t.nrows - 1];
                     } else {
-                        const T *q0 = q + s_qrow[rbase + r0] + (lane & 3) * 2, *q1 = q + s_qrow[rbase + r1] + (lane & 3) * 2;
-#pragma unroll
-                        for (int ks = 0; ks < D / 16; ks++) {
-                            qf[ks][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16)) : 0u;
-                            qf[ks][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16)) : 0u;
-                            qf[ks][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16 + 8)) : 0u;
-                            qf[ks][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16 + 8)) : 0u;
-                        }
+                        q_frags_global<T, D>(qf, q + s_qrow[rbase + r0] + (lane & 3) * 2,
+                                             q + s_qrow[rbase + r1] + (lane & 3) * 2, ok0, ok1);
                         qp[0] = s_qpos[rbase + r0];
                         qp[1] = s_qpos[rbase + r1];
                     }
@@ -1669,29 +1682,14 @@ __global__ void __launch_bounds__(384, 1)
                 typedef qs_cfg<D> QC;
                 const int r0 = wrow + (lane >> 2), r1 = r0 + 8, last = t.nrows - 1;
                 const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
-                const uint32_t *q0 = reinterpret_cast<const uint32_t *>(qsp + (ok0 ? r0 : 0) * QC::LDQ * 2) + (lane & 3);
-                const uint32_t *q1 = reinterpret_cast<const uint32_t *>(qsp + (ok1 ? r1 : 0) * QC::LDQ * 2) + (lane & 3);
-#pragma unroll
-                for (int ks = 0; ks < D / 16; ks++) {
-                    qf[ks][0] = ok0 ? q0[ks * 8] : 0u;
-                    qf[ks][1] = ok1 ? q1[ks * 8] : 0u;
-                    qf[ks][2] = ok0 ? q0[ks * 8 + 4] : 0u;
-                    qf[ks][3] = ok1 ? q1[ks * 8 + 4] : 0u;
-                }
+                q_frags_slot<D, QC::LDQ>(qf, qsp, r0, r1, ok0, ok1, lane);
                 const int *pos = reinterpret_cast<const int *>(qsp + QC::POS);
                 sqp0 = pos[r0 < last ? r0 : last];
                 sqp1 = pos[r1 < last ? r1 : last];
             } else {
                 const int r0 = wrow + (lane >> 2), r1 = r0 + 8;
-                const T *q0 = q + s_qrow[r0] + (lane & 3) * 2, *q1 = q + s_qrow[r1] + (lane & 3) * 2;
-                const bool ok0 = r0 - rbase < t.nrows, ok1 = r1 - rbase < t.nrows;
-#pragma unroll
-                for (int ks = 0; ks < D / 16; ks++) {
-                    qf[ks][0] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16)) : 0u;
-                    qf[ks][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16)) : 0u;
-                    qf[ks][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16 + 8)) : 0u;
-                    qf[ks][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16 + 8)) : 0u;
-                }
+                q_frags_global<T, D>(qf, q + s_qrow[r0] + (lane & 3) * 2, q + s_qrow[r1] + (lane & 3) * 2,
+                                     r0 - rbase < t.nrows, r1 - rbase < t.nrows);
             }
 
             const int nkeys = t.kv1 - t.kv0;
