@@ -107,6 +107,7 @@ struct cas_cuda_attn {
     struct mix_item *mix; /* [2 cap_tasks] CTA and order of each task */
     double *cta_load;  /* [4 wide_grid] */
     int32_t *heap;     /* [wide_grid] */
+    int32_t *cls_idx;  /* [max_passes]: the passes of one class (class_list) */
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
     /* pinned staging and its device copy */
@@ -180,6 +181,7 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     free(a->mix);
     free(a->cta_load);
     free(a->heap);
+    free(a->cls_idx);
     free(a);
 }
 
@@ -361,8 +363,9 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->mix = malloc(sizeof(struct mix_item) * 2 * (size_t)a->cap_tasks);
     a->cta_load = malloc(sizeof(double) * 4 * (size_t)a->wide_grid);
     a->heap = malloc(sizeof(int32_t) * (size_t)a->wide_grid);
+    a->cls_idx = malloc(sizeof(int32_t) * (size_t)caps->max_passes);
     if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->tf || !a->cnt || !a->fill || !a->direct_tok || !a->need_tok || !a->nsplit || !a->chunk ||
-        !a->job_off || !a->cta_ptr || !a->mix || !a->cta_load || !a->heap) {
+        !a->job_off || !a->cta_ptr || !a->mix || !a->cta_load || !a->heap || !a->cls_idx) {
         st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
         goto fail;
     }
@@ -653,17 +656,25 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
                 }
 }
 
-/* Tasks of class cls (1: the many-rows kernel, 2: the mid list) when passes
- * are split into chunks of about L keys, as the planner below splits them;
- * *maxch: the longest chunk. */
-static int64_t class_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
+/* The passes of class cls into idx (the planner's cls_idx); returns their count. */
+static int32_t class_list(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes, int32_t group,
+                          int cls, int32_t *idx) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_passes; i++)
+        if (pass_class(a, (int64_t)passes[i].n_tok * group) == cls && passes[i].len > 0) idx[n++] = i;
+    return n;
+}
+/* Tasks of class cls (1: the many-rows kernel, 2: the mid list; idx: its
+ * passes) when passes are split into chunks of about L keys, as the planner
+ * below splits them; *maxch: the longest chunk. */
+static int64_t class_tasks(const cas_cuda_attn *a, const cas_attn_pass *passes, const int32_t *idx, int32_t nidx,
                            int32_t group, int cls, int64_t L, int64_t *maxch) {
     int64_t n = 0;
     const int rblk = class_rows(a, cls);
     *maxch = 0;
-    for (int32_t i = 0; i < n_passes; i++) {
+    for (int32_t k = 0; k < nidx; k++) {
+        const int32_t i = idx[k];
         int64_t rows = (int64_t)passes[i].n_tok * group, len = passes[i].len;
-        if (pass_class(a, rows) != cls || len <= 0) continue;
         int64_t ns = (len + L - 1) / L;
         if (ns > a->caps.max_split) ns = a->caps.max_split;
         int64_t ch = ((len + ns - 1) / ns + 63) / 64 * 64;
@@ -677,13 +688,13 @@ static int64_t class_tasks(const cas_cuda_attn *a, int32_t n_passes, const cas_a
 /* When a many-rows kernel gets only a few waves of tasks (a shared prefix
  * over a decode batch), its time is waves x chunk: a split that leaves a last
  * wave nearly empty costs a whole chunk. The chunk length for the passes of
- * class cls on a persistent grid of `grid` CTAs that minimises that
- * (split_rule 1: chunks of at least 512 keys, 2: at least 128); L if the
- * class has no passes or many waves. */
-static int64_t pick_chunk(const cas_cuda_attn *a, int32_t n_passes, const cas_attn_pass *passes,
+ * class cls (idx: class_list's) on a persistent grid of `grid` CTAs that
+ * minimises that (split_rule 1: chunks of at least 512 keys, 2: at least
+ * 128); L if the class has no passes or many waves. */
+static int64_t pick_chunk(const cas_cuda_attn *a, const cas_attn_pass *passes, const int32_t *idx, int32_t nidx,
                           int32_t group, int cls, int64_t grid, int64_t L, int split_rule) {
     if (grid <= 0 || split_rule == 0) return L;
-    int64_t maxch = 0, nt = class_tasks(a, n_passes, passes, group, cls, L, &maxch);
+    int64_t maxch = 0, nt = class_tasks(a, passes, idx, nidx, group, cls, L, &maxch);
     if (nt <= 0 || nt >= 8 * grid) return L;
     int64_t best_l = L;
     double best = (double)((nt + grid - 1) / grid) * (double)(maxch + 128);
@@ -691,11 +702,10 @@ static int64_t pick_chunk(const cas_cuda_attn *a, int32_t n_passes, const cas_at
      * so that it spreads over more SMs; rule 1: 512 */
     int64_t lo = split_rule >= 2 ? 128 : (L / 2 < 512 ? 512 : (L / 2 + 63) / 64 * 64);
     int64_t maxlen = 0;
-    for (int32_t i = 0; i < n_passes; i++)
-        if (pass_class(a, (int64_t)passes[i].n_tok * group) == cls && passes[i].len > maxlen)
-            maxlen = passes[i].len;
+    for (int32_t k = 0; k < nidx; k++)
+        if (passes[idx[k]].len > maxlen) maxlen = passes[idx[k]].len;
     for (int64_t c = lo; c <= 4 * L && c <= maxlen + 63; c += 64) {
-        int64_t mc = 0, n = class_tasks(a, n_passes, passes, group, cls, c, &mc);
+        int64_t mc = 0, n = class_tasks(a, passes, idx, nidx, group, cls, c, &mc);
         double cost = (double)((n + grid - 1) / grid) * (double)(mc + 128);
         if (cost < best * 0.999) {
             best = cost;
@@ -803,6 +813,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                 wb += (double)(Hkv * tiles);
             }
         }
+        const int32_t nwi = class_list(a, n_passes, passes, group, CLS_WIDE, a->cls_idx);
         if (ws > 0.0 && wt > 0.0 && wide_g > 1) {
             double T = (ws + wt) / wide_g;
             if (wb / a->tile_bw > T) T = wb / a->tile_bw;
@@ -817,8 +828,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             for (int32_t c = nsh - a->split_search; c <= nsh + a->split_search; c++) {
                 if (c < 1 || c > wide_g - 1) continue;
                 int64_t mc = 0;
-                const int64_t Lc = pick_chunk(a, n_passes, passes, group, CLS_WIDE, c, L, split_rule);
-                const int64_t n = class_tasks(a, n_passes, passes, group, CLS_WIDE, Lc, &mc);
+                const int64_t Lc = pick_chunk(a, passes, a->cls_idx, nwi, group, CLS_WIDE, c, L, split_rule);
+                const int64_t n = class_tasks(a, passes, a->cls_idx, nwi, group, CLS_WIDE, Lc, &mc);
                 const double ts = (double)((n + c - 1) / c) * (double)((mc + 127) / 128), tt = wt / (wide_g - c);
                 const double tm = ts > tt ? ts : tt;
                 if (tm < best_t * 0.999) {
@@ -831,8 +842,10 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             wide_g = nsh;
         }
     }
-    int64_t Lw = pick_chunk(a, n_passes, passes, group, CLS_WIDE, wide_g, L, split_rule);
-    int64_t Lm = pick_chunk(a, n_passes, passes, group, CLS_MID, a->mid_grid, L, split_rule);
+    int32_t ncls = class_list(a, n_passes, passes, group, CLS_WIDE, a->cls_idx);
+    int64_t Lw = pick_chunk(a, passes, a->cls_idx, ncls, group, CLS_WIDE, wide_g, L, split_rule);
+    ncls = class_list(a, n_passes, passes, group, CLS_MID, a->cls_idx);
+    int64_t Lm = pick_chunk(a, passes, a->cls_idx, ncls, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;
     for (int iter = 0;; iter++) {
         n_tasks = 0;
