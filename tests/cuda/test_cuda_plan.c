@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <time.h>
 
 #include "check.h"
 #include "cuda_stub.h"
@@ -103,11 +105,20 @@ static int cmp_cover(const void *x, const void *y) {
 }
 
 static int last_pairs; /* pairs in the last kind-17 plan checked */
+/* FNV-1a over every block checked: the same number before and after a change
+ * to the planner means it plans every batch of this test byte for byte as
+ * before (printed at the end) */
+static uint64_t digest = 1469598103934665603ull;
+static void digest_block(void) {
+    const unsigned char *p = (const unsigned char *)cas_stub_last_h2d;
+    for (size_t i = 0; i < cas_stub_last_h2d_bytes; i++) digest = (digest ^ p[i]) * 1099511628211ull;
+}
 static int tiles(const cas_cuda_task *t) { return t->kv1 > t->kv0 ? (t->kv1 - t->kv0 + 127) / 128 : 0; }
 
 /* checks the last uploaded block (kind, order, xv: how it was planned);
  * returns the tail CTAs under order 4 (-1: none) */
 static int check_block(const char *what, int kind, int order, int xv) {
+    digest_block();
     const char *blk = cas_stub_last_h2d;
     const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
     CHECK((size_t)h->block_bytes == cas_stub_last_h2d_bytes);
@@ -341,7 +352,72 @@ static void test_flat(void) {
     }
 }
 
-int main(void) {
+/* `test_cuda_plan --time [N]`: host time of planning (plan_passes, then
+ * plan_passes + upload) for grid shapes, median of N runs (default 400);
+ * prints a table, checks nothing */
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+static int cmp_dbl(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+static int time_plans(int n) {
+    const struct {
+        int32_t B, P, U;
+    } shapes[] = {{64, 32768, 512}, {256, 32768, 128}, {8, 1024, 128}, {128, 16384, 2048}, {64, 0, 4096}};
+    const int orders[2] = {1, 4};
+    double *t = malloc(sizeof(double) * (size_t)n), *tu = malloc(sizeof(double) * (size_t)n);
+    printf("%-22s %5s %12s %14s\n", "shape", "order", "plan us", "plan+upload us");
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int32_t U[256];
+        for (int i = 0; i < shapes[s].B; i++) U[i] = shapes[s].U;
+        batch b;
+        batch_make(&b, shapes[s].B, shapes[s].P, U);
+        for (int o = 0; o < 2; o++) {
+            char os[8];
+            snprintf(os, sizeof os, "%d", orders[o]);
+            setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
+            const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
+            cas_cuda_attn_caps caps = {0};
+            caps.max_total_q = b.ntok;
+            caps.max_passes = b.npass;
+            caps.max_tok_rows = 2 * b.ntok;
+            caps.max_page_ids = b.npage_ids;
+            caps.max_states = 64 * (int64_t)b.ntok;
+            cas_cuda_attn *a = NULL;
+            if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) return 1;
+            cas_attn_params pr = cas_attn_params_default();
+            for (int i = 0; i < n; i++) {
+                const double t0 = now_us();
+                cas_status st = cas_cuda_attn_plan_passes(a, &pr, b.npages, b.npass, b.passes, b.pages,
+                                                          b.npage_ids, b.tok_ids, b.tok_pos, b.ntok * 2, b.ntok);
+                const double t1 = now_us();
+                if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
+                const double t2 = now_us();
+                if (st != CAS_OK) return 1;
+                t[i] = t1 - t0;
+                tu[i] = t2 - t0;
+            }
+            qsort(t, (size_t)n, sizeof *t, cmp_dbl);
+            qsort(tu, (size_t)n, sizeof *tu, cmp_dbl);
+            char nm[32];
+            snprintf(nm, sizeof nm, "B%d P%d U%d", shapes[s].B, shapes[s].P, shapes[s].U);
+            printf("%-22s %5d %12.1f %14.1f\n", nm, orders[o], t[n / 2], tu[n / 2]);
+            cas_cuda_attn_destroy(a);
+        }
+        batch_free(&b);
+    }
+    unsetenv("CASCADE_CUDA_TAIL_ORDER");
+    free(t);
+    free(tu);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--time") == 0) return time_plans(argc > 2 ? atoi(argv[2]) : 400);
     /* the planner's knobs at their defaults (the checks' bounds assume them) */
     const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TILE_BW", "CASCADE_CUDA_TAIL_TASK_COST",
                            "CASCADE_CUDA_SPLIT_SEARCH", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
@@ -350,5 +426,6 @@ int main(void) {
     RUN(test_headline);
     RUN(test_random);
     RUN(test_flat);
+    printf("plan digest %016llx\n", (unsigned long long)digest);
     return check_summary();
 }
