@@ -46,6 +46,11 @@
 
 #define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
 
+/* a CTA in arrange_mix's heap, by (load, cta) */
+struct cta_load_ent {
+    double load;
+    int32_t cta;
+};
 struct mix_item {
     double key;    /* order within the CTA */
     int32_t cta;   /* the CTA that runs the task */
@@ -106,7 +111,10 @@ struct cas_cuda_attn {
     int32_t *cta_ptr;  /* [wide_grid + 1] */
     struct mix_item *mix; /* [2 cap_tasks] CTA and order of each task */
     double *cta_load;  /* [4 wide_grid] */
-    int32_t *heap;     /* [wide_grid] */
+    struct cta_load_ent *heap; /* [wide_grid] */
+    int32_t *cta_pos;  /* [wide_grid] */
+    uint64_t *skey;    /* [4 cap_tasks]: sort_tasks' keys (two buffers) */
+    int32_t *sidx;     /* [4 cap_tasks]: and their tasks */
     int32_t *cls_idx;  /* [max_passes]: the passes of one class (class_list) */
     int64_t cap_tasks, cap_states, cap_bytes, scratch_floats;
 
@@ -181,6 +189,9 @@ void cas_cuda_attn_destroy(cas_cuda_attn *a) {
     free(a->mix);
     free(a->cta_load);
     free(a->heap);
+    free(a->cta_pos);
+    free(a->skey);
+    free(a->sidx);
     free(a->cls_idx);
     free(a);
 }
@@ -362,10 +373,14 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->cta_ptr = malloc(sizeof(int32_t) * ((size_t)a->wide_grid + 1));
     a->mix = malloc(sizeof(struct mix_item) * 2 * (size_t)a->cap_tasks);
     a->cta_load = malloc(sizeof(double) * 4 * (size_t)a->wide_grid);
-    a->heap = malloc(sizeof(int32_t) * (size_t)a->wide_grid);
+    a->heap = malloc(sizeof *a->heap * (size_t)a->wide_grid);
+    a->cta_pos = malloc(sizeof(int32_t) * (size_t)a->wide_grid);
+    a->skey = malloc(sizeof(uint64_t) * 4 * (size_t)a->cap_tasks);
+    a->sidx = malloc(sizeof(int32_t) * 4 * (size_t)a->cap_tasks);
     a->cls_idx = malloc(sizeof(int32_t) * (size_t)caps->max_passes);
     if (!a->flat_passes || !a->flat_ids || !a->flat_pos || !a->tw || !a->tp || !a->tn || !a->tm || !a->tf || !a->cnt || !a->fill || !a->direct_tok || !a->need_tok || !a->nsplit || !a->chunk ||
-        !a->job_off || !a->cta_ptr || !a->mix || !a->cta_load || !a->heap || !a->cls_idx) {
+        !a->job_off || !a->cta_ptr || !a->mix || !a->cta_load || !a->heap || !a->cta_pos || !a->cls_idx ||
+        !a->skey || !a->sidx) {
         st = cas_error(CAS_ERR_NOMEM, "cuda attn: out of host memory");
         goto fail;
     }
@@ -378,12 +393,70 @@ fail:
 
 /* ---- planning ----------------------------------------------------------- */
 
+static int64_t task_work(const cas_cuda_task *t) { return (int64_t)(t->kv1 - t->kv0) * t->nrows; }
 static int cmp_task(const void *x, const void *y) {
     const cas_cuda_task *a = x, *b = y;
-    int64_t ca = (int64_t)(a->kv1 - a->kv0) * a->nrows, cb = (int64_t)(b->kv1 - b->kv0) * b->nrows;
+    const int64_t ca = task_work(a), cb = task_work(b);
     if (ca != cb) return ca > cb ? -1 : 1;
     /* stable: pad holds the creation index */
     return a->pad < b->pad ? -1 : a->pad > b->pad;
+}
+static int bits_of(uint64_t x) {
+    int b = 0;
+    while (x >> b) b++;
+    return b;
+}
+/* src[0, n) into dst (another array) in cmp_task's order, by a radix sort of
+ * one 64-bit key a task, (longest - work) above pad, 8 bits a pass (a pass
+ * whose digit is the same for all is skipped); qsort where the two do not
+ * fit in 64 bits. The keys are distinct (pad is), so the order is qsort's. */
+static void sort_tasks(cas_cuda_attn *a, cas_cuda_task *dst, const cas_cuda_task *src, int32_t n) {
+    int64_t maxw = 0, minw = INT64_MAX, maxpad = 0;
+    int neg = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int64_t w = task_work(&src[i]);
+        if (w > maxw) maxw = w;
+        if (w < minw) minw = w;
+        if (src[i].pad > maxpad) maxpad = src[i].pad;
+        neg |= src[i].pad < 0;
+    }
+    const int pb = bits_of((uint64_t)maxpad), kb = n > 0 ? bits_of((uint64_t)(maxw - minw)) : 0;
+    if (neg || minw < 0 || n > 2 * a->cap_tasks || pb + kb > 64) {
+        memcpy(dst, src, sizeof *src * (size_t)n);
+        qsort(dst, (size_t)n, sizeof *dst, cmp_task);
+        return;
+    }
+    uint64_t *k = a->skey, *k2 = a->skey + 2 * a->cap_tasks;
+    int32_t *x = a->sidx, *x2 = a->sidx + 2 * a->cap_tasks;
+    for (int32_t i = 0; i < n; i++) {
+        k[i] = (uint64_t)(maxw - task_work(&src[i])) << pb | (uint64_t)src[i].pad;
+        x[i] = i;
+    }
+    for (int sh = 0; sh < pb + kb; sh += 8) {
+        int32_t c[257] = {0};
+        for (int32_t i = 0; i < n; i++) c[(k[i] >> sh & 255) + 1]++;
+        int same = 0;
+        for (int d = 1; d <= 256; d++) same |= c[d] == n;
+        if (same) continue;
+        for (int d = 0; d < 256; d++) c[d + 1] += c[d];
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t j = c[k[i] >> sh & 255]++;
+            k2[j] = k[i];
+            x2[j] = x[i];
+        }
+        uint64_t *tk = k;
+        k = k2;
+        k2 = tk;
+        int32_t *tx = x;
+        x = x2;
+        x2 = tx;
+    }
+    for (int32_t i = 0; i < n; i++) dst[i] = src[x[i]];
+}
+/* a list sorted in place (through the scratch tp, which it must not be) */
+static void sort_list(cas_cuda_attn *a, cas_cuda_task *t, int32_t n) {
+    sort_tasks(a, a->tp, t, n);
+    memcpy(t, a->tp, sizeof *t * (size_t)n);
 }
 
 /* A list that a persistent grid of g CTAs walks with stride g (CTA b takes
@@ -434,7 +507,6 @@ static int class_rows(const cas_cuda_attn *a, int cls) {
  * work, largest first. tw[0, nw) is in creation order (pass, chunk, row
  * block, KV head) with pad the creation index; the pairs replace it; returns
  * the new count (2 x pairs). */
-static int64_t task_work(const cas_cuda_task *t) { return (int64_t)(t->kv1 - t->kv0) * t->nrows; }
 static int cmp_pair(const void *x, const void *y) {
     const cas_cuda_task *a = x, *b = y;
     int64_t wa = task_work(&a[0]) > task_work(&a[1]) ? task_work(&a[0]) : task_work(&a[1]);
@@ -509,18 +581,20 @@ static int32_t pair_tasks(cas_cuda_attn *a, int32_t nw, int32_t Hkv) {
  * chunk stay in step (their K and V shared in L2) while the others are
  * staggered. The list is rewritten CTA by CTA; cta_ptr[b] is CTA b's first
  * task. */
-static int heap_less(const double *ld, int32_t x, int32_t y) { return ld[x] < ld[y] || (ld[x] == ld[y] && x < y); }
-static void heap_down(int32_t *hp, const double *ld, int32_t n, int32_t i) {
+static int heap_less(const struct cta_load_ent *x, const struct cta_load_ent *y) {
+    return x->load < y->load || (x->load == y->load && x->cta < y->cta);
+}
+static void heap_down(struct cta_load_ent *hp, int32_t n, int32_t i) {
+    const struct cta_load_ent x = hp[i];
     for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && heap_less(ld, hp[l], hp[m])) m = l;
-        if (r < n && heap_less(ld, hp[r], hp[m])) m = r;
-        if (m == i) return;
-        int32_t x = hp[i];
+        const int32_t l = 2 * i + 1, r = l + 1;
+        if (l >= n) break;
+        const int32_t m = r < n && heap_less(&hp[r], &hp[l]) ? r : l;
+        if (!heap_less(&hp[m], &x)) break;
         hp[i] = hp[m];
-        hp[m] = x;
         i = m;
     }
+    hp[i] = x;
 }
 static int cmp_mix(const void *x, const void *y) {
     const struct mix_item *a = x, *b = y;
@@ -537,22 +611,19 @@ static double mix_cost(const cas_cuda_attn *a, const cas_cuda_task *t, int tail)
 static void split_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t nw, int32_t tc) {
     const int32_t g = a->wide_grid, gs = g - tc;
     struct mix_item *m = a->mix;
-    double *load = a->cta_load;
     if (a->snake) snake_rounds(tmp, ns, gs);
-    for (int32_t b = 0; b < g; b++) load[b] = 0.0;
     for (int32_t k = 0; k < ns; k++) {
         m[k].cta = tc + k % gs;
         m[k].key = k;
         m[k].idx = k;
     }
-    for (int32_t b = 0; b < tc; b++) a->heap[b] = b;
+    for (int32_t b = 0; b < tc; b++) a->heap[b] = (struct cta_load_ent){0.0, b};
     for (int32_t k = ns; k < nw; k++) {
-        const int32_t b = a->heap[0];
-        m[k].cta = b;
+        m[k].cta = a->heap[0].cta;
         m[k].key = k;
         m[k].idx = k;
-        load[b] += tiles_of(&tmp[k]) * a->tail_cost + a->tail_task;
-        heap_down(a->heap, load, tc, 0);
+        a->heap[0].load += tiles_of(&tmp[k]) * a->tail_cost + a->tail_task;
+        heap_down(a->heap, tc, 0);
     }
 }
 /* orders 0-3: the shared tasks round-robin, the tails to the least loaded
@@ -570,15 +641,15 @@ static void order_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t 
         load[b] += c;
         tot_s[b] += c;
     }
-    for (int32_t b = 0; b < g; b++) a->heap[b] = b;
-    for (int32_t i = g / 2 - 1; i >= 0; i--) heap_down(a->heap, load, g, i);
+    for (int32_t b = 0; b < g; b++) a->heap[b] = (struct cta_load_ent){load[b], b};
+    for (int32_t i = g / 2 - 1; i >= 0; i--) heap_down(a->heap, g, i);
     for (int32_t k = ns; k < nw; k++) {
-        const int32_t b = a->heap[0];
+        const int32_t b = a->heap[0].cta;
         const double c = mix_cost(a, &tmp[k], 1);
         m[k].cta = b;
-        load[b] += c;
+        a->heap[0].load += c;
         tot_t[b] += c;
-        heap_down(a->heap, load, g, 0);
+        heap_down(a->heap, g, 0);
     }
     /* keys: the middle of each task on its class's cost line of the CTA */
     for (int32_t b = 0; b < g; b++) cum[b] = 0.0;
@@ -628,20 +699,41 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
         if (!(tw[i].flags & 8)) tmp[ns++] = tw[i];
     for (int32_t i = 0; i < nw; i++)
         if (tw[i].flags & 8) tmp[ns + nt++] = tw[i];
-    qsort(tmp, (size_t)ns, sizeof(cas_cuda_task), cmp_task);
-    qsort(tmp + ns, (size_t)nt, sizeof(cas_cuda_task), cmp_task);
+    /* sorted into tw, which becomes the working list; the arranged one is
+     * written to tp and the two arrays swap */
+    sort_tasks(a, tw, tmp, ns);
+    sort_tasks(a, tw + ns, tmp + ns, nt);
+    tmp = tw;
+    tw = a->tp;
     /* order 4: CTAs of their own for the tails */
     const int32_t tc = a->tail_order == 4 && ns > 0 && nt > 0 ? a->tail_ctas : 0;
     if (tc > 0) split_mix(a, tmp, ns, nw, tc);
     else order_mix(a, tmp, ns, nw);
-    qsort(m, (size_t)nw, sizeof *m, cmp_mix);
+    /* m in cmp_mix's order (CTA, key, idx): by CTA, stable (m[k].idx is k,
+     * so a CTA's items come in idx order), then a CTA's items sorted by key
+     * where they are not already (orders 0, 2, 3) */
     for (int32_t b = 0; b <= g; b++) a->cta_ptr[b] = 0;
+    for (int32_t i = 0; i < nw; i++) a->cta_ptr[m[i].cta + 1]++;
+    for (int32_t b = 0; b < g; b++) a->cta_ptr[b + 1] += a->cta_ptr[b];
+    if (nw <= a->cap_tasks) {
+        struct mix_item *o = m + a->cap_tasks; /* mix holds 2 cap_tasks */
+        int32_t *pos = a->cta_pos;
+        for (int32_t b = 0; b < g; b++) pos[b] = a->cta_ptr[b];
+        for (int32_t i = 0; i < nw; i++) o[pos[m[i].cta]++] = m[i];
+        for (int32_t b = 0; b < g; b++) {
+            const int32_t i0 = a->cta_ptr[b], n = a->cta_ptr[b + 1] - i0;
+            int sorted = 1;
+            for (int32_t i = 1; i < n && sorted; i++) sorted = cmp_mix(&o[i0 + i - 1], &o[i0 + i]) < 0;
+            if (!sorted) qsort(o + i0, (size_t)n, sizeof *o, cmp_mix);
+        }
+        m = o;
+    } else {
+        qsort(m, (size_t)nw, sizeof *m, cmp_mix);
+    }
     for (int32_t i = 0; i < nw; i++) {
         tw[i] = tmp[m[i].idx];
         tw[i].flags = 0;
-        a->cta_ptr[m[i].cta + 1]++;
     }
-    for (int32_t b = 0; b < g; b++) a->cta_ptr[b + 1] += a->cta_ptr[b];
     /* probes CASCADE_CUDA_XV=27, 28, 30, 31, 33 (bf16, head_dim 128): two tails of one CTA
      * that follow each other with equal tile counts run as a pair, one per
      * consumer warpgroup (flags bit 4 on the first; the kernel needs the
@@ -654,6 +746,8 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
                     tw[i].flags |= 16;
                     i++;
                 }
+    a->tp = a->tw;
+    a->tw = tw;
 }
 
 /* The passes of class cls into idx (the planner's cls_idx); returns their count. */
@@ -1015,10 +1109,10 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     }
     if (a->wide_kind == 10) nw = pair_tasks(a, nw, Hkv);
     else if (MIX_KIND(a->wide_kind)) arrange_mix(a, nw);
-    else qsort(a->tw, (size_t)nw, sizeof(cas_cuda_task), cmp_task);
-    qsort(a->tn, (size_t)nn, sizeof(cas_cuda_task), cmp_task);
-    qsort(a->tm, (size_t)nmid, sizeof(cas_cuda_task), cmp_task);
-    qsort(a->tf, (size_t)nf, sizeof(cas_cuda_task), cmp_task);
+    else sort_list(a, a->tw, nw);
+    sort_list(a, a->tn, nn);
+    sort_list(a, a->tm, nmid);
+    sort_list(a, a->tf, nf);
     /* the fused list is taken from a counter, kind 10's pairs by clusters */
     if (a->snake) {
         if (a->wide_kind != 10 && !MIX_KIND(a->wide_kind)) snake_rounds(a->tw, nw, a->wide_grid);

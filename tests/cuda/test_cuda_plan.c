@@ -50,8 +50,8 @@ static void batch_make(batch *b, int32_t B, int32_t P, const int32_t *U) {
     int64_t np = (P + PS - 1) / PS;
     for (int32_t i = 0; i < B; i++) np += (U[i] + PS - 1) / PS;
     b->pages = malloc(sizeof(int32_t) * (size_t)np);
-    b->tok_ids = malloc(sizeof(int32_t) * (size_t)(2 * B));
-    b->tok_pos = malloc(sizeof(int32_t) * (size_t)(2 * B));
+    b->tok_ids = calloc((size_t)(2 * B), sizeof(int32_t)); /* rows [B, 2B): spare capacity */
+    b->tok_pos = calloc((size_t)(2 * B), sizeof(int32_t));
     int32_t pg = 0, rows = 0, k = 0;
     if (P > 0) {
         cas_attn_pass *s = &b->passes[k++];
@@ -285,9 +285,13 @@ static void test_headline(void) {
     batch_free(&b);
 }
 
-/* random cascades: prefix 0-8k keys, 1-96 requests, tails of 1-1500 keys */
+/* random cascades: prefix 0-8k keys, 1-96 requests, tails of 1-1500 keys
+ * (CASCADE_PLAN_TEST_CASCADES of them, default 60; CASCADE_PLAN_TEST_FLAT
+ * flat batches below, default 40) */
+static int iters(const char *env, int dflt) { return getenv(env) ? atoi(getenv(env)) : dflt; }
 static void test_random(void) {
-    for (int it = 0; it < 60; it++) {
+    const int n = iters("CASCADE_PLAN_TEST_CASCADES", 60);
+    for (int it = 0; it < n; it++) {
         const int32_t B = 1 + (int32_t)rnd(96), P = (int32_t)rnd(3) == 0 ? 0 : PS * (int32_t)rnd(513);
         int32_t U[96];
         const int same = rnd(2) == 0;
@@ -311,7 +315,8 @@ static void test_random(void) {
 /* flat batches: 1-40 requests of 1-40 queries at the end of 1-3000 keys
  * (prefill chunks beside decode rows), causal */
 static void test_flat(void) {
-    for (int it = 0; it < 40; it++) {
+    const int n = iters("CASCADE_PLAN_TEST_FLAT", 40);
+    for (int it = 0; it < n; it++) {
         const int32_t B = 1 + (int32_t)rnd(40);
         int32_t qo[41], kvp[41], last[40], kvl[40];
         qo[0] = kvp[0] = 0;
@@ -352,8 +357,9 @@ static void test_flat(void) {
     }
 }
 
-/* `test_cuda_plan --time [N]`: host time of planning (plan_passes, then
- * plan_passes + upload) for grid shapes, median of N runs (default 400);
+/* `test_cuda_plan --time [N [S]]`: host time of planning (plan_passes, then
+ * plan_passes + upload) for grid shapes (S: the S-th only), median of N runs
+ * (default 400);
  * prints a table, checks nothing */
 static double now_us(void) {
     struct timespec ts;
@@ -364,14 +370,15 @@ static int cmp_dbl(const void *x, const void *y) {
     const double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
 }
-static int time_plans(int n) {
+static int time_plans(int n, int only) {
     const struct {
         int32_t B, P, U;
     } shapes[] = {{64, 32768, 512}, {256, 32768, 128}, {8, 1024, 128}, {128, 16384, 2048}, {64, 0, 4096}};
     const int orders[2] = {1, 4};
     double *t = malloc(sizeof(double) * (size_t)n), *tu = malloc(sizeof(double) * (size_t)n);
-    printf("%-22s %5s %12s %14s\n", "shape", "order", "plan us", "plan+upload us");
+    printf("%-22s %5s %12s %14s %8s %8s\n", "shape", "order", "plan us", "plan+upload us", "wide", "narrow");
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        if (only >= 0 && (size_t)only != s) continue;
         int32_t U[256];
         for (int i = 0; i < shapes[s].B; i++) U[i] = shapes[s].U;
         batch b;
@@ -405,7 +412,10 @@ static int time_plans(int n) {
             qsort(tu, (size_t)n, sizeof *tu, cmp_dbl);
             char nm[32];
             snprintf(nm, sizeof nm, "B%d P%d U%d", shapes[s].B, shapes[s].P, shapes[s].U);
-            printf("%-22s %5d %12.1f %14.1f\n", nm, orders[o], t[n / 2], tu[n / 2]);
+            cas_cuda_attn_info inf;
+            cas_cuda_attn_get_info(a, &inf);
+            printf("%-22s %5d %12.1f %14.1f %8d %8d\n", nm, orders[o], t[n / 2], tu[n / 2], inf.tasks_wide,
+                   inf.tasks_narrow);
             cas_cuda_attn_destroy(a);
         }
         batch_free(&b);
@@ -417,7 +427,7 @@ static int time_plans(int n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--time") == 0) return time_plans(argc > 2 ? atoi(argv[2]) : 400);
+    if (argc > 1 && strcmp(argv[1], "--time") == 0) return time_plans(argc > 2 ? atoi(argv[2]) : 400, argc > 3 ? atoi(argv[3]) : -1);
     /* the planner's knobs at their defaults (the checks' bounds assume them) */
     const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TILE_BW", "CASCADE_CUDA_TAIL_TASK_COST",
                            "CASCADE_CUDA_SPLIT_SEARCH", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
