@@ -406,32 +406,33 @@ static int bits_of(uint64_t x) {
     while (x >> b) b++;
     return b;
 }
-/* src[0, n) into dst (another array) in cmp_task's order, by a radix sort of
- * one 64-bit key a task, (longest - work) above pad, 8 bits a pass (a pass
- * whose digit is the same for all is skipped); qsort where the two do not
- * fit in 64 bits. The keys are distinct (pad is), so the order is qsort's. */
-static void sort_tasks(cas_cuda_attn *a, cas_cuda_task *dst, const cas_cuda_task *src, int32_t n) {
+/* The tasks of src[0, ns) whose flags & fmask are fval into dst (another
+ * array) in cmp_task's order, by a radix sort of one 64-bit key a task,
+ * (longest - work) above pad, 8 bits a pass (a pass whose digit is the same
+ * for all is skipped); qsort where the two do not fit in 64 bits. The keys
+ * are distinct (pad is), so the order is qsort's. Returns their count. */
+static int32_t sort_tasks(cas_cuda_attn *a, cas_cuda_task *dst, const cas_cuda_task *src, int32_t ns, int32_t fmask,
+                          int32_t fval) {
     int64_t maxw = 0, minw = INT64_MAX, maxpad = 0;
     int neg = 0;
-    for (int32_t i = 0; i < n; i++) {
+    int32_t *x = a->sidx, *x2 = a->sidx + 2 * a->cap_tasks, n = 0;
+    for (int32_t i = 0; i < ns; i++) {
+        if ((src[i].flags & fmask) != fval) continue;
         const int64_t w = task_work(&src[i]);
         if (w > maxw) maxw = w;
         if (w < minw) minw = w;
         if (src[i].pad > maxpad) maxpad = src[i].pad;
         neg |= src[i].pad < 0;
+        x[n++] = i;
     }
     const int pb = bits_of((uint64_t)maxpad), kb = n > 0 ? bits_of((uint64_t)(maxw - minw)) : 0;
-    if (neg || minw < 0 || n > 2 * a->cap_tasks || pb + kb > 64) {
-        memcpy(dst, src, sizeof *src * (size_t)n);
+    if (neg || minw < 0 || ns > 2 * a->cap_tasks || pb + kb > 64) {
+        for (int32_t i = 0; i < n; i++) dst[i] = src[x[i]];
         qsort(dst, (size_t)n, sizeof *dst, cmp_task);
-        return;
+        return n;
     }
     uint64_t *k = a->skey, *k2 = a->skey + 2 * a->cap_tasks;
-    int32_t *x = a->sidx, *x2 = a->sidx + 2 * a->cap_tasks;
-    for (int32_t i = 0; i < n; i++) {
-        k[i] = (uint64_t)(maxw - task_work(&src[i])) << pb | (uint64_t)src[i].pad;
-        x[i] = i;
-    }
+    for (int32_t i = 0; i < n; i++) k[i] = (uint64_t)(maxw - task_work(&src[x[i]])) << pb | (uint64_t)src[x[i]].pad;
     for (int sh = 0; sh < pb + kb; sh += 8) {
         int32_t c[257] = {0};
         for (int32_t i = 0; i < n; i++) c[(k[i] >> sh & 255) + 1]++;
@@ -452,10 +453,11 @@ static void sort_tasks(cas_cuda_attn *a, cas_cuda_task *dst, const cas_cuda_task
         x2 = tx;
     }
     for (int32_t i = 0; i < n; i++) dst[i] = src[x[i]];
+    return n;
 }
 /* a list sorted in place (through the scratch tp, which it must not be) */
 static void sort_list(cas_cuda_attn *a, cas_cuda_task *t, int32_t n) {
-    sort_tasks(a, a->tp, t, n);
+    sort_tasks(a, a->tp, t, n, 0, 0);
     memcpy(t, a->tp, sizeof *t * (size_t)n);
 }
 
@@ -694,17 +696,10 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     const int32_t g = a->wide_grid;
     cas_cuda_task *tw = a->tw, *tmp = a->tp;
     struct mix_item *m = a->mix;
-    int32_t ns = 0, nt = 0;
-    for (int32_t i = 0; i < nw; i++)
-        if (!(tw[i].flags & 8)) tmp[ns++] = tw[i];
-    for (int32_t i = 0; i < nw; i++)
-        if (tw[i].flags & 8) tmp[ns + nt++] = tw[i];
-    /* sorted into tw, which becomes the working list; the arranged one is
-     * written to tp and the two arrays swap */
-    sort_tasks(a, tw, tmp, ns);
-    sort_tasks(a, tw + ns, tmp + ns, nt);
-    tmp = tw;
-    tw = a->tp;
+    /* the shared tasks, then the tails (flags bit 3), each sorted, into tp;
+     * arranged from there back into tw */
+    const int32_t ns = sort_tasks(a, tmp, tw, nw, 8, 0);
+    const int32_t nt = sort_tasks(a, tmp + ns, tw, nw, 8, 8);
     /* order 4: CTAs of their own for the tails */
     const int32_t tc = a->tail_order == 4 && ns > 0 && nt > 0 ? a->tail_ctas : 0;
     if (tc > 0) split_mix(a, tmp, ns, nw, tc);
@@ -746,8 +741,6 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
                     tw[i].flags |= 16;
                     i++;
                 }
-    a->tp = a->tw;
-    a->tw = tw;
 }
 
 /* The passes of class cls into idx (the planner's cls_idx); returns their count. */
@@ -760,17 +753,22 @@ static int32_t class_list(const cas_cuda_attn *a, int32_t n_passes, const cas_at
 }
 /* Tasks of class cls (1: the many-rows kernel, 2: the mid list; idx: its
  * passes) when passes are split into chunks of about L keys, as the planner
- * below splits them; *maxch: the longest chunk. */
+ * below splits them; *maxch: the longest chunk. The split depends on L only
+ * through each pass's chunk count; *next (where not NULL): the least L' > L
+ * at which one of them changes (INT64_MAX: none does). */
 static int64_t class_tasks(const cas_cuda_attn *a, const cas_attn_pass *passes, const int32_t *idx, int32_t nidx,
-                           int32_t group, int cls, int64_t L, int64_t *maxch) {
+                           int32_t group, int cls, int64_t L, int64_t *maxch, int64_t *next) {
     int64_t n = 0;
     const int rblk = class_rows(a, cls);
     *maxch = 0;
+    if (next) *next = INT64_MAX;
     for (int32_t k = 0; k < nidx; k++) {
         const int32_t i = idx[k];
         int64_t rows = (int64_t)passes[i].n_tok * group, len = passes[i].len;
         int64_t ns = (len + L - 1) / L;
         if (ns > a->caps.max_split) ns = a->caps.max_split;
+        /* ceil(len / L') drops below ns from L' = ceil(len / (ns - 1)) on */
+        if (next && ns > 1 && (len + ns - 2) / (ns - 1) < *next) *next = (len + ns - 2) / (ns - 1);
         int64_t ch = ((len + ns - 1) / ns + 63) / 64 * 64;
         ns = (len + ch - 1) / ch;
         if (ch > *maxch) *maxch = ch < len ? ch : len;
@@ -788,7 +786,7 @@ static int64_t class_tasks(const cas_cuda_attn *a, const cas_attn_pass *passes, 
 static int64_t pick_chunk(const cas_cuda_attn *a, const cas_attn_pass *passes, const int32_t *idx, int32_t nidx,
                           int32_t group, int cls, int64_t grid, int64_t L, int split_rule) {
     if (grid <= 0 || split_rule == 0) return L;
-    int64_t maxch = 0, nt = class_tasks(a, passes, idx, nidx, group, cls, L, &maxch);
+    int64_t maxch = 0, nt = class_tasks(a, passes, idx, nidx, group, cls, L, &maxch, NULL);
     if (nt <= 0 || nt >= 8 * grid) return L;
     int64_t best_l = L;
     double best = (double)((nt + grid - 1) / grid) * (double)(maxch + 128);
@@ -798,13 +796,17 @@ static int64_t pick_chunk(const cas_cuda_attn *a, const cas_attn_pass *passes, c
     int64_t maxlen = 0;
     for (int32_t k = 0; k < nidx; k++)
         if (passes[idx[k]].len > maxlen) maxlen = passes[idx[k]].len;
-    for (int64_t c = lo; c <= 4 * L && c <= maxlen + 63; c += 64) {
-        int64_t mc = 0, n = class_tasks(a, passes, idx, nidx, group, cls, c, &mc);
+    /* c in steps of 64; the steps that leave every pass's chunk count as it
+     * was are skipped (their cost is the same, and only a lower one counts) */
+    for (int64_t c = lo; c <= 4 * L && c <= maxlen + 63;) {
+        int64_t mc = 0, nx = 0, n = class_tasks(a, passes, idx, nidx, group, cls, c, &mc, &nx);
         double cost = (double)((n + grid - 1) / grid) * (double)(mc + 128);
         if (cost < best * 0.999) {
             best = cost;
             best_l = c;
         }
+        if (nx == INT64_MAX) break;
+        c += (nx - c + 63) / 64 * 64;
     }
     return best_l;
 }
@@ -923,7 +925,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                 if (c < 1 || c > wide_g - 1) continue;
                 int64_t mc = 0;
                 const int64_t Lc = pick_chunk(a, passes, a->cls_idx, nwi, group, CLS_WIDE, c, L, split_rule);
-                const int64_t n = class_tasks(a, passes, a->cls_idx, nwi, group, CLS_WIDE, Lc, &mc);
+                const int64_t n = class_tasks(a, passes, a->cls_idx, nwi, group, CLS_WIDE, Lc, &mc, NULL);
                 const double ts = (double)((n + c - 1) / c) * (double)((mc + 127) / 128), tt = wt / (wide_g - c);
                 const double tm = ts > tt ? ts : tt;
                 if (tm < best_t * 0.999) {
