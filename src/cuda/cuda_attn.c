@@ -1056,7 +1056,9 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                 if (params->causal && (int64_t)pmax - p->pos0 + 1 < k1)
                     k1 = (int32_t)((int64_t)pmax - p->pos0 + 1);
                 if (params->window_left >= 0 && (int64_t)pmin - params->window_left - p->pos0 > k0)
-                    k0 = (int32_t)((int64_t)pmin - params->window_left - p->pos0);
+                    k0 = (int64_t)pmin - params->window_left - p->pos0 < c1
+                             ? (int32_t)((int64_t)pmin - params->window_left - p->pos0)
+                             : c1; /* every key of the chunk left of the window: empty, within the chunk */
                 if (k1 < k0) k1 = k0;
                 for (int32_t hk = 0; hk < Hkv; hk++) {
                     cas_cuda_task t;

@@ -8,13 +8,16 @@
  * head, row) gets its visible keys exactly once across the task lists,
  * kind 17's per-CTA ranges partition its list, order 4 gives the tails CTAs
  * of their own ahead of the shared ones, and a pair's two tails follow each
- * other in one CTA with equal tile counts. Built and run by `make CUDA=1
- * cuda-build-check` (no GPU needed) and `make test-cuda`.
+ * other in one CTA with equal tile counts; broken batch descriptions are
+ * refused with a message and leave the context planning (test_invalid).
+ * Built and run by `make CUDA=1 cuda-build-check` (no GPU needed) and `make
+ * test-cuda`; `test_cuda_plan --time` times the planner.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <math.h>
 #include <time.h>
 
 #include "check.h"
@@ -125,8 +128,9 @@ static int check_block(const char *what, int kind, int order, int xv) {
     CHECK(h->group == GROUP);
 
     /* every (pass, head, row) gets its visible keys once over the three
-     * lists: intervals from 0, disjoint and contiguous, ending at or past the
-     * row's last visible key (causal: its position) and at most at len */
+     * lists: disjoint, contiguous intervals within [0, len), from at or
+     * before the row's first visible key (0, or with a window its position
+     * less the window) to at or past its last (len, or causal its position) */
     const cas_cuda_pass *gp = (const cas_cuda_pass *)(blk + h->off_passes);
     const int32_t *gpos = (const int32_t *)(blk + h->off_tok_pos);
     const struct {
@@ -160,16 +164,19 @@ static int check_block(const char *what, int kind, int order, int xv) {
     for (int32_t p = 0; p < h->n_passes; p++) rows_all += (int64_t)gp[p].n_tok * GROUP * HKV;
     int64_t seen = 0, gaps = 0;
     for (int64_t i = 0; i < ncov;) {
-        int64_t j = i;
-        int32_t end = 0;
-        for (; j < ncov && cv[j].pass == cv[i].pass && cv[j].head == cv[i].head && cv[j].row == cv[i].row; j++) {
-            if (cv[j].kv0 != end && cv[j].kv1 > cv[j].kv0) gaps++;
-            if (cv[j].kv1 > end) end = cv[j].kv1;
-        }
         const cas_cuda_pass *ps = &gp[cv[i].pass];
-        const int64_t vis = (int64_t)gpos[ps->tok_off + cv[i].row / GROUP] - ps->pos0 + 1;
-        const int32_t need = h->causal && vis < ps->len ? (int32_t)(vis > 0 ? vis : 0) : ps->len;
-        if (end < need || end > ps->len) gaps++;
+        const int64_t qp = (int64_t)gpos[ps->tok_off + cv[i].row / GROUP] - ps->pos0;
+        int64_t lo = h->window_left >= 0 ? qp - h->window_left : 0, hi = h->causal && qp + 1 < ps->len ? qp + 1 : ps->len;
+        if (lo < 0) lo = 0;
+        int64_t j = i, start = -1, end = -1;
+        for (; j < ncov && cv[j].pass == cv[i].pass && cv[j].head == cv[i].head && cv[j].row == cv[i].row; j++) {
+            if (cv[j].kv1 <= cv[j].kv0) continue;
+            if (start < 0) start = cv[j].kv0;
+            else if (cv[j].kv0 != end) gaps++;
+            end = cv[j].kv1;
+        }
+        if (hi > lo && (start < 0 || start > lo || end < hi)) gaps++;
+        if (end > ps->len) gaps++;
         seen++;
         i = j;
     }
@@ -357,6 +364,106 @@ static void test_flat(void) {
     }
 }
 
+/* bad batch descriptions: a random cascade with one field broken (a pass's
+ * length, token count or offsets, a page id outside the pool or a token id
+ * outside the batch, a misaligned start, a token in no pass, too many
+ * passes, bad params) is refused with a message, and the same context then
+ * plans the good batch; positions anywhere (before the pass, far past it),
+ * a sliding window and no causal mask plan a block that gives every row its
+ * keys (check_block) (CASCADE_PLAN_TEST_BAD of them, default 300) */
+static void test_invalid(void) {
+    const int n = iters("CASCADE_PLAN_TEST_BAD", 300);
+    int refused = 0, planned = 0;
+    for (int it = 0; it < n; it++) {
+        const int32_t B = 1 + (int32_t)rnd(48), P = (int32_t)rnd(3) == 0 ? 0 : PS * (int32_t)rnd(257);
+        int32_t U[48];
+        for (int32_t i = 0; i < B; i++) U[i] = 1 + (int32_t)rnd(700);
+        batch b;
+        batch_make(&b, B, P, U);
+        const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
+        char ks[16], os[16];
+        snprintf(ks, sizeof ks, "%d", kind);
+        snprintf(os, sizeof os, "%d", kind == 17 ? (int)rnd(5) : 1);
+        setenv("CASCADE_CUDA_WIDE", ks, 1);
+        setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
+        const int xv = rnd(2) ? 31 : 0;
+        setenv("CASCADE_CUDA_XV", xv ? "31" : "0", 1);
+        const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
+        cas_cuda_attn_caps caps = {0};
+        caps.max_total_q = b.ntok + 1;
+        caps.max_passes = b.npass;
+        caps.max_tok_rows = 2 * b.ntok;
+        caps.max_page_ids = b.npage_ids;
+        caps.max_states = 64 * (int64_t)b.ntok;
+        cas_cuda_attn *a = NULL;
+        if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
+            CHECKF(0, "bad %d: create: %s", it, cas_last_error());
+            batch_free(&b);
+            continue;
+        }
+        /* the broken copy */
+        cas_attn_pass *ps = malloc(sizeof *ps * (size_t)(b.npass + 1));
+        int32_t *pg = malloc(sizeof(int32_t) * (size_t)b.npage_ids), *ids = malloc(sizeof(int32_t) * 2 * (size_t)B),
+                *pos = malloc(sizeof(int32_t) * 2 * (size_t)B);
+        memcpy(ps, b.passes, sizeof *ps * (size_t)b.npass);
+        ps[b.npass] = ps[b.npass - 1];
+        memcpy(pg, b.pages, sizeof(int32_t) * (size_t)b.npage_ids);
+        memcpy(ids, b.tok_ids, sizeof(int32_t) * 2 * (size_t)B);
+        memcpy(pos, b.tok_pos, sizeof(int32_t) * 2 * (size_t)B);
+        cas_attn_params pr = cas_attn_params_default();
+        int32_t npass = b.npass, total_q = b.ntok;
+        cas_attn_pass *x = &ps[rnd((uint32_t)b.npass)];
+        const int what = (int)rnd(16);
+        const int bad = what < 13;
+        switch (what) {
+        case 0: x->len = -1 - (int32_t)rnd(100); break;
+        case 1: x->len += PS * (b.npage_ids + 1); break; /* past the page ids */
+        case 2: x->n_tok = -1; break;
+        case 3: x->n_tok = 2 * B + 1 - x->tok_off; break; /* past the token rows */
+        case 4: x->tok_off = rnd(2) ? -1 : 2 * B; break;
+        case 5: x->page_off = rnd(2) ? -1 : b.npage_ids; break;
+        case 6: x->pos0 = rnd(2) ? -PS : x->pos0 + 1 + (int32_t)rnd(PS - 1); break;
+        case 7: pg[rnd((uint32_t)b.npages)] = rnd(2) ? -1 : b.npages + (int32_t)rnd(5); break;
+        case 8: ids[x->tok_off + (x->n_tok > 0 ? (int32_t)rnd((uint32_t)x->n_tok) : 0)] = rnd(2) ? -1 : total_q; break;
+        case 9: total_q++; break; /* token total_q - 1 in no pass */
+        case 10: npass++; break;  /* over capacity */
+        case 11: pr.window_left = -2 - (int32_t)rnd(5); break;
+        case 12: pr.logits_soft_cap = rnd(2) ? -1.f : NAN; break;
+        case 13: for (int32_t i = 0; i < B; i++) pos[i] = (int32_t)rnd(3 * (uint32_t)(P + 700)) - 700 + (int32_t)rnd(2) * 1000000000; break;
+        case 14: pr.window_left = (int32_t)rnd((uint32_t)(P + 700)); pr.causal = (int)rnd(2); break;
+        default: pr.causal = 0; break;
+        }
+        char msg[96];
+        snprintf(msg, sizeof msg, "bad %d (B %d P %d kind %d) case %d", it, B, P, kind, what);
+        cas_status st = cas_cuda_attn_plan_passes(a, &pr, b.npages, npass, ps, pg, b.npage_ids, ids, pos, 2 * B, total_q);
+        if (bad) {
+            CHECKF(st == CAS_ERR_INVALID || st == CAS_ERR_NOMEM, "%s: status %d", msg, (int)st);
+            CHECKF(st == CAS_OK || cas_last_error()[0] != 0, "%s: no message", msg);
+            refused += st != CAS_OK;
+        } else if (st == CAS_OK && cas_cuda_attn_upload(a, NULL) == CAS_OK) {
+            check_block(msg, kind, 0, xv);
+            planned++;
+        } else {
+            CHECKF(0, "%s: plan: %s", msg, cas_last_error());
+        }
+        /* the context still plans the good batch */
+        pr = cas_attn_params_default();
+        st = cas_cuda_attn_plan_passes(a, &pr, b.npages, b.npass, b.passes, b.pages, b.npage_ids, b.tok_ids, b.tok_pos,
+                                       2 * B, b.ntok);
+        if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
+        CHECKF(st == CAS_OK, "%s: the good batch after it: %s", msg, cas_last_error());
+        if (st == CAS_OK) check_block(msg, kind, 0, xv);
+        free(ps);
+        free(pg);
+        free(ids);
+        free(pos);
+        cas_cuda_attn_destroy(a);
+        batch_free(&b);
+    }
+    unsetenv("CASCADE_CUDA_XV");
+    printf("  %d refused, %d planned\n", refused, planned);
+}
+
 /* `test_cuda_plan --time [N [S]]`: host time of planning (plan_passes, then
  * plan_passes + upload) for grid shapes (S: the S-th only), median of N runs
  * (default 400);
@@ -436,6 +543,7 @@ int main(int argc, char **argv) {
     RUN(test_headline);
     RUN(test_random);
     RUN(test_flat);
+    RUN(test_invalid);
     printf("plan digest %016llx\n", (unsigned long long)digest);
     return check_summary();
 }
