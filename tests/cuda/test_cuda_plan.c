@@ -364,6 +364,98 @@ static void test_flat(void) {
     }
 }
 
+/* multi-level cascades: random trees of shared prefixes (a1 requests share
+ * t1 pages, b1 of them t2 more, c1 of those t3 more; d others t4 pages of
+ * their own tree), each request 1-4 queries or a prefill chunk and 1-150
+ * private tokens, planned by the CPU planner (every shared run a pass) and
+ * taken over by cas_cuda_attn_plan_from_cpu on kinds 17, 9 and 1; causal,
+ * some with a window (CASCADE_PLAN_TEST_TREES, default 40) */
+static void test_trees(void) {
+    const int n = iters("CASCADE_PLAN_TEST_TREES", 40);
+    const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
+    int multi = 0;
+    for (int it = 0; it < n; it++) {
+        const int32_t a1 = 2 + (int32_t)rnd(40), b1 = 1 + (int32_t)rnd((uint32_t)a1), c1 = 1 + (int32_t)rnd((uint32_t)b1);
+        const int32_t t1 = 1 + (int32_t)rnd(200), t2 = 1 + (int32_t)rnd(40), t3 = (int32_t)rnd(20);
+        const int32_t d = (int32_t)rnd(8), t4 = 1 + (int32_t)rnd(40), B = a1 + d;
+        const int prefill = rnd(3) == 0;
+        int32_t *qo = malloc(sizeof(int32_t) * (size_t)(B + 1)), *kvp = malloc(sizeof(int32_t) * (size_t)(B + 1));
+        int32_t *last = malloc(sizeof(int32_t) * (size_t)B);
+        int32_t *idx = malloc(sizeof(int32_t) * (size_t)B * (size_t)(t1 + t2 + t3 + t4 + 10));
+        int32_t np = 0, next = 0; /* page ids: the trees' first, then each request's own */
+        const int32_t first2 = t1, first3 = t1 + t2, first4 = t1 + t2 + t3;
+        next = first4 + t4;
+        qo[0] = kvp[0] = 0;
+        for (int32_t r = 0; r < B; r++) {
+            if (r < a1) {
+                for (int32_t k = 0; k < t1; k++) idx[np++] = k;
+                for (int32_t k = 0; r < b1 && k < t2; k++) idx[np++] = first2 + k;
+                for (int32_t k = 0; r < c1 && k < t3; k++) idx[np++] = first3 + k;
+            } else {
+                for (int32_t k = 0; k < t4; k++) idx[np++] = first4 + k;
+            }
+            const int32_t own = 1 + (int32_t)rnd(150), pages = (own + PS - 1) / PS;
+            for (int32_t k = 0; k < pages; k++) idx[np++] = next++;
+            kvp[r + 1] = np;
+            last[r] = own - (pages - 1) * PS;
+            const int32_t kvlen = (kvp[r + 1] - kvp[r] - 1) * PS + last[r];
+            int32_t q = prefill ? 1 + (int32_t)rnd(200) : 1 + (int32_t)rnd(4);
+            if (q > kvlen) q = kvlen;
+            qo[r + 1] = qo[r] + q;
+        }
+        const cas_attn_batch bt = {B, qo, kvp, idx, last};
+        cas_attn_params pr = cas_attn_params_default();
+        if (rnd(4) == 0) pr.window_left = (int32_t)rnd(3000);
+        cas_attn_plan_opts opts = cas_attn_plan_opts_default();
+        opts.cascade = CAS_CASCADE_ALL;
+        cas_attn_plan *plan = NULL;
+        cas_status st = cas_attn_plan_create(&plan, &sh, &opts, B, qo[B], np);
+        if (st == CAS_OK) st = cas_attn_plan_build(plan, &bt, next, &pr);
+        CHECKF(st == CAS_OK, "tree %d: cpu plan: %s", it, cas_last_error());
+        int levels = 0;
+        for (int32_t i = 0; st == CAS_OK && i < plan->n_passes; i++) levels += plan->passes[i].node >= 0;
+        multi += levels >= 2;
+        const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
+        const int order = kind == 17 ? (int)rnd(5) : 1, xv = kind == 17 && rnd(2) ? 31 : 0;
+        char ks[16], os[16], xs[16], what[256];
+        snprintf(ks, sizeof ks, "%d", kind);
+        snprintf(os, sizeof os, "%d", order);
+        snprintf(xs, sizeof xs, "%d", xv);
+        setenv("CASCADE_CUDA_WIDE", ks, 1);
+        setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
+        setenv("CASCADE_CUDA_XV", xs, 1);
+        snprintf(what, sizeof what,
+                 "tree %d (%d*%d(%d*%d(%d*%d))+%d*%d pages, %d queries, %d shared passes) kind %d order %d xv %d "
+                 "window %d",
+                 it, a1, t1, b1, t2, c1, t3, d, t4, qo[B], levels, kind, order, xv, pr.window_left);
+        cas_cuda_attn *a = NULL;
+        if (st == CAS_OK) {
+            cas_cuda_attn_caps caps = {0};
+            caps.max_total_q = qo[B];
+            caps.max_passes = plan->n_passes;
+            caps.max_tok_rows = plan->n_tok_rows;
+            caps.max_page_ids = np;
+            st = cas_cuda_attn_create(&a, &sh, &caps);
+            CHECKF(st == CAS_OK, "%s: create: %s", what, cas_last_error());
+        }
+        if (st == CAS_OK) {
+            st = cas_cuda_attn_plan_from_cpu(a, plan);
+            if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
+            CHECKF(st == CAS_OK, "%s: plan: %s", what, cas_last_error());
+            if (st == CAS_OK) check_block(what, kind, order, xv);
+        }
+        cas_cuda_attn_destroy(a);
+        cas_attn_plan_destroy(plan);
+        free(qo);
+        free(kvp);
+        free(last);
+        free(idx);
+    }
+    unsetenv("CASCADE_CUDA_XV");
+    printf("  %d of %d with two shared passes or more\n", multi, n);
+    CHECK(multi >= n / 2);
+}
+
 /* bad batch descriptions: a random cascade with one field broken (a pass's
  * length, token count or offsets, a page id outside the pool or a token id
  * outside the batch, a misaligned start, a token in no pass, too many
@@ -543,6 +635,7 @@ int main(int argc, char **argv) {
     RUN(test_headline);
     RUN(test_random);
     RUN(test_flat);
+    RUN(test_trees);
     RUN(test_invalid);
     printf("plan digest %016llx\n", (unsigned long long)digest);
     return check_summary();
