@@ -117,6 +117,9 @@ struct cas_attn_plan {
     int32_t cap_batch, cap_q, cap_nodes, cap_passes, cap_tok_rows, cap_tok_pos, cap_jobs, cap_items,
         cap_contrib;
     int64_t cap_pages, cap_scratch;
+    /* build_tree's sort: keys, an index buffer and a stack of groups */
+    void *sort_work;
+    int64_t cap_sort_work; /* bytes */
 };
 
 /* The CPU work item kernel, one per SIMD level; writes the item's states. */

@@ -20,7 +20,6 @@
  */
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,6 +148,7 @@ void cas_attn_plan_destroy(cas_attn_plan *p) {
     cas_free(p->direct_tok);
     cas_free(p->scratch);
     cas_free(p->work);
+    cas_free(p->sort_work);
     free(p);
 }
 
@@ -160,35 +160,92 @@ static inline int32_t page_tokens(const cas_attn_plan *p, int32_t r, int32_t i) 
     return i == n - 1 ? p->last_len[r] : p->shape.page_size;
 }
 
-/* Shared pages at the start of requests a and b: same page id and the same
- * number of tokens in it. */
-static int32_t common_pages(const cas_attn_plan *p, int32_t a, int32_t b) {
-    int32_t na = p->kv_indptr[a + 1] - p->kv_indptr[a];
-    int32_t nb = p->kv_indptr[b + 1] - p->kv_indptr[b];
+/* Shared pages of requests a and b from page d on, where the first d are
+ * shared: how many more pages have the same id and the same number of
+ * tokens in both. The pages before either's last compare as ids only (both
+ * full), a block of 64 at a time. */
+static int32_t common_from(const cas_attn_plan *p, int32_t a, int32_t b, int32_t d) {
+    const int32_t na = p->kv_indptr[a + 1] - p->kv_indptr[a], nb = p->kv_indptr[b + 1] - p->kv_indptr[b];
     const int32_t *pa = p->pages + p->kv_indptr[a], *pb = p->pages + p->kv_indptr[b];
-    int32_t n = na < nb ? na : nb, i = 0;
-    while (i < n && pa[i] == pb[i] && page_tokens(p, a, i) == page_tokens(p, b, i)) i++;
-    return i;
+    const int32_t n = na < nb ? na : nb;
+    int32_t i = d;
+    while (i + 64 <= n - 1 && memcmp(pa + i, pb + i, 64 * sizeof(int32_t)) == 0) i += 64;
+    while (i < n - 1 && pa[i] == pb[i]) i++;
+    if (i == n - 1 && pa[i] == pb[i] && page_tokens(p, a, i) == page_tokens(p, b, i)) i++;
+    return i - d;
 }
 
-static const cas_attn_plan *sort_plan; /* qsort has no context argument in C11 */
+/* a request's element at depth d for the sort: (page id, tokens in it), -1 past its end */
+struct sort_key {
+    int64_t key;
+    int32_t r;
+};
+static int cmp_sort_key(const void *x, const void *y) {
+    const struct sort_key *a = x, *b = y;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return a->r < b->r ? -1 : (a->r > b->r); /* equal lists keep batch order */
+}
 
-static int cmp_requests(const void *x, const void *y) {
-    const cas_attn_plan *p = sort_plan;
-    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    int32_t c = common_pages(p, a, b);
-    int32_t na = p->kv_indptr[a + 1] - p->kv_indptr[a];
-    int32_t nb = p->kv_indptr[b + 1] - p->kv_indptr[b];
-    if (c < na && c < nb) {
-        int64_t ka = (int64_t)p->pages[p->kv_indptr[a] + c] * 512 + page_tokens(p, a, c);
-        int64_t kb = (int64_t)p->pages[p->kv_indptr[b] + c] * 512 + page_tokens(p, b, c);
-        if (ka != kb) return ka < kb ? -1 : 1;
+/* Sorts sorted[0, n) by page list (lexicographically by (page id, tokens in
+ * the page), a list before its extensions, equal lists in batch order) and
+ * sets lcp[i] to the pages sorted[i - 1] and sorted[i] share at their start
+ * (same id, same tokens in it; lcp[0] = 0). Most
+ * significant page first: a group of requests that share their first d
+ * pages finds how far they all go on together (common_from against its first
+ * member), then splits by the element there, each part a group one deeper.
+ * Each (request, page) is looked at about once, where sorting by comparison
+ * compared every shared page again in each of its n log n comparisons (the
+ * tree of 256 requests over 2048 shared pages: 2.1 ms a plan). Returns -1 on
+ * allocation failure. */
+static int sort_requests(cas_attn_plan *p, int32_t n) {
+    const int64_t need = (int64_t)n * (int64_t)(sizeof(struct sort_key) + 3 * sizeof(int32_t)) + 64;
+    if (need > p->cap_sort_work) {
+        void *w = cas_alloc_array((size_t)need, 1);
+        if (!w) return -1;
+        cas_free(p->sort_work);
+        p->sort_work = w;
+        p->cap_sort_work = need;
     }
-    if (na != nb) return na < nb ? -1 : 1;
-    return a < b ? -1 : (a > b); /* stable: equal lists keep batch order */
+    struct sort_key *ks = p->sort_work;
+    int32_t *stk = (int32_t *)(ks + n); /* groups (lo, hi, d), at most n pending */
+    int32_t *sorted = p->sorted, *lcp = p->lcp, top = 0;
+    if (n == 0) return 0;
+    lcp[0] = 0;
+    stk[0] = 0, stk[1] = n, stk[2] = 0;
+    top = 1;
+    while (top > 0) {
+        top--;
+        const int32_t lo = stk[3 * top], hi = stk[3 * top + 1], d = stk[3 * top + 2];
+        if (hi - lo < 2) continue;
+        /* the group goes on together to depth e */
+        int32_t e = INT32_MAX;
+        const int32_t ref = sorted[lo];
+        for (int32_t i = lo + 1; i < hi; i++) {
+            const int32_t c = d + common_from(p, ref, sorted[i], d);
+            if (c < e) e = c;
+        }
+        /* split by the element at e (ended lists first) */
+        for (int32_t i = lo; i < hi; i++) {
+            const int32_t r = sorted[i], nr = p->kv_indptr[r + 1] - p->kv_indptr[r];
+            ks[i - lo].key = e < nr ? (int64_t)p->pages[p->kv_indptr[r] + e] * 512 + page_tokens(p, r, e) : -1;
+            ks[i - lo].r = r;
+        }
+        qsort(ks, (size_t)(hi - lo), sizeof *ks, cmp_sort_key);
+        for (int32_t i = lo; i < hi; i++) sorted[i] = ks[i - lo].r;
+        for (int32_t i = lo + 1; i < hi; i++) lcp[i] = e; /* deeper groups overwrite theirs */
+        /* ended lists are equal to each other: sorted already (batch order) */
+        for (int32_t i = lo; i < hi;) {
+            int32_t j = i + 1;
+            while (j < hi && ks[j - lo].key == ks[i - lo].key) j++;
+            if (j - i > 1 && ks[i - lo].key >= 0) {
+                stk[3 * top] = i, stk[3 * top + 1] = j, stk[3 * top + 2] = e + 1;
+                top++;
+            }
+            i = j;
+        }
+    }
+    return 0;
 }
-
-static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Builds nodes from the lcp-intervals of the sorted requests (those with
  * queries). Returns -1 on allocation failure. */
@@ -196,11 +253,7 @@ static int build_tree(cas_attn_plan *p) {
     int32_t n = 0;
     for (int32_t r = 0; r < p->batch; r++)
         if (p->qo_indptr[r + 1] > p->qo_indptr[r]) p->sorted[n++] = r;
-    pthread_mutex_lock(&sort_mu);
-    sort_plan = p;
-    qsort(p->sorted, (size_t)n, sizeof(int32_t), cmp_requests);
-    pthread_mutex_unlock(&sort_mu);
-    for (int32_t i = 0; i < n; i++) p->lcp[i] = i ? common_pages(p, p->sorted[i - 1], p->sorted[i]) : 0;
+    if (sort_requests(p, n)) return -1;
 
     /* bottom-up enumeration of lcp-intervals with a stack of (lcp, lo) */
     p->n_nodes = 0;
