@@ -22,6 +22,12 @@
 
 /* sm_scale with the default applied. */
 float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params);
+/* cas_attn_validate in two parts: everything but the page ids (after it the
+ * indptrs are sound), then the page ids (copy: where not NULL, they are
+ * copied there on the way, kv_indptr[batch] of them). */
+cas_status cas_attn_validate_head(const cas_attn_shape *shape, const cas_attn_batch *batch,
+                                  int32_t num_pages, const cas_attn_params *params);
+cas_status cas_attn_check_pages(const cas_attn_batch *batch, int32_t num_pages, int32_t *copy);
 
 /* Tokens of KV per tile in the CPU kernel; jobs split KV at multiples of it. */
 #define CAS_ATTN_TILE 128

@@ -497,7 +497,7 @@ static int cmp_items_cost(const void *x, const void *y) {
 cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_t num_pages,
                                const cas_attn_params *params) {
     if (!p) return cas_error(CAS_ERR_INVALID, "attn plan: NULL plan");
-    cas_status st = cas_attn_validate(&p->shape, b, num_pages, params);
+    cas_status st = cas_attn_validate_head(&p->shape, b, num_pages, params);
     if (st) return st;
     const int32_t B = b->batch, P = p->shape.page_size, Hq = p->shape.num_qo_heads,
                   D = p->shape.head_dim;
@@ -506,6 +506,8 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
     int64_t npages = B ? b->kv_indptr[B] : 0;
     st = ensure_batch_caps(p, B, npages, total_q);
     if (st) return st;
+    /* the page ids checked as they are copied (one pass over them) */
+    if ((st = cas_attn_check_pages(b, num_pages, p->pages))) return st;
 
     p->params = *params;
     p->scale = cas_attn_scale(&p->shape, params);
@@ -514,7 +516,6 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
     p->total_q = total_q;
     memcpy(p->qo_indptr, b->qo_indptr, (size_t)(B + 1) * 4);
     memcpy(p->kv_indptr, b->kv_indptr, (size_t)(B + 1) * 4);
-    if (npages) memcpy(p->pages, b->kv_indices, (size_t)npages * 4);
     if (B) memcpy(p->last_len, b->kv_last_page_len, (size_t)B * 4);
     for (int32_t r = 0; r < B; r++)
         p->kv_len[r] = (p->kv_indptr[r + 1] - p->kv_indptr[r] - 1) * P + p->last_len[r];

@@ -66,8 +66,8 @@ static cas_status validate_shape(const cas_attn_shape *s) {
     return CAS_OK;
 }
 
-cas_status cas_attn_validate(const cas_attn_shape *shape, const cas_attn_batch *b,
-                             int32_t num_pages, const cas_attn_params *params) {
+cas_status cas_attn_validate_head(const cas_attn_shape *shape, const cas_attn_batch *b,
+                                  int32_t num_pages, const cas_attn_params *params) {
     cas_status st = validate_shape(shape);
     if (st) return st;
     if (!b || !params) return cas_error(CAS_ERR_INVALID, "attn: batch or params is NULL");
@@ -103,13 +103,6 @@ cas_status cas_attn_validate(const cas_attn_shape *shape, const cas_attn_batch *
             return cas_error(CAS_ERR_INVALID,
                              "attn: kv_last_page_len[%d] = %d outside 1..page_size (%d)", r, last,
                              shape->page_size);
-        for (int32_t i = k0; i < k1; i++) {
-            int32_t p = b->kv_indices[i];
-            if (p < 0 || p >= num_pages)
-                return cas_error(CAS_ERR_INVALID,
-                                 "attn: kv_indices[%d] = %d (request %d) outside the pool of %d pages",
-                                 i, p, r, num_pages);
-        }
         int64_t kv_len = (int64_t)(k1 - k0 - 1) * shape->page_size + last;
         if (params->causal && (int64_t)(q1 - q0) > kv_len)
             return cas_error(CAS_ERR_INVALID,
@@ -118,6 +111,52 @@ cas_status cas_attn_validate(const cas_attn_shape *shape, const cas_attn_batch *
                              r, q1 - q0, (long long)kv_len);
     }
     return CAS_OK;
+}
+
+/* page ids src[0, n) at or past np (as unsigned: negative ones too), 16 at a
+ * time (loops of a fixed count, which -O2 vectorizes: a long shared prefix
+ * repeated in every request is most of a plan's page ids); copied to dst on
+ * the way where it is not NULL (restrict parameters: no alias check) */
+static uint32_t pages_out_of(uint32_t *restrict dst, const uint32_t *restrict src, int32_t n, uint32_t np) {
+    uint32_t out = 0;
+    int32_t i0 = 0;
+    if (dst) {
+        for (; i0 + 16 <= n; i0 += 16)
+            for (int j = 0; j < 16; j++) {
+                out |= src[i0 + j] >= np;
+                dst[i0 + j] = src[i0 + j];
+            }
+        for (; i0 < n; i0++) {
+            out |= src[i0] >= np;
+            dst[i0] = src[i0];
+        }
+    } else {
+        for (; i0 + 16 <= n; i0 += 16)
+            for (int j = 0; j < 16; j++) out |= src[i0 + j] >= np;
+        for (; i0 < n; i0++) out |= src[i0] >= np;
+    }
+    return out;
+}
+
+cas_status cas_attn_check_pages(const cas_attn_batch *b, int32_t num_pages, int32_t *copy) {
+    if (b->batch == 0) return CAS_OK;
+    const int32_t n = b->kv_indptr[b->batch];
+    const uint32_t out = pages_out_of((uint32_t *)copy, (const uint32_t *)b->kv_indices, n, (uint32_t)num_pages);
+    if (!out) return CAS_OK;
+    for (int32_t r = 0, i = 0; i < n; i++) {
+        while (b->kv_indptr[r + 1] <= i) r++;
+        const int32_t p = b->kv_indices[i];
+        if (p < 0 || p >= num_pages)
+            return cas_error(CAS_ERR_INVALID, "attn: kv_indices[%d] = %d (request %d) outside the pool of %d pages",
+                             i, p, r, num_pages);
+    }
+    return CAS_OK;
+}
+
+cas_status cas_attn_validate(const cas_attn_shape *shape, const cas_attn_batch *b,
+                             int32_t num_pages, const cas_attn_params *params) {
+    cas_status st = cas_attn_validate_head(shape, b, num_pages, params);
+    return st ? st : cas_attn_check_pages(b, num_pages, NULL);
 }
 
 /* ---- reference ---------------------------------------------------------- */
