@@ -1006,16 +1006,32 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
     int64_t off = ALIGN16((int64_t)sizeof *h);
     h->off_passes = off;
     off = ALIGN16(off + (int64_t)n_passes * (int64_t)sizeof(cas_cuda_pass));
+    /* the page ids the passes read, each pass's run once, where they are
+     * fewer than the batch's (a CPU plan's passes index every request's
+     * list, the shared prefix in each: B64 x 32k keys is 133k ids, its
+     * passes read 4k); else all of them as given */
+    int64_t pass_ids = 0;
+    for (int32_t i = 0; i < n_passes; i++) pass_ids += ((int64_t)passes[i].len + P - 1) / P;
+    const int compact = pass_ids < n_page_ids;
+    const int64_t block_ids = compact ? pass_ids : n_page_ids;
     h->off_pages = off;
-    off = ALIGN16(off + n_page_ids * 4);
+    off = ALIGN16(off + block_ids * 4);
     h->off_tok_ids = off;
     off = ALIGN16(off + (int64_t)n_tok_rows * 4);
     h->off_tok_pos = off;
     off = ALIGN16(off + (int64_t)n_tok_rows * 4);
 
     cas_cuda_pass *gp = (cas_cuda_pass *)(S + h->off_passes);
-    for (int32_t i = 0; i < n_passes; i++) {
-        gp[i].page_off = passes[i].page_off;
+    int32_t *gpages = (int32_t *)(S + h->off_pages);
+    for (int32_t i = 0, at = 0; i < n_passes; i++) {
+        const int32_t np_i = (int32_t)(((int64_t)passes[i].len + P - 1) / P);
+        if (compact) {
+            if (np_i) memcpy(gpages + at, pages + passes[i].page_off, (size_t)np_i * 4);
+            gp[i].page_off = at;
+            at += np_i;
+        } else {
+            gp[i].page_off = passes[i].page_off;
+        }
         gp[i].pos0 = passes[i].pos0;
         gp[i].len = passes[i].len;
         gp[i].tok_off = passes[i].tok_off;
@@ -1025,7 +1041,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         for (int32_t j = 1; j < np; j++) nrun += pages[passes[i].page_off + j] == pages[passes[i].page_off + j - 1] + 1;
         gp[i].page_runs = np > 1 && 2 * nrun >= np - 1;
     }
-    if (n_page_ids) memcpy(S + h->off_pages, pages, (size_t)n_page_ids * 4);
+    if (!compact && n_page_ids) memcpy(gpages, pages, (size_t)n_page_ids * 4);
     if (n_tok_rows) {
         memcpy(S + h->off_tok_ids, tok_ids, (size_t)n_tok_rows * 4);
         memcpy(S + h->off_tok_pos, tok_pos, (size_t)n_tok_rows * 4);

@@ -11,7 +11,7 @@
  * other in one CTA with equal tile counts; broken batch descriptions are
  * refused with a message and leave the context planning (test_invalid).
  * Built and run by `make CUDA=1 cuda-build-check` (no GPU needed) and `make
- * test-cuda`; `test_cuda_plan --time` times the planner.
+ * test-cuda`; `test_cuda_plan --time` times the planners.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -229,6 +229,26 @@ static int check_block(const char *what, int kind, int order, int xv) {
     return tail_ctas;
 }
 
+/* the last uploaded block gives each pass the page ids it was given
+ * (passes[i] over pages), wherever it puts them, and stays within its size */
+static void check_pass_pages(const char *what, const cas_attn_pass *passes, const int32_t *pages) {
+    const char *blk = cas_stub_last_h2d;
+    const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
+    const cas_cuda_pass *gp = (const cas_cuda_pass *)(blk + h->off_passes);
+    const int32_t *gpages = (const int32_t *)(blk + h->off_pages);
+    const int64_t room = (h->off_tok_ids - h->off_pages) / 4;
+    int bad = 0;
+    for (int32_t i = 0; i < h->n_passes; i++) {
+        const int32_t np = (passes[i].len + PS - 1) / PS;
+        if (gp[i].page_off < 0 || gp[i].page_off + (int64_t)np > room) {
+            bad++;
+            continue;
+        }
+        bad += np && memcmp(gpages + gp[i].page_off, pages + passes[i].page_off, (size_t)np * 4) != 0;
+    }
+    CHECKF(bad == 0, "%s: %d passes read other page ids than they were given", what, bad);
+}
+
 /* plans b with kind `kind`, tail order `order` and probe `xv` (0 none) and
  * checks the uploaded block; returns the tail CTAs under order 4 (-1: none) */
 static int plan_check(const batch *b, int kind, int order, int xv, const char *what) {
@@ -262,6 +282,7 @@ static int plan_check(const batch *b, int kind, int order, int xv, const char *w
     }
     CHECKF(((const cas_cuda_plan_hdr *)cas_stub_last_h2d)->n_passes == b->npass, "%s: passes", what);
     const int tail_ctas = check_block(what, kind, order, xv);
+    check_pass_pages(what, b->passes, b->pages);
     cas_cuda_attn_destroy(a);
     return tail_ctas;
 }
@@ -442,7 +463,17 @@ static void test_trees(void) {
             st = cas_cuda_attn_plan_from_cpu(a, plan);
             if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
             CHECKF(st == CAS_OK, "%s: plan: %s", what, cas_last_error());
-            if (st == CAS_OK) check_block(what, kind, order, xv);
+            if (st == CAS_OK) {
+                check_block(what, kind, order, xv);
+                check_pass_pages(what, plan->passes, plan->pages);
+                /* the block holds the passes' page ids only, not every request's */
+                const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)cas_stub_last_h2d;
+                int64_t want = 0;
+                for (int32_t i = 0; i < plan->n_passes; i++) want += (plan->passes[i].len + PS - 1) / PS;
+                CHECKF(h->off_tok_ids - h->off_pages <= ((want < np ? want : np) * 4 + 15) / 16 * 16,
+                       "%s: %lld bytes of page ids for %lld", what, (long long)(h->off_tok_ids - h->off_pages),
+                       (long long)want);
+            }
         }
         cas_cuda_attn_destroy(a);
         cas_attn_plan_destroy(plan);
@@ -544,7 +575,10 @@ static void test_invalid(void) {
                                        2 * B, b.ntok);
         if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
         CHECKF(st == CAS_OK, "%s: the good batch after it: %s", msg, cas_last_error());
-        if (st == CAS_OK) check_block(msg, kind, 0, xv);
+        if (st == CAS_OK) {
+            check_block(msg, kind, 0, xv);
+            check_pass_pages(msg, b.passes, b.pages);
+        }
         free(ps);
         free(pg);
         free(ids);
@@ -556,10 +590,13 @@ static void test_invalid(void) {
     printf("  %d refused, %d planned\n", refused, planned);
 }
 
-/* `test_cuda_plan --time [N [S]]`: host time of planning (plan_passes, then
- * plan_passes + upload) for grid shapes (S: the S-th only), median of N runs
- * (default 400);
- * prints a table, checks nothing */
+/* `test_cuda_plan --time [N [JSON]]`: the host time of planning a decode
+ * step on the GPU path for grid shapes, median of N plans (default 200): the
+ * CPU planner's cas_attn_plan_build on the batch as the engine gives it
+ * (every request's page list, the shared prefix's pages in each; the
+ * prefix tree and the cost model, CUDA costs), then
+ * cas_cuda_attn_plan_from_cpu + upload (stub runtime) with tail orders 1 and
+ * 4; a table, and JSON to the file JSON where given. Checks nothing. */
 static double now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -569,64 +606,94 @@ static int cmp_dbl(const void *x, const void *y) {
     const double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
 }
-static int time_plans(int n, int only) {
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_dbl);
+    return t[n / 2];
+}
+static int time_plans(int n, const char *json) {
     const struct {
         int32_t B, P, U;
     } shapes[] = {{64, 32768, 512}, {256, 32768, 128}, {8, 1024, 128}, {128, 16384, 2048}, {64, 0, 4096}};
-    const int orders[2] = {1, 4};
-    double *t = malloc(sizeof(double) * (size_t)n), *tu = malloc(sizeof(double) * (size_t)n);
-    printf("%-22s %5s %12s %14s %8s %8s\n", "shape", "order", "plan us", "plan+upload us", "wide", "narrow");
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        if (only >= 0 && (size_t)only != s) continue;
-        int32_t U[256];
-        for (int i = 0; i < shapes[s].B; i++) U[i] = shapes[s].U;
-        batch b;
-        batch_make(&b, shapes[s].B, shapes[s].P, U);
+    const int ns = (int)(sizeof shapes / sizeof *shapes);
+    const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
+    double *t = malloc(sizeof(double) * (size_t)n);
+    FILE *jf = json ? fopen(json, "w") : NULL;
+    if (json && !jf) return 1;
+    if (jf) fprintf(jf, "{\"what\": \"host time of planning one decode step (test_cuda_plan --time)\", \"repeats\": %d, \"cases\": [", n);
+    printf("%-20s %9s %8s %11s %11s %7s %7s\n", "shape", "page ids", "passes", "cpu plan us", "cuda plan us", "order", "tasks");
+    for (int si = 0; si < ns; si++) {
+        const int32_t B = shapes[si].B, P = shapes[si].P, U = shapes[si].U;
+        /* the engine's view: request r's pages = the prefix's, then its own */
+        const int32_t pp = (P + PS - 1) / PS, up = (U + PS - 1) / PS;
+        int32_t *qo = malloc(sizeof(int32_t) * (size_t)(B + 1)), *kvp = malloc(sizeof(int32_t) * (size_t)(B + 1));
+        int32_t *last = malloc(sizeof(int32_t) * (size_t)B), *idx = malloc(sizeof(int32_t) * (size_t)B * (size_t)(pp + up));
+        qo[0] = kvp[0] = 0;
+        for (int32_t r = 0; r < B; r++) {
+            int32_t k = kvp[r];
+            for (int32_t j = 0; j < pp; j++) idx[k++] = j;
+            for (int32_t j = 0; j < up; j++) idx[k++] = pp + r * up + j;
+            kvp[r + 1] = k;
+            last[r] = U - (up - 1) * PS;
+            qo[r + 1] = r + 1;
+        }
+        const cas_attn_batch bt = {B, qo, kvp, idx, last};
+        cas_attn_plan_opts po = cas_attn_plan_opts_default();
+        po.cost = cas_cuda_attn_cost();
+        cas_attn_params pr = cas_attn_params_default();
+        cas_attn_plan *plan = NULL;
+        if (cas_attn_plan_create(&plan, &sh, &po, B, B, kvp[B]) != CAS_OK) return 1;
+        for (int i = 0; i < n; i++) {
+            const double t0 = now_us();
+            if (cas_attn_plan_build(plan, &bt, pp + B * up, &pr) != CAS_OK) return 1;
+            t[i] = now_us() - t0;
+        }
+        const double cpu_us = median(t, n);
         for (int o = 0; o < 2; o++) {
-            char os[8];
-            snprintf(os, sizeof os, "%d", orders[o]);
-            setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
-            const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
+            const int order = o ? 4 : 1;
+            setenv("CASCADE_CUDA_TAIL_ORDER", o ? "4" : "1", 1);
             cas_cuda_attn_caps caps = {0};
-            caps.max_total_q = b.ntok;
-            caps.max_passes = b.npass;
-            caps.max_tok_rows = 2 * b.ntok;
-            caps.max_page_ids = b.npage_ids;
-            caps.max_states = 64 * (int64_t)b.ntok;
+            caps.max_total_q = B;
+            caps.max_passes = plan->n_passes;
+            caps.max_tok_rows = plan->n_tok_rows;
+            caps.max_page_ids = kvp[B];
             cas_cuda_attn *a = NULL;
             if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) return 1;
-            cas_attn_params pr = cas_attn_params_default();
             for (int i = 0; i < n; i++) {
                 const double t0 = now_us();
-                cas_status st = cas_cuda_attn_plan_passes(a, &pr, b.npages, b.npass, b.passes, b.pages,
-                                                          b.npage_ids, b.tok_ids, b.tok_pos, b.ntok * 2, b.ntok);
-                const double t1 = now_us();
-                if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
-                const double t2 = now_us();
-                if (st != CAS_OK) return 1;
-                t[i] = t1 - t0;
-                tu[i] = t2 - t0;
+                if (cas_cuda_attn_plan_from_cpu(a, plan) != CAS_OK || cas_cuda_attn_upload(a, NULL) != CAS_OK) return 1;
+                t[i] = now_us() - t0;
             }
-            qsort(t, (size_t)n, sizeof *t, cmp_dbl);
-            qsort(tu, (size_t)n, sizeof *tu, cmp_dbl);
-            char nm[32];
-            snprintf(nm, sizeof nm, "B%d P%d U%d", shapes[s].B, shapes[s].P, shapes[s].U);
+            const double gpu_us = median(t, n);
             cas_cuda_attn_info inf;
             cas_cuda_attn_get_info(a, &inf);
-            printf("%-22s %5d %12.1f %14.1f %8d %8d\n", nm, orders[o], t[n / 2], tu[n / 2], inf.tasks_wide,
-                   inf.tasks_narrow);
+            char nm[32];
+            snprintf(nm, sizeof nm, "B%d P%d U%d", B, P, U);
+            printf("%-20s %9d %8d %11.1f %11.1f %7d %7d\n", nm, kvp[B], plan->n_passes, cpu_us, gpu_us, order,
+                   inf.tasks_wide + inf.tasks_narrow + inf.tasks_mid + inf.tasks_fused);
+            if (jf)
+                fprintf(jf, "%s\n  {\"B\": %d, \"P\": %d, \"U\": %d, \"page_ids\": %d, \"passes\": %d, \"tail_order\": %d, "
+                        "\"cpu_plan_us\": %.2f, \"cuda_plan_us\": %.2f, \"tasks\": %d}",
+                        si || o ? "," : "", B, P, U, kvp[B], plan->n_passes, order, cpu_us, gpu_us,
+                        inf.tasks_wide + inf.tasks_narrow + inf.tasks_mid + inf.tasks_fused);
             cas_cuda_attn_destroy(a);
         }
-        batch_free(&b);
+        cas_attn_plan_destroy(plan);
+        free(qo);
+        free(kvp);
+        free(last);
+        free(idx);
     }
     unsetenv("CASCADE_CUDA_TAIL_ORDER");
+    if (jf) {
+        fprintf(jf, "\n]}\n");
+        fclose(jf);
+    }
     free(t);
-    free(tu);
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--time") == 0) return time_plans(argc > 2 ? atoi(argv[2]) : 400, argc > 3 ? atoi(argv[3]) : -1);
+    if (argc > 1 && strcmp(argv[1], "--time") == 0) return time_plans(argc > 2 ? atoi(argv[2]) : 200, argc > 3 ? argv[3] : NULL);
     /* the planner's knobs at their defaults (the checks' bounds assume them) */
     const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TILE_BW", "CASCADE_CUDA_TAIL_TASK_COST",
                            "CASCADE_CUDA_SPLIT_SEARCH", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
