@@ -619,7 +619,22 @@ static int time_plans(int n, const char *json) {
     double *t = malloc(sizeof(double) * (size_t)n);
     FILE *jf = json ? fopen(json, "w") : NULL;
     if (json && !jf) return 1;
-    if (jf) fprintf(jf, "{\"what\": \"host time of planning one decode step (test_cuda_plan --time)\", \"repeats\": %d, \"cases\": [", n);
+    if (jf) {
+        /* the machine: /proc/cpuinfo's first model name */
+        char cpu[160] = "unknown", line[256];
+        FILE *ci = fopen("/proc/cpuinfo", "r");
+        while (ci && fgets(line, sizeof line, ci))
+            if (strncmp(line, "model name", 10) == 0 && strchr(line, ':')) {
+                snprintf(cpu, sizeof cpu, "%s", strchr(line, ':') + 2);
+                cpu[strcspn(cpu, "\n\"\\")] = 0;
+                break;
+            }
+        if (ci) fclose(ci);
+        fprintf(jf,
+                "{\"what\": \"host time of planning one decode step on the GPU path (test_cuda_plan --time, one "
+                "thread, stub CUDA runtime: the upload is a memcpy)\", \"cpu\": \"%s\", \"repeats\": %d, \"cases\": [",
+                cpu, n);
+    }
     printf("%-20s %9s %8s %11s %11s %7s %7s\n", "shape", "page ids", "passes", "cpu plan us", "cuda plan us", "order", "tasks");
     for (int si = 0; si < ns; si++) {
         const int32_t B = shapes[si].B, P = shapes[si].P, U = shapes[si].U;
