@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # v18 probe calls on the H200 (bench/NOTES.md v18): bash bench/cuda/v18_calls.sh 1|2
 # with the binaries of this commit in .devcarry (CARRY).
-#   1: quick tests of the probes (XV 31, 32, 34, 30, none) with every tail on the many-rows list, then the
+#   1: the planners' host time (test_cuda_plan --time, if carried), quick tests of the probes (XV 31, 32, 34, 30, none) with every tail on the many-rows list, then the
 #      decode A/B (two rounds) and timelines of order 4 (XV 18; XV 33: 31's mma.sync tails)
 #   2: the grid with the variant in GRID_ENV (ENV=VAL,...), timed against kind 17
 #      as it was (GRID_AB), then memcheck and racecheck of it
@@ -12,6 +12,8 @@ case "${1:-1}" in
 # ends by 470 s, the timelines by 575 s (run_h200.sh's DEADLINE counts from
 # its own start)
 t0=$SECONDS
+# the host side of a step on this machine's CPU (bench/NOTES.md v19; a few seconds)
+[ -x .devcarry/test_cuda_plan ] && .devcarry/test_cuda_plan --time 400 $O/host-plan-gpuhost.json | tail -11
 for v in "31:4" "32:1" "34:4" "30:4" "0:4"; do
   xv=${v%%:*}; ord=${v##*:}
   echo "#### test XV=$xv ORDER=$ord, every tail on the many-rows list"
