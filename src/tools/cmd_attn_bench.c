@@ -474,6 +474,22 @@ static int run_cuda(const bench_opts *o, const cas_attn_shape *shape, const cas_
     }
     if (st) goto out;
     if (o->dump && (st = dump_all(o->dump, shape, &s, prm, out[0], out[1], lse))) goto out;
+    /* the host side of a step with the cost model's plan: the CPU planner
+     * rebuilt on the batch, then the CUDA planner and the upload (enqueued;
+     * the next plan waits for it), median of 51 */
+    double t_build[51], t_cuda[51];
+    for (int i = 0; i < 51; i++) {
+        const double t0 = cas_now_s();
+        if ((st = cas_attn_plan_build(plan[1], &b, s.num_pages, prm))) goto out;
+        const double t1 = cas_now_s();
+        if ((st = cas_cuda_attn_plan_from_cpu(ctx, plan[1])) || (st = cas_cuda_attn_upload(ctx, stream))) goto out;
+        t_build[i] = t1 - t0;
+        t_cuda[i] = cas_now_s() - t1;
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    qsort(t_build, 51, sizeof(double), cmp_double);
+    qsort(t_cuda, 51, sizeof(double), cmp_double);
+    const double host_build_us = t_build[25] * 1e6, host_cuda_us = t_cuda[25] * 1e6;
     {
         char dev[256];
         cas_cuda_device_name(0, dev, sizeof dev);
@@ -501,7 +517,8 @@ static int run_cuda(const bench_opts *o, const cas_attn_shape *shape, const cas_
                    "\"peak_GFLOPs\": %.3f, \"peak_flops_source\": \"cuBLAS bf16 8192^3\", "
                    "\"tree_nodes\": %d, \"shared_passes\": %d, \"passes\": %d, "
                    "\"work_items\": %d, \"est_cascade_ms\": %.6f, \"est_flat_ms\": %.6f, \"plan_ms\": %.4f, "
-                   "\"plan_flat_ms\": %.4f, \"checked_requests\": %d}\n",
+                   "\"plan_flat_ms\": %.4f, \"host_plan_build_us\": %.2f, \"host_cuda_plan_us\": %.2f, "
+                   "\"checked_requests\": %d}\n",
                    dev, cas_cuda_attn_kernel_name(ctx), o->threads, s.batch, o->tree ? 0 : o->prefix,
                    o->suffix, o->qlen, o->tree ? o->tree : "", Hq, shape->num_kv_heads, D,
                    shape->page_size, cas_dtype_name(shape->kv_dtype), s.total_q, o->warmup, o->repeats,
@@ -512,7 +529,7 @@ static int run_cuda(const bench_opts *o, const cas_attn_shape *shape, const cas_
                    peak_gbps, flops, flops / t_graph[0] / 1e9, flops / t_graph[1] / 1e9,
                    flops / t_graph[2] / 1e9, peak_tflops * 1e3, info[1].tree_nodes,
                    info[1].shared_passes, info[1].passes, info[1].work_items, info[1].est_cost_s * 1e3,
-                   info[1].est_flat_cost_s * 1e3, t_plan[1] * 1e3, t_plan[0] * 1e3,
+                   info[1].est_flat_cost_s * 1e3, t_plan[1] * 1e3, t_plan[0] * 1e3, host_build_us, host_cuda_us,
                    o->check_requests < s.batch ? o->check_requests : s.batch);
         } else {
             printf("batch %d (%d query tokens), %s, heads %d:%d, head_dim %d, page %d, %s KV\n", s.batch,
@@ -520,8 +537,10 @@ static int run_cuda(const bench_opts *o, const cas_attn_shape *shape, const cas_
                    shape->page_size, cas_dtype_name(shape->kv_dtype));
             printf("device: %s, kernel %s; copy %.1f GB/s (read + write), cuBLAS bf16 %.1f TFLOP/s "
                    "(measured now)\n", dev, cas_cuda_attn_kernel_name(ctx), peak_gbps, peak_tflops);
-            printf("plan: %d tree nodes, %d shared passes, %d passes (%.3f ms to plan)\n",
-                   info[1].tree_nodes, info[1].shared_passes, info[1].passes, t_plan[1] * 1e3);
+            printf("plan: %d tree nodes, %d shared passes, %d passes (%.3f ms to create and plan; a step's "
+                   "re-plan %.1f us, the CUDA plan and upload %.1f us)\n",
+                   info[1].tree_nodes, info[1].shared_passes, info[1].passes, t_plan[1] * 1e3, host_build_us,
+                   host_cuda_us);
             for (int m = 0; m < NV; m++)
                 printf("%-12s %9.4f ms (eager %9.4f)  %7.1f GB/s (%4.0f%% of copy)  %8.1f TFLOP/s  max err %.2e\n",
                        names[m], t_graph[m] * 1e3, t_eager[m] * 1e3, bytes[m] / t_graph[m] / 1e9,
