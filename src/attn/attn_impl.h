@@ -28,6 +28,9 @@ float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params)
 cas_status cas_attn_validate_head(const cas_attn_shape *shape, const cas_attn_batch *batch,
                                   int32_t num_pages, const cas_attn_params *params);
 cas_status cas_attn_check_pages(const cas_attn_batch *batch, int32_t num_pages, int32_t *copy);
+/* Nonzero if one of the page ids src[0, n) is outside 0..np-1; copies them to
+ * dst on the way where dst is not NULL (dst and src must not overlap). */
+uint32_t cas_attn_ids_outside(uint32_t *restrict dst, const uint32_t *restrict src, int32_t n, uint32_t np);
 
 /* Tokens of KV per tile in the CPU kernel; jobs split KV at multiples of it. */
 #define CAS_ATTN_TILE 128

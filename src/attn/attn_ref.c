@@ -113,11 +113,10 @@ cas_status cas_attn_validate_head(const cas_attn_shape *shape, const cas_attn_ba
     return CAS_OK;
 }
 
-/* page ids src[0, n) at or past np (as unsigned: negative ones too), 16 at a
- * time (loops of a fixed count, which -O2 vectorizes: a long shared prefix
- * repeated in every request is most of a plan's page ids); copied to dst on
- * the way where it is not NULL (restrict parameters: no alias check) */
-static uint32_t pages_out_of(uint32_t *restrict dst, const uint32_t *restrict src, int32_t n, uint32_t np) {
+/* (attn_impl.h) 16 at a time: loops of a fixed count, which -O2 vectorizes
+ * (a long shared prefix repeated in every request is most of a plan's page
+ * ids); restrict parameters, so no alias check */
+uint32_t cas_attn_ids_outside(uint32_t *restrict dst, const uint32_t *restrict src, int32_t n, uint32_t np) {
     uint32_t out = 0;
     int32_t i0 = 0;
     if (dst) {
@@ -141,7 +140,7 @@ static uint32_t pages_out_of(uint32_t *restrict dst, const uint32_t *restrict sr
 cas_status cas_attn_check_pages(const cas_attn_batch *b, int32_t num_pages, int32_t *copy) {
     if (b->batch == 0) return CAS_OK;
     const int32_t n = b->kv_indptr[b->batch];
-    const uint32_t out = pages_out_of((uint32_t *)copy, (const uint32_t *)b->kv_indices, n, (uint32_t)num_pages);
+    const uint32_t out = cas_attn_ids_outside((uint32_t *)copy, (const uint32_t *)b->kv_indices, n, (uint32_t)num_pages);
     if (!out) return CAS_OK;
     for (int32_t r = 0, i = 0; i < n; i++) {
         while (b->kv_indptr[r + 1] <= i) r++;
