@@ -249,9 +249,9 @@ static void check_pass_pages(const char *what, const cas_attn_pass *passes, cons
     CHECKF(bad == 0, "%s: %d passes read other page ids than they were given", what, bad);
 }
 
-/* plans b with kind `kind`, tail order `order` and probe `xv` (0 none) and
- * checks the uploaded block; returns the tail CTAs under order 4 (-1: none) */
-static int plan_check(const batch *b, int kind, int order, int xv, const char *what) {
+/* the many-rows kernel kind, tail order and probe (0 none) of the next
+ * context created */
+static void set_kernel(int kind, int order, int xv) {
     char ks[16], os[16], xs[16];
     snprintf(ks, sizeof ks, "%d", kind);
     snprintf(os, sizeof os, "%d", order);
@@ -259,6 +259,12 @@ static int plan_check(const batch *b, int kind, int order, int xv, const char *w
     setenv("CASCADE_CUDA_WIDE", ks, 1);
     setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
     setenv("CASCADE_CUDA_XV", xs, 1);
+}
+
+/* plans b with kind `kind`, tail order `order` and probe `xv` (0 none) and
+ * checks the uploaded block; returns the tail CTAs under order 4 (-1: none) */
+static int plan_check(const batch *b, int kind, int order, int xv, const char *what) {
+    set_kernel(kind, order, xv);
     const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
     cas_cuda_attn_caps caps = {0};
     caps.max_total_q = b->ntok;
@@ -385,6 +391,25 @@ static void test_flat(void) {
     }
 }
 
+/* a batch as the contract's arrays (cas_attn_batch), owned: B requests, room
+ * for max_ids page ids */
+typedef struct {
+    int32_t B, *qo, *kvp, *last, *idx;
+} lists;
+static lists lists_make(int32_t B, int64_t max_ids) {
+    lists l = {B, malloc(sizeof(int32_t) * (size_t)(B + 1)), malloc(sizeof(int32_t) * (size_t)(B + 1)),
+               malloc(sizeof(int32_t) * (size_t)B), malloc(sizeof(int32_t) * (size_t)max_ids)};
+    l.qo[0] = l.kvp[0] = 0;
+    return l;
+}
+static cas_attn_batch lists_batch(const lists *l) { return (cas_attn_batch){l->B, l->qo, l->kvp, l->idx, l->last}; }
+static void lists_free(lists *l) {
+    free(l->qo);
+    free(l->kvp);
+    free(l->last);
+    free(l->idx);
+}
+
 /* multi-level cascades: random trees of shared prefixes (a1 requests share
  * t1 pages, b1 of them t2 more, c1 of those t3 more; d others t4 pages of
  * their own tree), each request 1-4 queries or a prefill chunk and 1-150
@@ -400,13 +425,11 @@ static void test_trees(void) {
         const int32_t t1 = 1 + (int32_t)rnd(200), t2 = 1 + (int32_t)rnd(40), t3 = (int32_t)rnd(20);
         const int32_t d = (int32_t)rnd(8), t4 = 1 + (int32_t)rnd(40), B = a1 + d;
         const int prefill = rnd(3) == 0;
-        int32_t *qo = malloc(sizeof(int32_t) * (size_t)(B + 1)), *kvp = malloc(sizeof(int32_t) * (size_t)(B + 1));
-        int32_t *last = malloc(sizeof(int32_t) * (size_t)B);
-        int32_t *idx = malloc(sizeof(int32_t) * (size_t)B * (size_t)(t1 + t2 + t3 + t4 + 10));
+        lists L = lists_make(B, (int64_t)B * (t1 + t2 + t3 + t4 + 10));
+        int32_t *qo = L.qo, *kvp = L.kvp, *last = L.last, *idx = L.idx;
         int32_t np = 0, next = 0; /* page ids: the trees' first, then each request's own */
         const int32_t first2 = t1, first3 = t1 + t2, first4 = t1 + t2 + t3;
         next = first4 + t4;
-        qo[0] = kvp[0] = 0;
         for (int32_t r = 0; r < B; r++) {
             if (r < a1) {
                 for (int32_t k = 0; k < t1; k++) idx[np++] = k;
@@ -424,7 +447,7 @@ static void test_trees(void) {
             if (q > kvlen) q = kvlen;
             qo[r + 1] = qo[r] + q;
         }
-        const cas_attn_batch bt = {B, qo, kvp, idx, last};
+        const cas_attn_batch bt = lists_batch(&L);
         cas_attn_params pr = cas_attn_params_default();
         if (rnd(4) == 0) pr.window_left = (int32_t)rnd(3000);
         cas_attn_plan_opts opts = cas_attn_plan_opts_default();
@@ -438,13 +461,8 @@ static void test_trees(void) {
         multi += levels >= 2;
         const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
         const int order = kind == 17 ? (int)rnd(5) : 1, xv = kind == 17 && rnd(2) ? 31 : 0;
-        char ks[16], os[16], xs[16], what[256];
-        snprintf(ks, sizeof ks, "%d", kind);
-        snprintf(os, sizeof os, "%d", order);
-        snprintf(xs, sizeof xs, "%d", xv);
-        setenv("CASCADE_CUDA_WIDE", ks, 1);
-        setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
-        setenv("CASCADE_CUDA_XV", xs, 1);
+        char what[256];
+        set_kernel(kind, order, xv);
         snprintf(what, sizeof what,
                  "tree %d (%d*%d(%d*%d(%d*%d))+%d*%d pages, %d queries, %d shared passes) kind %d order %d xv %d "
                  "window %d",
@@ -477,10 +495,7 @@ static void test_trees(void) {
         }
         cas_cuda_attn_destroy(a);
         cas_attn_plan_destroy(plan);
-        free(qo);
-        free(kvp);
-        free(last);
-        free(idx);
+        lists_free(&L);
     }
     unsetenv("CASCADE_CUDA_XV");
     printf("  %d of %d with two shared passes or more\n", multi, n);
@@ -504,13 +519,8 @@ static void test_invalid(void) {
         batch b;
         batch_make(&b, B, P, U);
         const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        char ks[16], os[16];
-        snprintf(ks, sizeof ks, "%d", kind);
-        snprintf(os, sizeof os, "%d", kind == 17 ? (int)rnd(5) : 1);
-        setenv("CASCADE_CUDA_WIDE", ks, 1);
-        setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
-        const int xv = rnd(2) ? 31 : 0;
-        setenv("CASCADE_CUDA_XV", xv ? "31" : "0", 1);
+        const int order = kind == 17 ? (int)rnd(5) : 1, xv = rnd(2) ? 31 : 0;
+        set_kernel(kind, order, xv);
         const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
         cas_cuda_attn_caps caps = {0};
         caps.max_total_q = b.ntok + 1;
@@ -640,9 +650,8 @@ static int time_plans(int n, const char *json) {
         const int32_t B = shapes[si].B, P = shapes[si].P, U = shapes[si].U;
         /* the engine's view: request r's pages = the prefix's, then its own */
         const int32_t pp = (P + PS - 1) / PS, up = (U + PS - 1) / PS;
-        int32_t *qo = malloc(sizeof(int32_t) * (size_t)(B + 1)), *kvp = malloc(sizeof(int32_t) * (size_t)(B + 1));
-        int32_t *last = malloc(sizeof(int32_t) * (size_t)B), *idx = malloc(sizeof(int32_t) * (size_t)B * (size_t)(pp + up));
-        qo[0] = kvp[0] = 0;
+        lists L = lists_make(B, (int64_t)B * (pp + up));
+        int32_t *qo = L.qo, *kvp = L.kvp, *last = L.last, *idx = L.idx;
         for (int32_t r = 0; r < B; r++) {
             int32_t k = kvp[r];
             for (int32_t j = 0; j < pp; j++) idx[k++] = j;
@@ -651,7 +660,7 @@ static int time_plans(int n, const char *json) {
             last[r] = U - (up - 1) * PS;
             qo[r + 1] = r + 1;
         }
-        const cas_attn_batch bt = {B, qo, kvp, idx, last};
+        const cas_attn_batch bt = lists_batch(&L);
         cas_attn_plan_opts po = cas_attn_plan_opts_default();
         po.cost = cas_cuda_attn_cost();
         cas_attn_params pr = cas_attn_params_default();
@@ -693,10 +702,7 @@ static int time_plans(int n, const char *json) {
             cas_cuda_attn_destroy(a);
         }
         cas_attn_plan_destroy(plan);
-        free(qo);
-        free(kvp);
-        free(last);
-        free(idx);
+        lists_free(&L);
     }
     unsetenv("CASCADE_CUDA_TAIL_ORDER");
     if (jf) {
