@@ -426,7 +426,7 @@ static int32_t sort_tasks(cas_cuda_attn *a, cas_cuda_task *dst, const cas_cuda_t
         x[n++] = i;
     }
     const int pb = bits_of((uint64_t)maxpad), kb = n > 0 ? bits_of((uint64_t)(maxw - minw)) : 0;
-    if (neg || minw < 0 || ns > 2 * a->cap_tasks || pb + kb > 64) {
+    if (neg || minw < 0 || pb + kb > 64) {
         for (int32_t i = 0; i < n; i++) dst[i] = src[x[i]];
         qsort(dst, (size_t)n, sizeof *dst, cmp_task);
         return n;
@@ -710,8 +710,9 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     for (int32_t b = 0; b <= g; b++) a->cta_ptr[b] = 0;
     for (int32_t i = 0; i < nw; i++) a->cta_ptr[m[i].cta + 1]++;
     for (int32_t b = 0; b < g; b++) a->cta_ptr[b + 1] += a->cta_ptr[b];
-    if (nw <= a->cap_tasks) {
-        struct mix_item *o = m + a->cap_tasks; /* mix holds 2 cap_tasks */
+    {
+        /* mix holds 2 cap_tasks and nw <= n_tasks <= cap_tasks (the planner's check) */
+        struct mix_item *o = m + a->cap_tasks;
         int32_t *pos = a->cta_pos;
         for (int32_t b = 0; b < g; b++) pos[b] = a->cta_ptr[b];
         for (int32_t i = 0; i < nw; i++) o[pos[m[i].cta]++] = m[i];
@@ -722,8 +723,6 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
             if (!sorted) qsort(o + i0, (size_t)n, sizeof *o, cmp_mix);
         }
         m = o;
-    } else {
-        qsort(m, (size_t)nw, sizeof *m, cmp_mix);
     }
     for (int32_t i = 0; i < nw; i++) {
         tw[i] = tmp[m[i].idx];
