@@ -91,6 +91,12 @@ struct cas_cuda_attn {
      * 0.3: v17's first tile of a one-tile tail took ~1.5 us)) */
     double tail_cost, tile_bw, tail_task;
     int tail_order, tail_ctas, split_search;
+    /* probe CASCADE_CUDA_XV=35 (kind 17, bf16, head_dim 128, orders 0-3): a
+     * tail of at most 8 rows may go to its CTA's tail warps (flags bit 5)
+     * instead of the consumers, whichever ends sooner at tw_cost a tile (a
+     * tail warps' tile against a many-rows tile, CASCADE_CUDA_TW_COST) and
+     * tw_task a task (CASCADE_CUDA_TW_TASK_COST) */
+    double tw_cost, tw_task;
     /* a tail pass joins the list when the tails are at least a grid of
      * (unsplit) tasks or it has at most tail_mix_len keys
      * (CASCADE_CUDA_TAIL_MIX_LEN): few long tails ran faster on the narrow
@@ -111,7 +117,7 @@ struct cas_cuda_attn {
     int32_t *cta_ptr;  /* [wide_grid + 1] */
     struct mix_item *mix; /* [2 cap_tasks] CTA and order of each task */
     double *cta_load;  /* [4 wide_grid] */
-    struct cta_load_ent *heap; /* [wide_grid] */
+    struct cta_load_ent *heap; /* [2 wide_grid]: the consumers', then the tail warps' */
     int32_t *cta_pos;  /* [wide_grid] */
     uint64_t *skey;    /* [4 cap_tasks]: sort_tasks' keys (two buffers) */
     int32_t *sidx;     /* [4 cap_tasks]: and their tasks */
@@ -283,6 +289,11 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         const char *ttenv = getenv("CASCADE_CUDA_TAIL_TASK_COST");
         a->tail_task = ttenv && *ttenv ? atof(ttenv) : 0.3;
         if (!(a->tail_task >= 0.0)) a->tail_task = 0.3;
+        const char *twenv = getenv("CASCADE_CUDA_TW_COST"), *twtenv = getenv("CASCADE_CUDA_TW_TASK_COST");
+        a->tw_cost = twenv && *twenv ? atof(twenv) : 0.6;
+        if (!(a->tw_cost > 0.0)) a->tw_cost = 0.6;
+        a->tw_task = twtenv && *twtenv ? atof(twtenv) : 0.1;
+        if (!(a->tw_task >= 0.0)) a->tw_task = 0.1;
         const char *ssenv = getenv("CASCADE_CUDA_SPLIT_SEARCH");
         a->split_search = ssenv && *ssenv ? atoi(ssenv) : 6;
         if (a->split_search < 0) a->split_search = 0;
@@ -373,7 +384,7 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     a->cta_ptr = malloc(sizeof(int32_t) * ((size_t)a->wide_grid + 1));
     a->mix = malloc(sizeof(struct mix_item) * 2 * (size_t)a->cap_tasks);
     a->cta_load = malloc(sizeof(double) * 4 * (size_t)a->wide_grid);
-    a->heap = malloc(sizeof *a->heap * (size_t)a->wide_grid);
+    a->heap = malloc(sizeof *a->heap * 2 * (size_t)a->wide_grid);
     a->cta_pos = malloc(sizeof(int32_t) * (size_t)a->wide_grid);
     a->skey = malloc(sizeof(uint64_t) * 4 * (size_t)a->cap_tasks);
     a->sidx = malloc(sizeof(int32_t) * 4 * (size_t)a->cap_tasks);
@@ -628,8 +639,17 @@ static void split_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t 
         heap_down(a->heap, tc, 0);
     }
 }
+/* whether the many-rows kernel runs tails on its producer's spare warps (probe XV 35) */
+static int mix_tw(const cas_cuda_attn *a) {
+    return a->wide_kind == 17 && a->shape.kv_dtype == CAS_BF16 && a->shape.head_dim == 128 && a->geom.xv == 35 &&
+           a->tail_order != 4;
+}
+#define TW_ROWS 8 /* the N of the tail warps' m16n8k16 */
 /* orders 0-3: the shared tasks round-robin, the tails to the least loaded
- * CTA, each CTA's two classes ordered by tail_order */
+ * CTA, each CTA's two classes ordered by tail_order; with mix_tw a tail of at
+ * most TW_ROWS rows goes to the tail warps of the CTA whose tail warps end
+ * soonest (flags bit 5) when they end it sooner than the least loaded
+ * consumers would */
 static void order_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t nw) {
     const int32_t g = a->wide_grid;
     struct mix_item *m = a->mix;
@@ -645,9 +665,22 @@ static void order_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t 
     }
     for (int32_t b = 0; b < g; b++) a->heap[b] = (struct cta_load_ent){load[b], b};
     for (int32_t i = g / 2 - 1; i >= 0; i--) heap_down(a->heap, g, i);
+    const int tw = mix_tw(a);
+    struct cta_load_ent *hw = a->heap + g;
+    for (int32_t b = 0; b < g; b++) hw[b] = (struct cta_load_ent){0.0, b};
     for (int32_t k = ns; k < nw; k++) {
-        const int32_t b = a->heap[0].cta;
         const double c = mix_cost(a, &tmp[k], 1);
+        if (tw && tmp[k].nrows <= TW_ROWS) {
+            const double cw = tiles_of(&tmp[k]) * a->tw_cost + a->tw_task;
+            if (hw[0].load + cw <= a->heap[0].load + c) {
+                m[k].cta = hw[0].cta;
+                tmp[k].flags |= 32;
+                hw[0].load += cw;
+                heap_down(hw, g, 0);
+                continue;
+            }
+        }
+        const int32_t b = a->heap[0].cta;
         m[k].cta = b;
         a->heap[0].load += c;
         tot_t[b] += c;
@@ -667,6 +700,11 @@ static void order_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t 
         const int32_t b = m[k].cta;
         const double c = mix_cost(a, &tmp[k], 1);
         double phase = 0.0;
+        if (tmp[k].flags & 32) { /* the tail warps' (the kernel interleaves them itself) */
+            m[k].key = 4.0 + k;
+            m[k].idx = k;
+            continue;
+        }
         if (a->tail_order == 2) {
             /* the first many-rows task of the CTA (b < ns), else the CTA */
             uint32_t hsh = (uint32_t)b * 2654435761u;
@@ -726,7 +764,7 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     }
     for (int32_t i = 0; i < nw; i++) {
         tw[i] = tmp[m[i].idx];
-        tw[i].flags = 0;
+        tw[i].flags &= 32; /* the tail warps' (order_mix) */
     }
     /* probes CASCADE_CUDA_XV=27, 28, 30, 31, 33 (bf16, head_dim 128): two tails of one CTA
      * that follow each other with equal tile counts run as a pair, one per

@@ -899,7 +899,249 @@ template <int D> struct qs_cfg {
     static constexpr uint32_t POS = QS_ROWS * LDQ * 2, OO = POS + QS_ROWS * 4, LO = OO + QS_ROWS * 8,
                               SLOT = (LO + QS_ROWS * 8 + 127) / 128 * 128;
 };
-template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false, bool TMM_ = false> struct ws_cfg {
+/* XF bit 67108864 (probe CASCADE_CUDA_XV=35): decode tails of at most 8 rows
+ * (tasks flagged 32 by the planner) run on the producer warpgroup's three
+ * spare warps (tw_warps), from the same stages as the consumers' tiles, so
+ * that their bytes stream while the consumers keep the tensor cores on the
+ * shared passes. The positions of a CTA's stage ring (0, 1, ...) interleave
+ * the consumers' tiles (na) and the tail warps' (nb) evenly: position k is
+ * the tail warps' when (k + 1) nb / N passes an integer (N = na + nb), which
+ * tw_step tells one position after the other. The producer loads every
+ * position in order; every other party waits on the full barriers of every
+ * position in order, its own and the others' (a parity wait cannot tell
+ * phases two apart), and releases only its own. */
+template <int D> struct tw_cfg {
+    static constexpr uint32_t LDQ = D * 2 + 16;   /* row pitch of a Q buffer, bytes */
+    static constexpr uint32_t QBUF = 8 * LDQ;     /* 8 rows: the N of m16n8k16 */
+};
+/* the tiles of CTA's tasks [i0, i1) that are the consumers' (na) and the tail warps' (nb); a warp's lanes together */
+template <int KEYS>
+__device__ __forceinline__ void tw_count(const cas_cuda_task *__restrict__ tasks, int i0, int i1, int lane, int &na,
+                                         int &nb) {
+    int a = 0, b = 0;
+    for (int i = i0 + lane; i < i1; i += 32) {
+        const int nk = tasks[i].kv1 - tasks[i].kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
+        if (tasks[i].flags & 32) b += nt;
+        else a += nt;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    na = a;
+    nb = b;
+}
+/* whether the next position is the tail warps' (acc: (k nb) mod n, from 0) */
+__device__ __forceinline__ bool tw_step(int &acc, int nb, int n) {
+    const bool b = acc + nb >= n;
+    acc += b ? nb - n : nb;
+    return b;
+}
+/* The tail warps (threads 32-127 of the producer warpgroup, 56 registers):
+ * each warp walks the CTA's positions, and on each of its own computes the
+ * tile of its task transposed, as kind 11's tail warps did (S^T = K Q^T with
+ * 16 keys as the M of mma.sync m16n8k16 and the task's rows as N; O^T += V^T
+ * P^T with D as M, P^T into the B fragment by movmatrix): all three warps
+ * the whole S^T and softmax, each its third of O^T's m-tiles. K and V come
+ * as ldmatrix from the 128-byte swizzled stage the producer filled; Q from
+ * the warp's own buffer. Each warp releases a stage with its share of the 8
+ * arrivals the empty barriers count. */
+template <typename T, int D, int KEYS, int STAGES>
+__device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const cas_cuda_task *__restrict__ tasks, int ti0,
+                                         int ti1, const T *__restrict__ q, float *__restrict__ o, float *__restrict__ lse,
+                                         float *__restrict__ scratch, int Hq, uint32_t kv_s, uint32_t bar0, uint32_t qarea) {
+    typedef tw_cfg<D> C;
+    constexpr int NMT = D / 16, MTW = (NMT + 2) / 3, CPR = D / 8, NKS = D / 16;
+    constexpr uint32_t TILE = (uint32_t)KEYS * D * 2, CB = (uint32_t)KEYS * 128; /* a column block of 64 elements */
+    const int w = (int)(threadIdx.x >> 5) - 1, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
+    const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
+    const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
+    const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
+    const float sl = h->soft_cap > 0.f ? 1.f : h->scale_log2;
+    int na, nb;
+    tw_count<KEYS>(tasks, ti0, ti1, lane, na, nb);
+    const int n = na + nb;
+    int pos = 0, acc = 0;
+    const uint32_t sq = qarea + (uint32_t)w * C::QBUF;
+    /* ldmatrix rows of this lane: Q (B of S^T, k-steps 2 kp, 2 kp + 1 at + 64 kp); K (A of S^T:
+     * matrix lane / 8 is keys + 8 ((lane / 8) % 2), chunk + lane / 16); V (A of O^T, transposed:
+     * keys + 8 (lane / 16), chunk + (lane / 8) % 2); the swizzle XORs chunks with key % 8 = lane % 8 */
+    const uint32_t qA = sq + (uint32_t)(lane & 7) * C::LDQ + (uint32_t)(lane >> 3) * 16u;
+    for (int ti = ti0; ti < ti1; ti++) {
+        if (!(tasks[ti].flags & 32)) continue;
+        int kv0, kv1, flo, fhi; /* this task's keys; blocks of 16 from kb0 in [flo, fhi] are all visible */
+        {
+            const cas_cuda_task t = tasks[ti];
+            const cas_cuda_pass ps = passes[t.pass];
+            const int group = h->group, nrows = t.nrows;
+            kv0 = t.kv0;
+            kv1 = t.kv1;
+            flo = h->window_left >= 0 ? t.qpos_max - h->window_left - ps.pos0 : INT_MIN;
+            fhi = kv1 - 16;
+            if (h->causal && t.qpos_min - ps.pos0 - 15 < fhi) fhi = t.qpos_min - ps.pos0 - 15;
+            /* Q rows into this warp's buffer, zero past nrows (this warp's reads of the last task's are done) */
+            for (int cc = lane; cc < 8 * CPR; cc += 32) {
+                const int r = cc / CPR, ch = cc - r * CPR, rr = r < nrows ? r : nrows - 1;
+                const int row = t.row0 + rr, tk = row / group;
+                const int64_t qoff =
+                    ((int64_t)tok_ids[ps.tok_off + tk] * Hq + t.kv_head * group + (row - tk * group)) * D;
+                cp_async16_s(sq + (uint32_t)r * C::LDQ + (uint32_t)ch * 16u, q + qoff + ch * 8, r < nrows ? 16 : 0);
+            }
+            cp_async_commit();
+        }
+        float oacc[MTW][4];
+#pragma unroll
+        for (int i = 0; i < MTW; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+        float mrow[2] = {-CUDART_INF_F, -CUDART_INF_F}, lrow[2] = {0.f, 0.f};
+        float mul[2] = {0.f, 0.f}, mthr[2] = {-CUDART_INF_F, -CUDART_INF_F}; /* the lazy max, as the consumers' */
+        cp_async_wait<0>();
+        __syncwarp();
+        for (int kt0 = kv0; kt0 < kv1; kt0 += KEYS) {
+            /* the next position of the tail warps, the consumers' before it waited for in order */
+            int k = pos++;
+            while (!tw_step(acc, nb, n)) {
+                mbar_wait(bar0 + 8u * (uint32_t)(k % STAGES), (uint32_t)(k / STAGES) & 1u);
+                mbar_wait(bar0 + 8u * (uint32_t)(STAGES + k % STAGES), (uint32_t)(k / STAGES) & 1u);
+                k = pos++;
+            }
+            const uint32_t st = (uint32_t)(k % STAGES), ph = (uint32_t)(k / STAGES) & 1u;
+            mbar_wait(bar0 + 8u * st, ph);
+            mbar_wait(bar0 + 8u * (STAGES + st), ph);
+            const uint32_t ka = kv_s + st * 2u * TILE;
+            for (int bk = 0; bk < KEYS / 16; bk++) {
+                const int kb0 = kt0 + bk * 16;
+                if (kb0 >= kv1) break;
+                /* S^T = K Q^T: 16 keys x 8 rows */
+                float s[4] = {0.f, 0.f, 0.f, 0.f};
+                {
+                    const uint32_t kbase = ka + (uint32_t)(bk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * 128u;
+#pragma unroll
+                    for (int kp = 0; kp < NKS / 2; kp++) {
+                        uint32_t qb[4];
+                        ldsm_x4(qb, qA + 64u * (uint32_t)kp);
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            const int ks = 2 * kp + hh;
+                            uint32_t kf[4];
+                            ldsm_x4(kf, kbase + (uint32_t)(ks >> 2) * CB +
+                                            (((((uint32_t)(2 * ks)) & 7u) + ((uint32_t)lane >> 4)) ^ ((uint32_t)lane & 7u)) * 16u);
+                            mma_op<T>::run(s, kf, qb[2 * hh], qb[2 * hh + 1]);
+                        }
+                    }
+                }
+                /* s[e]: key kb0 + g, row 2c + e; s[2 + e]: key kb0 + g + 8 */
+                if (h->soft_cap > 0.f) {
+                    const float cap = h->soft_cap, scale = h->scale;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[e] = cap * tanhf(s[e] * scale / cap) * LOG2E_F;
+                }
+                if (!(kb0 >= flo && kb0 <= fhi)) {
+                    /* masks (rare: a task's last block, windows, causal chunks), from the task again */
+                    const cas_cuda_task &t = tasks[ti];
+                    const cas_cuda_pass &ps = passes[t.pass];
+                    const int causal = h->causal, window = h->window_left;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = 2 * c + (e & 1) < t.nrows ? 2 * c + (e & 1) : t.nrows - 1;
+                        const int qq = tok_pos[ps.tok_off + (t.row0 + r) / h->group];
+                        const int key = kb0 + g + 8 * (e >> 1), kabs = ps.pos0 + key;
+                        const bool vis = key < kv1 && (!causal || kabs <= qq) && (window < 0 || kabs >= qq - window);
+                        if (!vis) s[e] = -CUDART_INF_F;
+                    }
+                }
+                float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+                if (__any_sync(0xffffffffu, !(mx[0] <= mthr[0]) || !(mx[1] <= mthr[1]))) {
+                    float al[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 4));
+                        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 8));
+                        mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 16));
+                        al[e] = online_max(mrow[e], mx[e], sl, mul[e]);
+                        mthr[e] = mrow[e] + LAZY_LOG2 / sl;
+                        lrow[e] *= al[e];
+                    }
+#pragma unroll
+                    for (int i = 0; i < MTW; i++) {
+                        oacc[i][0] *= al[0];
+                        oacc[i][1] *= al[1];
+                        oacc[i][2] *= al[0];
+                        oacc[i][3] *= al[1];
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    s[e] = ex2_fast(fmaf(s[e], sl, -mul[e]));
+                    s[2 + e] = ex2_fast(fmaf(s[2 + e], sl, -mul[e]));
+                    lrow[e] += s[e] + s[2 + e];
+                }
+                /* P^T (keys 0-7, 8-15 x rows) transposed into the B fragment; O^T += V^T P^T on this warp's m-tiles */
+                const uint32_t pb0 = movm_t(mma_op<T>::pack(s[0], s[1]));
+                const uint32_t pb1 = movm_t(mma_op<T>::pack(s[2], s[3]));
+                const uint32_t vbase = ka + TILE + (uint32_t)(bk * 16 + (lane & 7) + 8 * (lane >> 4)) * 128u;
+#pragma unroll
+                for (int i = 0; i < MTW; i++) {
+                    const int mt = w * MTW + i;
+                    if (mt < NMT) {
+                        const uint32_t cv = (uint32_t)(2 * mt) + (((uint32_t)lane >> 3) & 1u);
+                        uint32_t vf[4];
+                        ldsm_x4_t(vf, vbase + (cv >> 3) * CB + ((cv & 7u) ^ ((uint32_t)lane & 7u)) * 16u);
+                        mma_op<T>::run(oacc[i], vf, pb0, pb1);
+                    }
+                }
+            }
+            __syncwarp();
+            if (lane == 0) { /* this warp's arrivals of the 8 */
+                mbar_arrive_cnt(bar0 + 8u * (2 * STAGES + st), w < 2 ? 3u : 2u);
+                mbar_arrive_cnt(bar0 + 8u * (3 * STAGES + st), w < 2 ? 3u : 2u);
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 4);
+            lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 8);
+            lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 16);
+        }
+        /* oacc[i][e]: d 16 (w MTW + i) + g, row 2c + e; oacc[i][2 + e]: d + 8 */
+        const cas_cuda_task &t = tasks[ti];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = 2 * c + e;
+            if (r >= t.nrows) continue;
+            const int group = h->group, row = t.row0 + r, tk = row / group, hq = t.kv_head * group + (row - tk * group);
+            int64_t oo, lo;
+            float *ob, *lb;
+            if (t.o_off < 0) {
+                const int64_t tokid = tok_ids[passes[t.pass].tok_off + tk];
+                oo = (tokid * Hq + hq) * D;
+                lo = tokid * Hq + hq;
+                ob = o;
+                lb = lse;
+            } else {
+                oo = t.o_off + ((int64_t)tk * Hq + hq) * D;
+                lo = t.lse_off + (int64_t)tk * Hq + hq;
+                ob = scratch;
+                lb = scratch;
+            }
+            const float l = lrow[e], inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+            for (int i = 0; i < MTW; i++) {
+                const int mt = w * MTW + i;
+                if (mt < NMT) {
+                    ob[oo + 16 * mt + g] = oacc[i][e] * inv;
+                    ob[oo + 16 * mt + g + 8] = oacc[i][2 + e] * inv;
+                }
+            }
+            if (w == 0 && g == 0) lb[lo] = l > 0.f ? (mrow[e] * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
+        }
+        __syncwarp();
+    }
+}
+
+template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false, bool TMM_ = false, bool TW_ = false>
+struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
     static constexpr int NT = 384, ROWS = 128;
     static constexpr int CPR = D / 8;
@@ -914,8 +1156,10 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false
     static constexpr int TML = D + 8;
     static constexpr size_t TMB = (size_t)16 * TML * 4 + 4 * 16 * 2 * 4;
     /* kind 11: the tail warps' staging after the K/V stages */
+    /* XF bit 67108864: the tail warps' Q rows (tw_warps), one buffer per warp after the stages */
     static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0) +
-                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? (QST_ ? 1 : 2) * TMB : 0);
+                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? (QST_ ? 1 : 2) * TMB : 0) +
+                                   (TW_ ? 3 * (size_t)tw_cfg<D>::QBUF : 0);
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
     static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
 };
@@ -952,6 +1196,13 @@ template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false
 #ifndef WS_CONSUMER_REGS_TAIL
 #define WS_CONSUMER_REGS_TAIL 224
 #endif
+/* XF bit 67108864: the tail warps' loop did not fit the producer's 56 (ptxas spilled in it) */
+#ifndef WS_PRODUCER_REGS_TW
+#define WS_PRODUCER_REGS_TW 72
+#endif
+#ifndef WS_CONSUMER_REGS_TW
+#define WS_CONSUMER_REGS_TW 216
+#endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
 #define WS_BAR_WG0 3
@@ -971,7 +1222,7 @@ __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ CUtensorMap krun, const __grid_constant__ CUtensorMap vrun,
                          int tma_runs, int *counter) {
 #if CAS_WGMMA_OK
-    typedef ws_cfg<D, KEYS, STAGES, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0> C;
+    typedef ws_cfg<D, KEYS, STAGES, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0, (XF & 67108864) != 0> C;
     /* kind 11: the narrow kernel (a programmatic dependent) may start its CTAs
      * on SMs this grid leaves free; it waits for this grid before it ends */
     if (TAILS) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -1066,6 +1317,11 @@ __global__ void __launch_bounds__(384, 1)
     /* XF bit 33554432 (probes XV 31, 32, 34): tasks of at most 16 rows by mma.sync (the consumers'),
      * with QSTG (34) their Q and offsets from the producer's slots */
     constexpr bool TMM = (XF & 33554432) != 0 && (XF & 16) != 0 && !MC && !TAILS;
+    /* XF bit 67108864 (probe CASCADE_CUDA_XV=35): decode tails (flags 32) on the producer's spare warps
+     * (tw_warps), interleaved with the consumers' tiles in the stage ring; needs warp 0 alone producing
+     * (bit 8) and the per-CTA lists (bit 16) */
+    constexpr bool TWK = (XF & 67108864) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG && !PAIR &&
+                         !TMM && !TL;
     const bool tl_cta = TL && blockIdx.x < TL_CTAS;
     if (tl_cta && tid == 0) {
         cas_tl_cta[blockIdx.x][0] = sm_id();
@@ -1079,7 +1335,7 @@ __global__ void __launch_bounds__(384, 1)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
     if (wg == 0) {
         /* ---- producer ---- */
-        reg_dealloc<TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
+        reg_dealloc<TWK ? WS_PRODUCER_REGS_TW : TAILS ? WS_PRODUCER_REGS_TAIL : MC ? WS_PRODUCER_REGS_MC : TMA ? WS_PRODUCER_REGS_TMA : WS_PRODUCER_REGS>();
         if (TAILS && fuse && tid >= 32) {
             /* the consumer tiles of this CTA's tasks, the budget the tail warps work within */
             int ctiles = 0;
@@ -1090,6 +1346,13 @@ __global__ void __launch_bounds__(384, 1)
             tail_warps<T, D>(plan, kpool, vpool, q, o, lse, scratch, Hq, Hkv, P, counter,
                              kv_s + (uint32_t)(2 * STAGES * C::TILE), &s_cdone, 8, &s_ctile, ctiles, &s_tti);
             return;
+        }
+        if constexpr (TWK) {
+            if (tid >= 32) {
+                tw_warps<T, D, KEYS, STAGES>(plan, tasks, ti_first, ti_end, q, o, lse, scratch, Hq, kv_s, bar0,
+                                             kv_s + (uint32_t)(2 * STAGES * C::TILE));
+                return;
+            }
         }
         if (p1 && tid >= 32) return;
         if (TMA && tma_rows > 0 && tid == 0) {
@@ -1126,9 +1389,189 @@ __global__ void __launch_bounds__(384, 1)
         const uint32_t qs_base = kv_s + (uint32_t)(2 * STAGES * C::TILE);
         const int32_t *qs_tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *qs_tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
+        /* one tile: tile j of task t (ti in the list) into position it of the stage ring */
+        auto load_tile = [&](const cas_cuda_task &t, int j, int it, int ti, const int32_t *pg_list, uint64_t pol,
+                             bool look_runs, bool task_tma, bool mcast, const T *kb, const T *vb) {
+            const int s = it % STAGES;
+            const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
+            if (task_tma && t.kv0 + (j + 1) * KEYS <= t.kv1) {
+                /* a full tile: one box per lane of warp 0, the bytes
+                 * counted by thread 0's expect-tx arrival; the other
+                 * producer threads only arrive (the barriers count 128) */
+                /* multicast: this CTA loads every other box, for both */
+                const int nsmall = KEYS / tma_rows * CB;
+                bool boxer = tid < nsmall && (!mcast || (tid & 1) == crank);
+                int pg = 0, pr = 0;
+                if (tid < nsmall) {
+                    const int kidx = t.kv0 + j * KEYS + (tid / CB) * tma_rows;
+                    const int pi = kidx / P;
+                    pg = pg_list[pi];
+                    pr = kidx - pi * P;
+                }
+                bool run = false;
+#pragma unroll
+                for (int kv = 0; kv < 2; kv++) {
+                    const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
+                    if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    if (TL && j == 0 && kv == 0) tl_first(ti);
+                    if (tid == 0 && !(diag & 1)) mbar_arrive_expect_tx(full, (uint32_t)C::TILE);
+                    else mbar_arrive(full);
+                    if (tid < 32 && !(diag & 1)) {
+                        /* runs: where the 64 keys of a group of boxes sit
+                         * in consecutive rows of the pool (pages
+                         * allocated in a row), the group's first box per
+                         * column block loads all 64 through the row map,
+                         * the others nothing. Decided after the first
+                         * wait, so that the page-id loads stay under it. */
+                        if (kv == 0 && look_runs) {
+                            const int G = 64 / tma_rows, rb = tid / CB, lead = (rb - rb % G) * CB + tid % CB;
+                            const long long grow = (long long)pg * P + pr;
+                            const long long grow0 = __shfl_sync(0xffffffffu, grow, lead);
+                            const bool ok = tid >= nsmall || (grow == grow0 + (long long)(rb % G) * tma_rows &&
+                                                              grow0 + 64 <= 0x7fffffffLL);
+                            const uint32_t all = __ballot_sync(0xffffffffu, ok);
+                            const int g0 = (rb - rb % G) * CB;
+                            const uint32_t gm = (G * CB >= 32 ? 0xffffffffu : ((1u << (G * CB)) - 1u)) << g0;
+                            if (tid < nsmall && (all & gm) == gm) {
+                                run = rb % G == 0;
+                                boxer = run;
+                                pr = (int)grow; /* the row coordinate of the run box */
+                            }
+                        }
+                        __syncwarp();
+                        const uint32_t dst = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE +
+                                                               (tid % CB) * (KEYS * 128) + (tid / CB) * tma_rows * 128);
+                        if (boxer && mcast)
+                            tma_load_4d_mc(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
+                                           (uint16_t)3);
+                        else if (run && HINT)
+                            tma_load_3d_pol(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full, pol);
+                        else if (run)
+                            tma_load_3d(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full);
+                        else if (boxer && HINT)
+                            tma_load_4d_pol(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
+                                            pol);
+                        else if (boxer)
+                            tma_load_4d(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
+                    }
+                }
+                return;
+            }
+            if ((TAILS && fuse) || p1) {
+                /* warp 0 alone: lane copies chunk lane % CPR of keys lane / CPR + n (32 / CPR),
+                 * 32 keys per round, their page ids looked up one per lane */
+                constexpr int KPR = 32 / CPR;
+                const int ch32 = lane % CPR;
+#pragma unroll
+                for (int kv = 0; kv < 2; kv++) {
+                    const T *base = (kv ? vpool : kpool) + (int64_t)t.kv_head * D + ch32 * 8;
+                    const uint32_t d0 = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE);
+                    mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                    if (diag & 1) {
+                        mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
+                        continue;
+                    }
+                    for (int g0 = 0; g0 < KEYS; g0 += 32) {
+                        const int kidx = t.kv0 + j * KEYS + g0 + lane;
+                        int pgo = pg_list[0], pro = -1;
+                        if (kidx < t.kv1) {
+                            const int pi = kidx / P;
+                            pgo = pg_list[pi];
+                            pro = kidx - pi * P;
+                        }
+#pragma unroll
+                        for (int n = 0; n < 32 / KPR; n++) {
+                            const int kl = lane / CPR + n * KPR, key = g0 + kl;
+                            const int pg = __shfl_sync(0xffffffffu, pgo, kl), pr = __shfl_sync(0xffffffffu, pro, kl);
+                            const int64_t off = (int64_t)pg * page_stride + (pr > 0 ? (int64_t)pr * row_stride : 0);
+                            const uint32_t so = (uint32_t)((ch32 >> 3) * (KEYS * 128) + key * 128 + (((ch32 & 7) ^ (key & 7)) << 4));
+                            cp_async16_s(d0 + so, base + off, pr >= 0 ? 16 : 0);
+                        }
+                    }
+                    mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
+                }
+                return;
+            }
+            const uint32_t dk = kv_s + (uint32_t)(s * 2 * C::TILE) + soff0;
+            const int k0 = t.kv0 + j * KEYS + key0;
+            /* this thread copies chunk ch of keys k0 + n KSTEP; the CPR
+             * lanes of a key share its page ids: lane ch of the group looks
+             * up step n = ch (one load each, before the wait for the
+             * slot), and step n takes it from lane n by a shuffle */
+            int pg_own = 0, pr_own = -1;
+            if (ch < NIT) {
+                const int kidx = k0 + ch * KSTEP;
+                if (kidx < t.kv1) {
+                    const int pi = kidx / P;
+                    pg_own = pg_list[pi];
+                    pr_own = kidx - pi * P;
+                } else {
+                    pg_own = pg_list[0];
+                }
+            }
+#pragma unroll
+            for (int kv = 0; kv < 2; kv++) {
+                const T *base = kv ? vb : kb;
+                const uint32_t d0 = dk + (uint32_t)(kv * C::TILE);
+                if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
+                if (TL && j == 0 && kv == 0) tl_first(ti);
+                if (diag & 1) { /* measurement only: no copies (wrong results) */
+                    mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
+                    continue;
+                }
+#pragma unroll
+                for (int n = 0; n < NIT; n++) {
+                    const int pg = __shfl_sync(0xffffffffu, pg_own, n, CPR);
+                    const int pr = __shfl_sync(0xffffffffu, pr_own, n, CPR);
+                    const int64_t off = (int64_t)pg * page_stride + (pr > 0 ? (int64_t)pr * row_stride : 0);
+                    cp_async16_s(d0 + (uint32_t)(n * KSTEP * 128), base + off, pr >= 0 ? 16 : 0);
+                }
+                mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
+            }
+        };
         int nqs = 0;
         int it = 0;
-        for (int ti = ti_first; ti < ti_end; ti += ti_step) {
+        if constexpr (TWK) {
+            /* XF bit 67108864: every position in order, from the next tile of its class's tasks */
+            int na, nb;
+            tw_count<KEYS>(tasks, ti_first, ti_end, lane, na, nb);
+            const int n = na + nb;
+            int acc = 0, ta = ti_first - 1, tb = ti_first - 1, ja = 0, jb = 0, nta = 0, ntb = 0;
+            auto tiles = [&](int i) {
+                const int nk = tasks[i].kv1 - tasks[i].kv0;
+                return nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
+            };
+            for (int k = 0; k < n; k++) {
+                int ti, j;
+                if (tw_step(acc, nb, n)) {
+                    while (jb >= ntb) {
+                        do tb++;
+                        while (!(tasks[tb].flags & 32));
+                        ntb = tiles(tb);
+                        jb = 0;
+                    }
+                    ti = tb;
+                    j = jb++;
+                } else {
+                    while (ja >= nta) {
+                        do ta++;
+                        while (tasks[ta].flags & 32);
+                        nta = tiles(ta);
+                        ja = 0;
+                    }
+                    ti = ta;
+                    j = ja++;
+                }
+                const cas_cuda_task t = tasks[ti];
+                const cas_cuda_pass pp = passes[t.pass];
+                load_tile(t, j, k, ti, pages + pp.page_off, HINT && (int64_t)pp.n_tok * h->group <= C::ROWS ? pol_once : pol_more,
+                          tma_runs && pp.page_runs, TMA && tma_rows > 0 && t.kv0 % tma_rows == 0, false,
+                          kpool + (int64_t)t.kv_head * D + ch * 8, vpool + (int64_t)t.kv_head * D + ch * 8);
+            }
+        }
+        for (int ti = ti_first; ti < (TWK ? ti_first : ti_end); ti += ti_step) {
             cas_cuda_task t = tasks[ti * tstride];
             /* XF bit 8388608: a pair of tails (flags bit 4 on the first; the
              * planner pairs equal tile counts) loads its tiles interleaved,
@@ -1192,144 +1635,7 @@ __global__ void __launch_bounds__(384, 1)
                         task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
                     }
                 }
-                const int s = it % STAGES;
-                const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
-                if (task_tma && t.kv0 + (j + 1) * KEYS <= t.kv1) {
-                    /* a full tile: one box per lane of warp 0, the bytes
-                     * counted by thread 0's expect-tx arrival; the other
-                     * producer threads only arrive (the barriers count 128) */
-                    /* multicast: this CTA loads every other box, for both */
-                    const int nsmall = KEYS / tma_rows * CB;
-                    bool boxer = tid < nsmall && (!mcast || (tid & 1) == crank);
-                    int pg = 0, pr = 0;
-                    if (tid < nsmall) {
-                        const int kidx = t.kv0 + j * KEYS + (tid / CB) * tma_rows;
-                        const int pi = kidx / P;
-                        pg = pg_list[pi];
-                        pr = kidx - pi * P;
-                    }
-                    bool run = false;
-#pragma unroll
-                    for (int kv = 0; kv < 2; kv++) {
-                        const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
-                        if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
-                        else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
-                        if (TL && j == 0 && kv == 0) tl_first(ti);
-                        if (tid == 0 && !(diag & 1)) mbar_arrive_expect_tx(full, (uint32_t)C::TILE);
-                        else mbar_arrive(full);
-                        if (tid < 32 && !(diag & 1)) {
-                            /* runs: where the 64 keys of a group of boxes sit
-                             * in consecutive rows of the pool (pages
-                             * allocated in a row), the group's first box per
-                             * column block loads all 64 through the row map,
-                             * the others nothing. Decided after the first
-                             * wait, so that the page-id loads stay under it. */
-                            if (kv == 0 && look_runs) {
-                                const int G = 64 / tma_rows, rb = tid / CB, lead = (rb - rb % G) * CB + tid % CB;
-                                const long long grow = (long long)pg * P + pr;
-                                const long long grow0 = __shfl_sync(0xffffffffu, grow, lead);
-                                const bool ok = tid >= nsmall || (grow == grow0 + (long long)(rb % G) * tma_rows &&
-                                                                  grow0 + 64 <= 0x7fffffffLL);
-                                const uint32_t all = __ballot_sync(0xffffffffu, ok);
-                                const int g0 = (rb - rb % G) * CB;
-                                const uint32_t gm = (G * CB >= 32 ? 0xffffffffu : ((1u << (G * CB)) - 1u)) << g0;
-                                if (tid < nsmall && (all & gm) == gm) {
-                                    run = rb % G == 0;
-                                    boxer = run;
-                                    pr = (int)grow; /* the row coordinate of the run box */
-                                }
-                            }
-                            __syncwarp();
-                            const uint32_t dst = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE +
-                                                                   (tid % CB) * (KEYS * 128) + (tid / CB) * tma_rows * 128);
-                            if (boxer && mcast)
-                                tma_load_4d_mc(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
-                                               (uint16_t)3);
-                            else if (run && HINT)
-                                tma_load_3d_pol(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full, pol);
-                            else if (run)
-                                tma_load_3d(dst, kv ? &vrun : &krun, (tid % CB) * 64, t.kv_head, pr, full);
-                            else if (boxer && HINT)
-                                tma_load_4d_pol(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full,
-                                                pol);
-                            else if (boxer)
-                                tma_load_4d(dst, kv ? &vmap : &kmap, (tid % CB) * 64, t.kv_head, pr, pg, full);
-                        }
-                    }
-                    continue;
-                }
-                if ((TAILS && fuse) || p1) {
-                    /* warp 0 alone: lane copies chunk lane % CPR of keys lane / CPR + n (32 / CPR),
-                     * 32 keys per round, their page ids looked up one per lane */
-                    constexpr int KPR = 32 / CPR;
-                    const int ch32 = lane % CPR;
-#pragma unroll
-                    for (int kv = 0; kv < 2; kv++) {
-                        const T *base = (kv ? vpool : kpool) + (int64_t)t.kv_head * D + ch32 * 8;
-                        const uint32_t d0 = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE);
-                        mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
-                        if (diag & 1) {
-                            mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
-                            continue;
-                        }
-                        for (int g0 = 0; g0 < KEYS; g0 += 32) {
-                            const int kidx = t.kv0 + j * KEYS + g0 + lane;
-                            int pgo = pg_list[0], pro = -1;
-                            if (kidx < t.kv1) {
-                                const int pi = kidx / P;
-                                pgo = pg_list[pi];
-                                pro = kidx - pi * P;
-                            }
-#pragma unroll
-                            for (int n = 0; n < 32 / KPR; n++) {
-                                const int kl = lane / CPR + n * KPR, key = g0 + kl;
-                                const int pg = __shfl_sync(0xffffffffu, pgo, kl), pr = __shfl_sync(0xffffffffu, pro, kl);
-                                const int64_t off = (int64_t)pg * page_stride + (pr > 0 ? (int64_t)pr * row_stride : 0);
-                                const uint32_t so = (uint32_t)((ch32 >> 3) * (KEYS * 128) + key * 128 + (((ch32 & 7) ^ (key & 7)) << 4));
-                                cp_async16_s(d0 + so, base + off, pr >= 0 ? 16 : 0);
-                            }
-                        }
-                        mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
-                    }
-                    continue;
-                }
-                const uint32_t dk = kv_s + (uint32_t)(s * 2 * C::TILE) + soff0;
-                const int k0 = t.kv0 + j * KEYS + key0;
-                /* this thread copies chunk ch of keys k0 + n KSTEP; the CPR
-                 * lanes of a key share its page ids: lane ch of the group looks
-                 * up step n = ch (one load each, before the wait for the
-                 * slot), and step n takes it from lane n by a shuffle */
-                int pg_own = 0, pr_own = -1;
-                if (ch < NIT) {
-                    const int kidx = k0 + ch * KSTEP;
-                    if (kidx < t.kv1) {
-                        const int pi = kidx / P;
-                        pg_own = pg_list[pi];
-                        pr_own = kidx - pi * P;
-                    } else {
-                        pg_own = pg_list[0];
-                    }
-                }
-#pragma unroll
-                for (int kv = 0; kv < 2; kv++) {
-                    const T *base = kv ? vb : kb;
-                    const uint32_t d0 = dk + (uint32_t)(kv * C::TILE);
-                    if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
-                    else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
-                    if (TL && j == 0 && kv == 0) tl_first(ti);
-                    if (diag & 1) { /* measurement only: no copies (wrong results) */
-                        mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
-                        continue;
-                    }
-#pragma unroll
-                    for (int n = 0; n < NIT; n++) {
-                        const int pg = __shfl_sync(0xffffffffu, pg_own, n, CPR);
-                        const int pr = __shfl_sync(0xffffffffu, pr_own, n, CPR);
-                        const int64_t off = (int64_t)pg * page_stride + (pr > 0 ? (int64_t)pr * row_stride : 0);
-                        cp_async16_s(d0 + (uint32_t)(n * KSTEP * 128), base + off, pr >= 0 ? 16 : 0);
-                    }
-                    mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
-                }
+                load_tile(t, j, it, ti, pg_list, pol, look_runs, task_tma, mcast, kb, vb);
             }
             if (PAIR && pairp) ti += ti_step; /* B came with A */
             if (TL && tlp) {
@@ -1349,7 +1655,7 @@ __global__ void __launch_bounds__(384, 1)
         }
     } else {
         /* ---- consumers ---- */
-        reg_alloc<TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
+        reg_alloc<TWK ? WS_CONSUMER_REGS_TW : TAILS ? WS_CONSUMER_REGS_TAIL : MC ? WS_CONSUMER_REGS_MC : TMA ? WS_CONSUMER_REGS_TMA : WS_CONSUMER_REGS>();
         const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         const int group = h->group, causal = h->causal, window = h->window_left;
@@ -1375,6 +1681,23 @@ __global__ void __launch_bounds__(384, 1)
         };
         int it = 0;
         int nqs_c = 0; /* XF bit 4194304: staged tasks so far (the producer's count) */
+        /* XF bit 67108864: the positions of the stage ring walked in order (tw_step), the tail warps'
+         * ones waited for and passed; next_a gives the next position of the consumers */
+        int tw_n = 0, tw_nb = 0, tw_pos = 0, tw_acc = 0;
+        if constexpr (TWK) {
+            int na;
+            tw_count<KEYS>(tasks, ti_first, ti_end, lane, na, tw_nb);
+            tw_n = na + tw_nb;
+        }
+        auto next_a = [&]() {
+            int k = tw_pos++;
+            while (tw_step(tw_acc, tw_nb, tw_n)) {
+                mbar_wait(FULL_K(k % STAGES), (uint32_t)(k / STAGES) & 1u);
+                mbar_wait(FULL_V(k % STAGES), (uint32_t)(k / STAGES) & 1u);
+                k = tw_pos++;
+            }
+            return k;
+        };
         /* XF bit 131072: thread 0 of each consumer stamps its tasks (cas_tl) */
         const bool tlc = tl_cta && ctid == 0;
         auto clk = [&]() -> long long { return TL && tlc ? sm_clock64() : 0LL; };
@@ -1386,6 +1709,9 @@ __global__ void __launch_bounds__(384, 1)
             }
         };
         for (int ti = ti_first; ti < ti_end; ti += ti_step) {
+            if constexpr (TWK) {
+                if (tasks[ti].flags & 32) continue; /* the tail warps' */
+            }
             /* XF bit 8388608: consumer 1 computes the pair's second task, its
              * rows in its own 64-row half (rbase), its tiles every other stage */
             if constexpr (PAIR) pairt = (tasks[ti * tstride].flags & 16) && ti + ti_step < ti_end;
@@ -1406,6 +1732,7 @@ __global__ void __launch_bounds__(384, 1)
                 if (cw == 1 && t.nrows <= 64 && !(PAIR && pairt)) {
                     const int nk = t.kv1 - t.kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
                     if (nt > 0) {
+                        if constexpr (TWK) it = next_a();
                         const int s0 = it % STAGES;
                         long long w0 = clk();
                         mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
@@ -1414,11 +1741,20 @@ __global__ void __launch_bounds__(384, 1)
                         nbar_arrive(other_turn, 256);
                         release(EMPTY_K(s0));
                         for (int i = 0; i < nt; i++, it++) {
-                            const int sc = it % STAGES, sn = (it + 1) % STAGES;
+                            const int sc = it % STAGES;
+                            int sn = (it + 1) % STAGES;
                             const bool more = i + 1 < nt;
                             w0 = clk();
                             mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
-                            if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
+                            if constexpr (TWK) {
+                                /* the next position of the consumers (it + 1 after this iteration) */
+                                const int itn = more ? next_a() : it + 1;
+                                sn = itn % STAGES;
+                                if (more) mbar_wait(FULL_K(sn), (uint32_t)(itn / STAGES) & 1u);
+                                it = itn - 1;
+                            } else if (more) {
+                                mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
+                            }
                             tl_add(0, clk() - w0);
                             nbar_sync(my_turn, 256);
                             nbar_arrive(other_turn, 256);
@@ -1875,6 +2211,7 @@ __global__ void __launch_bounds__(384, 1)
             constexpr bool late = (XF & 1024) != 0;
             if (PAIR && pairt) it += cw; /* consumer c's tiles: it0 + c + 2 i */
             if (ntiles > 0) {
+                if constexpr (TWK) it = next_a();
                 const int s0 = it % STAGES;
                 const long long w0 = clk();
                 mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
@@ -1904,6 +2241,7 @@ __global__ void __launch_bounds__(384, 1)
              * i first, then both products in one commit group. With OVL (P of
              * tile i is ready): S of tile i + 1, then P V of tile i; the
              * softmax of tile i + 1 runs while P V is on the tensor cores. */
+            int it_next = it; /* the position after this tile's (step) */
             const bool tr = (XF & 4096) && blockIdx.x == 0 && ctid == 0;
             auto mark = [&](int k) {
                 if ((XF & 4096) && tr && it < WTRACE_TILES) cas_wtrace[cw][it][k] = sm_clock64();
@@ -1916,10 +2254,18 @@ __global__ void __launch_bounds__(384, 1)
                     rescale_pack();
                 }
                 mark(1);
-                const int sc = it % STAGES, sn = (it + ust) % STAGES;
+                const int sc = it % STAGES;
+                int sn = (it + ust) % STAGES;
                 const long long w0 = clk();
                 mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
-                if (more) mbar_wait(FULL_K(sn), (uint32_t)((it + ust) / STAGES) & 1u);
+                /* XF bit 67108864: the next position of the consumers, the tail warps' before it waited for */
+                if constexpr (TWK) {
+                    it_next = more ? next_a() : it;
+                    sn = it_next % STAGES;
+                    if (more) mbar_wait(FULL_K(sn), (uint32_t)(it_next / STAGES) & 1u);
+                } else if (more) {
+                    mbar_wait(FULL_K(sn), (uint32_t)((it + ust) / STAGES) & 1u);
+                }
                 if (!tma_tiles(i + 1 + (more ? 1 : 0))) fence_proxy_async();
                 mark(2);
                 const long long w1 = clk();
@@ -1968,7 +2314,7 @@ __global__ void __launch_bounds__(384, 1)
                     *ct = *ct + 1;
                 }
             };
-            for (int i = 0; i + 1 < ntiles; i++, it += ust) step(i, std::true_type{});
+            for (int i = 0; i + 1 < ntiles; i++, it = TWK ? it_next : it + ust) step(i, std::true_type{});
             if (ntiles > 0) {
                 step(ntiles - 1, std::false_type{});
                 it += ust;
@@ -2067,7 +2413,7 @@ template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool
     return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>;
 }
 template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false, int XF = 0>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0>, T,
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0, (XF & 67108864) != 0>, T,
                         wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
@@ -2149,6 +2495,8 @@ template <typename T, int D> struct wg_kernel<T, D, 233> : wg_ws<T, D, 128, 3, f
 /* probe XV=34: 32 with 25's Q staging (the producer fills a slot of Q and
  * offsets per tail ahead of its tiles) */
 template <typename T, int D> struct wg_kernel<T, D, 234> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216 | 33554432 | 4194304> {};
+/* XV 35: kind 17 with the decode tails of at most 8 rows on the producer's spare warps (tw_warps) */
+template <typename T, int D> struct wg_kernel<T, D, 235> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 67108864> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
 
@@ -2331,11 +2679,11 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 34 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
+        if (xv >= 1 && xv <= 35 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
                 wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 225, 226,
-                            227, 228, 229, 230, 231, 232, 233, 234>();
+                            227, 228, 229, 230, 231, 232, 233, 234, 235>();
                 ready = 1;
             }
             static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
@@ -2347,7 +2695,7 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
                 CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
                 CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
                 CAS_XV(25) CAS_XV(26)
-                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32) CAS_XV(33) CAS_XV(34)
+                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32) CAS_XV(33) CAS_XV(34) CAS_XV(35)
 #undef CAS_XV
             default: break;
             }

@@ -108,6 +108,7 @@ static int cmp_cover(const void *x, const void *y) {
 }
 
 static int last_pairs; /* pairs in the last kind-17 plan checked */
+static int last_tw;    /* tasks of the tail warps (XV 35) in the last kind-17 plan checked */
 /* FNV-1a over every block checked: the same number before and after a change
  * to the planner means it plans every batch of this test byte for byte as
  * before (printed at the end) */
@@ -222,6 +223,45 @@ static int check_block(const char *what, int kind, int order, int xv) {
                 i++;
             }
         CHECKF(badp == 0, "%s: %d of %d pairs malformed", what, badp, pairs);
+        /* the tail warps' tasks (flags bit 5, XV 35): tails of at most 8 rows. Each
+         * CTA's positions walked as the kernel walks them (tw_step: position k is
+         * the tail warps' when (k + 1) nb / N passes an integer) bring nb tiles
+         * of their tasks and na of the others', each class's cursor within the CTA */
+        int ntw = 0, badtw = 0;
+        for (int c = 0; c < g; c++) {
+            int na = 0, nb = 0;
+            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
+                if (t[i].flags & 32) {
+                    ntw++;
+                    badtw += !(gp[t[i].pass].n_tok * GROUP <= CAS_CUDA_NARROW_ROWS && t[i].nrows <= 8);
+                    nb += tiles(&t[i]);
+                } else {
+                    na += tiles(&t[i]);
+                }
+            }
+            const int n = na + nb;
+            int acc = 0, cur[2] = {cp[c] - 1, cp[c] - 1}, j[2] = {0, 0}, nt[2] = {0, 0}, got[2] = {0, 0};
+            for (int k = 0; k < n && badtw == 0; k++) {
+                const int b = acc + nb >= n;
+                acc += b ? nb - n : nb;
+                while (j[b] >= nt[b]) {
+                    do cur[b]++;
+                    while (cur[b] < cp[c + 1] && ((t[cur[b]].flags & 32) != 0) != b);
+                    if (cur[b] >= cp[c + 1]) {
+                        badtw++;
+                        break;
+                    }
+                    nt[b] = tiles(&t[cur[b]]);
+                    j[b] = 0;
+                }
+                j[b]++;
+                got[b]++;
+            }
+            badtw += badtw == 0 && (got[0] != na || got[1] != nb || acc != 0);
+        }
+        CHECKF(badtw == 0, "%s: %d bad tail-warp tasks or walks (of %d tasks)", what, badtw, ntw);
+        if (xv != 35) CHECKF(ntw == 0, "%s: %d tail-warp tasks without the probe that runs them", what, ntw);
+        last_tw = ntw;
         if (xv != 27 && xv != 28 && xv != 30 && xv != 31 && xv != 33)
             CHECKF(pairs == 0, "%s: pairs without a probe that runs them", what);
         last_pairs = pairs;
@@ -316,6 +356,10 @@ static void test_headline(void) {
     CHECKF(last_pairs >= 200 && last_pairs <= 256, "order 4: %d pairs", last_pairs);
     plan_check(&b, 17, 1, 27, "headline kind 17 order 1 XV 27");
     CHECKF(last_pairs >= 200 && last_pairs <= 256, "order 1: %d pairs", last_pairs);
+    /* XV 35: the tail warps take most of the 512 tails (the consumers of the 4 CTAs without a
+     * shared task some) */
+    plan_check(&b, 17, 1, 35, "headline kind 17 order 1 XV 35");
+    CHECKF(last_tw >= 400 && last_tw <= 512, "XV 35: %d tail-warp tasks", last_tw);
     batch_free(&b);
 }
 
@@ -335,7 +379,7 @@ static void test_random(void) {
         batch_make(&b, B, P, U);
         const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
         const int order = kind == 17 ? (int)rnd(5) : 1;
-        const int xvs[4] = {31, 30, 32, 0}, xv = kind == 17 ? xvs[rnd(4)] : 0;
+        const int xvs[5] = {31, 30, 32, 0, 35}, xv = kind == 17 ? xvs[rnd(5)] : 0;
         char what[96];
         snprintf(what, sizeof what, "random %d (B %d P %d U0 %d%s) kind %d order %d xv %d", it, B, P, U[0],
                  same ? " all" : "", kind, order, xv);
@@ -460,7 +504,7 @@ static void test_trees(void) {
         for (int32_t i = 0; st == CAS_OK && i < plan->n_passes; i++) levels += plan->passes[i].node >= 0;
         multi += levels >= 2;
         const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        const int order = kind == 17 ? (int)rnd(5) : 1, xv = kind == 17 && rnd(2) ? 31 : 0;
+        const int order = kind == 17 ? (int)rnd(5) : 1, xv = kind != 17 ? 0 : rnd(3) == 0 ? 35 : rnd(2) ? 31 : 0;
         char what[256];
         set_kernel(kind, order, xv);
         snprintf(what, sizeof what,
