@@ -906,10 +906,12 @@ template <int D> struct qs_cfg {
  * shared passes. The positions of a CTA's stage ring (0, 1, ...) interleave
  * the consumers' tiles (na) and the tail warps' (nb) evenly: position k is
  * the tail warps' when (k + 1) nb / N passes an integer (N = na + nb), which
- * tw_step tells one position after the other. The producer loads every
- * position in order; every other party waits on the full barriers of every
- * position in order, its own and the others' (a parity wait cannot tell
- * phases two apart), and releases only its own. */
+ * tw_walk tells one position after the other. The producer loads every
+ * position in order (waiting on each stage's empty barriers, which the owner
+ * of a position releases) and completes the full barriers of the position's
+ * owner: the tail warps have their own, so that each party's full barriers
+ * move one phase per use of its own (a party that waited on the others'
+ * could fall two phases behind them, which a parity wait cannot tell). */
 template <int D> struct tw_cfg {
     static constexpr uint32_t LDQ = D * 2 + 16;   /* row pitch of a Q buffer, bytes */
     static constexpr uint32_t QBUF = 8 * LDQ;     /* 8 rows: the N of m16n8k16 */
@@ -932,12 +934,28 @@ __device__ __forceinline__ void tw_count(const cas_cuda_task *__restrict__ tasks
     na = a;
     nb = b;
 }
-/* whether the next position is the tail warps' (acc: (k nb) mod n, from 0) */
-__device__ __forceinline__ bool tw_step(int &acc, int nb, int n) {
-    const bool b = acc + nb >= n;
-    acc += b ? nb - n : nb;
-    return b;
-}
+/* whether the next position is the tail warps': position k is owed to them when (k + 1) nb / n
+ * passes an integer (acc: (k nb) mod n, from 0), and they take it while the consumers have tiles
+ * left only if the two positions before it were not both theirs (run). A consumer holds its
+ * tile's V stage until the next tile's K has come; with three tail warps' positions between two
+ * tiles of one task, the producer would wait for that V before loading that K. */
+struct tw_walk {
+    int acc, owed, run, a_left;
+    __device__ __forceinline__ bool next(int nb, int n) {
+        const bool due = acc + nb >= n;
+        acc += due ? nb - n : nb;
+        owed += due;
+        const bool b = a_left == 0 || (owed > 0 && run < 2);
+        if (b) {
+            owed--;
+            run++;
+        } else {
+            a_left--;
+            run = 0;
+        }
+        return b;
+    }
+};
 /* The tail warps (threads 32-127 of the producer warpgroup, 56 registers):
  * each warp walks the CTA's positions, and on each of its own computes the
  * tile of its task transposed, as kind 11's tail warps did (S^T = K Q^T with
@@ -963,7 +981,9 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
     int na, nb;
     tw_count<KEYS>(tasks, ti0, ti1, lane, na, nb);
     const int n = na + nb;
-    int pos = 0, acc = 0;
+    int pos = 0;
+    tw_walk wk = {0, 0, 0, na};
+    uint32_t pb = 0; /* bit s: the parity of the tail warps' next use of stage s */
     const uint32_t sq = qarea + (uint32_t)w * C::QBUF;
     /* ldmatrix rows of this lane: Q (B of S^T, k-steps 2 kp, 2 kp + 1 at + 64 kp); K (A of S^T:
      * matrix lane / 8 is keys + 8 ((lane / 8) % 2), chunk + lane / 16); V (A of O^T, transposed:
@@ -999,16 +1019,14 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
         cp_async_wait<0>();
         __syncwarp();
         for (int kt0 = kv0; kt0 < kv1; kt0 += KEYS) {
-            /* the next position of the tail warps, the consumers' before it waited for in order */
+            /* the next position of the tail warps (the consumers' passed) and the parity of their
+             * use of its stage (their full barriers complete on their positions only) */
             int k = pos++;
-            while (!tw_step(acc, nb, n)) {
-                mbar_wait(bar0 + 8u * (uint32_t)(k % STAGES), (uint32_t)(k / STAGES) & 1u);
-                mbar_wait(bar0 + 8u * (uint32_t)(STAGES + k % STAGES), (uint32_t)(k / STAGES) & 1u);
-                k = pos++;
-            }
-            const uint32_t st = (uint32_t)(k % STAGES), ph = (uint32_t)(k / STAGES) & 1u;
-            mbar_wait(bar0 + 8u * st, ph);
-            mbar_wait(bar0 + 8u * (STAGES + st), ph);
+            while (!wk.next(nb, n)) k = pos++;
+            const uint32_t st = (uint32_t)(k % STAGES), ph = (pb >> st) & 1u;
+            pb ^= 1u << st;
+            mbar_wait(bar0 + 8u * (4 * STAGES + st), ph);
+            mbar_wait(bar0 + 8u * (5 * STAGES + st), ph);
             const uint32_t ka = kv_s + st * 2u * TILE;
             for (int bk = 0; bk < KEYS / 16; bk++) {
                 const int kb0 = kt0 + bk * 16;
@@ -1237,7 +1255,8 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t kv_s = (smem_u32(smem) + 1023u) & ~1023u;
     __shared__ int s_qpos[128];
     __shared__ long long s_qrow[128], s_oo[128], s_lo[128];
-    __shared__ __align__(8) unsigned long long s_bar[4 * STAGES]; /* full K, full V, empty K, empty V */
+    /* full K, full V, empty K, empty V; XF bit 67108864: then full K and V of the tail warps' positions */
+    __shared__ __align__(8) unsigned long long s_bar[((XF & 67108864) != 0 ? 6 : 4) * STAGES];
     __shared__ int s_fml[2][64], s_fmn[2]; /* XF bit 64: the tokens each consumer merges */
     __shared__ long long s_tlw[2][2]; /* XF bit 131072: consumer thread 0's full and turn waits */
     __shared__ __align__(8) unsigned long long s_qbar[2 * QS_SLOTS]; /* XF bit 4194304: full Q, empty Q */
@@ -1280,6 +1299,8 @@ __global__ void __launch_bounds__(384, 1)
     const uint32_t bar0 = smem_u32(s_bar);
 #define FULL_K(s) (bar0 + 8u * (uint32_t)(s))
 #define FULL_V(s) (bar0 + 8u * (uint32_t)(STAGES + (s)))
+#define FULL_KB(s) (bar0 + 8u * (uint32_t)(4 * STAGES + (s)))
+#define FULL_VB(s) (bar0 + 8u * (uint32_t)(5 * STAGES + (s)))
 #define EMPTY_K(s) (bar0 + 8u * (uint32_t)(2 * STAGES + (s)))
 #define EMPTY_V(s) (bar0 + 8u * (uint32_t)(3 * STAGES + (s)))
     if (tid == 0) {
@@ -1287,6 +1308,10 @@ __global__ void __launch_bounds__(384, 1)
         for (int s = 0; s < STAGES; s++) {
             mbar_init(FULL_K(s), nprod);
             mbar_init(FULL_V(s), nprod);
+            if ((XF & 67108864) != 0) {
+                mbar_init(FULL_KB(s), nprod);
+                mbar_init(FULL_VB(s), nprod);
+            }
             mbar_init(EMPTY_K(s), MC ? 16 : 8);
             mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
@@ -1390,8 +1415,10 @@ __global__ void __launch_bounds__(384, 1)
         const int32_t *qs_tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
         const int32_t *qs_tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         /* one tile: tile j of task t (ti in the list) into position it of the stage ring */
+        /* XF bit 67108864: a tail warps' position (tw) completes their own full barriers */
+#define FULL_OF(kv, s) ((kv) ? (tw ? FULL_VB(s) : FULL_V(s)) : (tw ? FULL_KB(s) : FULL_K(s)))
         auto load_tile = [&](const cas_cuda_task &t, int j, int it, int ti, const int32_t *pg_list, uint64_t pol,
-                             bool look_runs, bool task_tma, bool mcast, const T *kb, const T *vb) {
+                             bool look_runs, bool task_tma, bool mcast, const T *kb, const T *vb, bool tw) {
             const int s = it % STAGES;
             const uint32_t ph = (uint32_t)(it / STAGES) & 1u;
             if (task_tma && t.kv0 + (j + 1) * KEYS <= t.kv1) {
@@ -1411,7 +1438,7 @@ __global__ void __launch_bounds__(384, 1)
                 bool run = false;
 #pragma unroll
                 for (int kv = 0; kv < 2; kv++) {
-                    const uint32_t full = kv ? FULL_V(s) : FULL_K(s);
+                    const uint32_t full = FULL_OF(kv, s);
                     if (MC) mbar_wait_cluster(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                     else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                     if (TL && j == 0 && kv == 0) tl_first(ti);
@@ -1469,7 +1496,7 @@ __global__ void __launch_bounds__(384, 1)
                     const uint32_t d0 = kv_s + (uint32_t)(s * 2 * C::TILE + kv * C::TILE);
                     mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                     if (diag & 1) {
-                        mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
+                        mbar_arrive(FULL_OF(kv, s));
                         continue;
                     }
                     for (int g0 = 0; g0 < KEYS; g0 += 32) {
@@ -1489,7 +1516,7 @@ __global__ void __launch_bounds__(384, 1)
                             cp_async16_s(d0 + so, base + off, pr >= 0 ? 16 : 0);
                         }
                     }
-                    mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
+                    mbar_arrive_cpasync(FULL_OF(kv, s));
                 }
                 return;
             }
@@ -1518,7 +1545,7 @@ __global__ void __launch_bounds__(384, 1)
                 else mbar_wait(kv ? EMPTY_V(s) : EMPTY_K(s), ph ^ 1u);
                 if (TL && j == 0 && kv == 0) tl_first(ti);
                 if (diag & 1) { /* measurement only: no copies (wrong results) */
-                    mbar_arrive(kv ? FULL_V(s) : FULL_K(s));
+                    mbar_arrive(FULL_OF(kv, s));
                     continue;
                 }
 #pragma unroll
@@ -1528,7 +1555,7 @@ __global__ void __launch_bounds__(384, 1)
                     const int64_t off = (int64_t)pg * page_stride + (pr > 0 ? (int64_t)pr * row_stride : 0);
                     cp_async16_s(d0 + (uint32_t)(n * KSTEP * 128), base + off, pr >= 0 ? 16 : 0);
                 }
-                mbar_arrive_cpasync(kv ? FULL_V(s) : FULL_K(s));
+                mbar_arrive_cpasync(FULL_OF(kv, s));
             }
         };
         int nqs = 0;
@@ -1538,14 +1565,16 @@ __global__ void __launch_bounds__(384, 1)
             int na, nb;
             tw_count<KEYS>(tasks, ti_first, ti_end, lane, na, nb);
             const int n = na + nb;
-            int acc = 0, ta = ti_first - 1, tb = ti_first - 1, ja = 0, jb = 0, nta = 0, ntb = 0;
+            int ta = ti_first - 1, tb = ti_first - 1, ja = 0, jb = 0, nta = 0, ntb = 0;
+            tw_walk wk = {0, 0, 0, na};
             auto tiles = [&](int i) {
                 const int nk = tasks[i].kv1 - tasks[i].kv0;
                 return nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
             };
             for (int k = 0; k < n; k++) {
                 int ti, j;
-                if (tw_step(acc, nb, n)) {
+                const bool cb = wk.next(nb, n);
+                if (cb) {
                     while (jb >= ntb) {
                         do tb++;
                         while (!(tasks[tb].flags & 32));
@@ -1568,7 +1597,7 @@ __global__ void __launch_bounds__(384, 1)
                 const cas_cuda_pass pp = passes[t.pass];
                 load_tile(t, j, k, ti, pages + pp.page_off, HINT && (int64_t)pp.n_tok * h->group <= C::ROWS ? pol_once : pol_more,
                           tma_runs && pp.page_runs, TMA && tma_rows > 0 && t.kv0 % tma_rows == 0, false,
-                          kpool + (int64_t)t.kv_head * D + ch * 8, vpool + (int64_t)t.kv_head * D + ch * 8);
+                          kpool + (int64_t)t.kv_head * D + ch * 8, vpool + (int64_t)t.kv_head * D + ch * 8, cb);
             }
         }
         for (int ti = ti_first; ti < (TWK ? ti_first : ti_end); ti += ti_step) {
@@ -1635,7 +1664,7 @@ __global__ void __launch_bounds__(384, 1)
                         task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
                     }
                 }
-                load_tile(t, j, it, ti, pg_list, pol, look_runs, task_tma, mcast, kb, vb);
+                load_tile(t, j, it, ti, pg_list, pol, look_runs, task_tma, mcast, kb, vb, false);
             }
             if (PAIR && pairp) ti += ti_step; /* B came with A */
             if (TL && tlp) {
@@ -1681,23 +1710,26 @@ __global__ void __launch_bounds__(384, 1)
         };
         int it = 0;
         int nqs_c = 0; /* XF bit 4194304: staged tasks so far (the producer's count) */
-        /* XF bit 67108864: the positions of the stage ring walked in order (tw_step), the tail warps'
-         * ones waited for and passed; next_a gives the next position of the consumers */
-        int tw_n = 0, tw_nb = 0, tw_pos = 0, tw_acc = 0;
+        /* XF bit 67108864: the positions of the stage ring walked in order (tw_walk), the tail warps'
+         * passed; next_a gives the next position of the consumers and (par) the parity of their use
+         * of its stage: their full barriers complete on their positions only, one phase a use
+         * (tw_pa: bit s, the parity of the next use of stage s) */
+        int tw_n = 0, tw_nb = 0, tw_pos = 0, tw_pa = 0, itph = 0;
+        tw_walk tw_wk = {0, 0, 0, 0};
         if constexpr (TWK) {
-            int na;
-            tw_count<KEYS>(tasks, ti_first, ti_end, lane, na, tw_nb);
-            tw_n = na + tw_nb;
+            tw_count<KEYS>(tasks, ti_first, ti_end, lane, tw_wk.a_left, tw_nb);
+            tw_n = tw_wk.a_left + tw_nb;
         }
-        auto next_a = [&]() {
+        auto next_a = [&](int &par) {
             int k = tw_pos++;
-            while (tw_step(tw_acc, tw_nb, tw_n)) {
-                mbar_wait(FULL_K(k % STAGES), (uint32_t)(k / STAGES) & 1u);
-                mbar_wait(FULL_V(k % STAGES), (uint32_t)(k / STAGES) & 1u);
-                k = tw_pos++;
-            }
+            while (tw_wk.next(tw_nb, tw_n)) k = tw_pos++;
+            const int sk = k % STAGES;
+            par = (tw_pa >> sk) & 1;
+            tw_pa ^= 1 << sk;
             return k;
         };
+        /* the parity of position k's phase (the consumers' own with XF bit 67108864, in itph) */
+        auto ph_of = [&](int k, int par) { return TWK ? (uint32_t)par : (uint32_t)(k / STAGES) & 1u; };
         /* XF bit 131072: thread 0 of each consumer stamps its tasks (cas_tl) */
         const bool tlc = tl_cta && ctid == 0;
         auto clk = [&]() -> long long { return TL && tlc ? sm_clock64() : 0LL; };
@@ -1732,10 +1764,10 @@ __global__ void __launch_bounds__(384, 1)
                 if (cw == 1 && t.nrows <= 64 && !(PAIR && pairt)) {
                     const int nk = t.kv1 - t.kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
                     if (nt > 0) {
-                        if constexpr (TWK) it = next_a();
+                        if constexpr (TWK) it = next_a(itph);
                         const int s0 = it % STAGES;
                         long long w0 = clk();
-                        mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
+                        mbar_wait(FULL_K(s0), ph_of(it, itph));
                         tl_add(0, clk() - w0);
                         nbar_sync(my_turn, 256);
                         nbar_arrive(other_turn, 256);
@@ -1745,13 +1777,15 @@ __global__ void __launch_bounds__(384, 1)
                             int sn = (it + 1) % STAGES;
                             const bool more = i + 1 < nt;
                             w0 = clk();
-                            mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
+                            mbar_wait(FULL_V(sc), ph_of(it, itph));
                             if constexpr (TWK) {
                                 /* the next position of the consumers (it + 1 after this iteration) */
-                                const int itn = more ? next_a() : it + 1;
+                                int phn = 0;
+                                const int itn = more ? next_a(phn) : it + 1;
                                 sn = itn % STAGES;
-                                if (more) mbar_wait(FULL_K(sn), (uint32_t)(itn / STAGES) & 1u);
+                                if (more) mbar_wait(FULL_K(sn), (uint32_t)phn);
                                 it = itn - 1;
+                                itph = phn;
                             } else if (more) {
                                 mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
                             }
@@ -2211,10 +2245,10 @@ __global__ void __launch_bounds__(384, 1)
             constexpr bool late = (XF & 1024) != 0;
             if (PAIR && pairt) it += cw; /* consumer c's tiles: it0 + c + 2 i */
             if (ntiles > 0) {
-                if constexpr (TWK) it = next_a();
+                if constexpr (TWK) it = next_a(itph);
                 const int s0 = it % STAGES;
                 const long long w0 = clk();
-                mbar_wait(FULL_K(s0), (uint32_t)(it / STAGES) & 1u);
+                mbar_wait(FULL_K(s0), ph_of(it, itph));
                 if (!tma_tiles(1)) fence_proxy_async();
                 const long long w1 = clk();
                 nbar_sync(my_turn, 256);
@@ -2241,7 +2275,7 @@ __global__ void __launch_bounds__(384, 1)
              * i first, then both products in one commit group. With OVL (P of
              * tile i is ready): S of tile i + 1, then P V of tile i; the
              * softmax of tile i + 1 runs while P V is on the tensor cores. */
-            int it_next = it; /* the position after this tile's (step) */
+            int it_next = it, itph_next = 0; /* the position after this tile's and its parity (step) */
             const bool tr = (XF & 4096) && blockIdx.x == 0 && ctid == 0;
             auto mark = [&](int k) {
                 if ((XF & 4096) && tr && it < WTRACE_TILES) cas_wtrace[cw][it][k] = sm_clock64();
@@ -2257,12 +2291,12 @@ __global__ void __launch_bounds__(384, 1)
                 const int sc = it % STAGES;
                 int sn = (it + ust) % STAGES;
                 const long long w0 = clk();
-                mbar_wait(FULL_V(sc), (uint32_t)(it / STAGES) & 1u);
-                /* XF bit 67108864: the next position of the consumers, the tail warps' before it waited for */
+                mbar_wait(FULL_V(sc), ph_of(it, itph));
+                /* XF bit 67108864: the next position of the consumers (the tail warps' passed) */
                 if constexpr (TWK) {
-                    it_next = more ? next_a() : it;
+                    it_next = more ? next_a(itph_next) : it;
                     sn = it_next % STAGES;
-                    if (more) mbar_wait(FULL_K(sn), (uint32_t)(it_next / STAGES) & 1u);
+                    if (more) mbar_wait(FULL_K(sn), (uint32_t)itph_next);
                 } else if (more) {
                     mbar_wait(FULL_K(sn), (uint32_t)((it + ust) / STAGES) & 1u);
                 }
@@ -2314,7 +2348,7 @@ __global__ void __launch_bounds__(384, 1)
                     *ct = *ct + 1;
                 }
             };
-            for (int i = 0; i + 1 < ntiles; i++, it = TWK ? it_next : it + ust) step(i, std::true_type{});
+            for (int i = 0; i + 1 < ntiles; i++, it = TWK ? it_next : it + ust, itph = itph_next) step(i, std::true_type{});
             if (ntiles > 0) {
                 step(ntiles - 1, std::false_type{});
                 it += ust;
@@ -2386,6 +2420,9 @@ __global__ void __launch_bounds__(384, 1)
     if (XF & 32) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #undef FULL_K
 #undef FULL_V
+#undef FULL_KB
+#undef FULL_VB
+#undef FULL_OF
 #undef EMPTY_K
 #undef EMPTY_V
 #else

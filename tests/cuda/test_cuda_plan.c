@@ -224,9 +224,12 @@ static int check_block(const char *what, int kind, int order, int xv) {
             }
         CHECKF(badp == 0, "%s: %d of %d pairs malformed", what, badp, pairs);
         /* the tail warps' tasks (flags bit 5, XV 35): tails of at most 8 rows. Each
-         * CTA's positions walked as the kernel walks them (tw_step: position k is
-         * the tail warps' when (k + 1) nb / N passes an integer) bring nb tiles
-         * of their tasks and na of the others', each class's cursor within the CTA */
+         * CTA's positions walked as the kernel walks them (tw_walk: position k is owed
+         * to the tail warps when (k + 1) nb / N passes an integer, and taken while
+         * the consumers have tiles left if the two before were not both theirs) bring
+         * nb tiles of their tasks and na of the others', each class's cursor within
+         * the CTA, and no two tiles of one consumer task lie more than 3 positions
+         * apart (a consumer holds a tile's V until the next tile's K has come) */
         int ntw = 0, badtw = 0;
         for (int c = 0; c < g; c++) {
             int na = 0, nb = 0;
@@ -240,10 +243,21 @@ static int check_block(const char *what, int kind, int order, int xv) {
                 }
             }
             const int n = na + nb;
-            int acc = 0, cur[2] = {cp[c] - 1, cp[c] - 1}, j[2] = {0, 0}, nt[2] = {0, 0}, got[2] = {0, 0};
+            int acc = 0, owed = 0, run = 0, a_left = na, last_a = -1;
+            int cur[2] = {cp[c] - 1, cp[c] - 1}, j[2] = {0, 0}, nt[2] = {0, 0}, got[2] = {0, 0};
             for (int k = 0; k < n && badtw == 0; k++) {
-                const int b = acc + nb >= n;
-                acc += b ? nb - n : nb;
+                const int due = acc + nb >= n;
+                acc += due ? nb - n : nb;
+                owed += due;
+                const int b = a_left == 0 || (owed > 0 && run < 2);
+                if (b) {
+                    owed--;
+                    run++;
+                } else {
+                    a_left--;
+                    run = 0;
+                }
+                const int fresh = j[b] >= nt[b];
                 while (j[b] >= nt[b]) {
                     do cur[b]++;
                     while (cur[b] < cp[c + 1] && ((t[cur[b]].flags & 32) != 0) != b);
@@ -254,10 +268,14 @@ static int check_block(const char *what, int kind, int order, int xv) {
                     nt[b] = tiles(&t[cur[b]]);
                     j[b] = 0;
                 }
+                if (!b) {
+                    badtw += !fresh && k - last_a > 3;
+                    last_a = k;
+                }
                 j[b]++;
                 got[b]++;
             }
-            badtw += badtw == 0 && (got[0] != na || got[1] != nb || acc != 0);
+            badtw += badtw == 0 && (got[0] != na || got[1] != nb || acc != 0 || owed != 0);
         }
         CHECKF(badtw == 0, "%s: %d bad tail-warp tasks or walks (of %d tasks)", what, badtw, ntw);
         if (xv != 35) CHECKF(ntw == 0, "%s: %d tail-warp tasks without the probe that runs them", what, ntw);
