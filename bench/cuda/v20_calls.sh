@@ -24,16 +24,20 @@ for v in 0 35; do
   echo "headline XV $v rc=$? $(tail -1 "$O/head$v.txt")" >> "$L"
 done
 X=CASCADE_CUDA_XV=35
-CASCADE_BENCH_AB="17:$X,CASCADE_CUDA_TW_COST=0.35;17:$X;17:$X,CASCADE_CUDA_TW_COST=1.0" CASCADE_CUDA_WIDE=17 \
-  timeout 240 $BB --cases "32768,64,512;32768,256,512;16384,64,2048;16384,256,512;16384,64,128;1024,128,128;4096,256,128;1024,64,512;32768,64,2048;16384,128,2048" \
-  --json "$O/dec.json" > "$O/dec.txt" 2>&1
-echo "dec rc=$?" >> "$L"; grep -E '^P |device' "$O/dec.txt" >> "$L"
+for r in 1 2; do
+CASCADE_BENCH_AB="17:$X,CASCADE_CUDA_TW_COST=1000;17:$X,CASCADE_CUDA_TW_COST=0.35;17:$X;17:$X,CASCADE_CUDA_TW_COST=1.0" CASCADE_CUDA_WIDE=17 \
+  timeout 200 $BB --cases "32768,64,512;32768,256,512;16384,64,2048;16384,256,512;16384,64,128;1024,128,128;4096,256,128;1024,64,512;32768,64,2048;16384,128,2048" \
+  --json "$O/dec$r.json" > "$O/dec$r.txt" 2>&1
+echo "dec round $r rc=$?" >> "$L"; grep -E '^P |device' "$O/dec$r.txt" >> "$L"
+done
 CASCADE_CUDA_XV=35 CASCADE_CUDA_TAIL_MIX_LEN=1000000000 CASCADE_TEST_KINDS=17 CASCADE_TEST_QUICK=1 \
   timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 .devcarry/test_cuda_attn > "$O/memcheck.txt" 2>&1
 echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$O/memcheck.txt" | head -1)" >> "$L"
 CASCADE_CUDA_XV=35 CASCADE_CUDA_TAIL_MIX_LEN=1000000000 CASCADE_TEST_KINDS=17 CASCADE_TEST_QUICK=2 \
   timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 .devcarry/test_cuda_attn > "$O/racecheck.txt" 2>&1
 echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck.txt" | head -2 | tr '\n' ' ')" >> "$L"
+( cd "$O" && tar czf rest.tgz head0.txt head35.txt test.txt memcheck.txt dec1.txt dec2.txt t 2>/dev/null &&
+  rm -rf head0.txt head35.txt test.txt memcheck.txt dec1.txt dec2.txt t )
 cat "$L"
 ;;
 2)

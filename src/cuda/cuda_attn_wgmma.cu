@@ -915,7 +915,12 @@ template <int D> struct qs_cfg {
 template <int D> struct tw_cfg {
     static constexpr uint32_t LDQ = D * 2 + 16;   /* row pitch of a Q buffer, bytes */
     static constexpr uint32_t QBUF = 8 * LDQ;     /* 8 rows: the N of m16n8k16 */
+    static constexpr int LDO = D + 4;             /* row pitch of a warp's O in the merge, floats */
+    /* the merge: each warp's O [8][LDO] floats, then its max and sum per row [8][2] */
+    static constexpr uint32_t OBUF = 8 * LDO * 4, MBUF = 8 * 2 * 4;
+    static constexpr uint32_t BYTES = 3 * (QBUF + OBUF + MBUF);
 };
+#define TW_BAR 5 /* named barrier of the three tail warps (1-4: the consumers') */
 /* the tiles of CTA's tasks [i0, i1) that are the consumers' (na) and the tail warps' (nb); a warp's lanes together */
 template <int KEYS>
 __device__ __forceinline__ void tw_count(const cas_cuda_task *__restrict__ tasks, int i0, int i1, int lane, int &na,
@@ -956,21 +961,23 @@ struct tw_walk {
         return b;
     }
 };
-/* The tail warps (threads 32-127 of the producer warpgroup, 56 registers):
- * each warp walks the CTA's positions, and on each of its own computes the
- * tile of its task transposed, as kind 11's tail warps did (S^T = K Q^T with
- * 16 keys as the M of mma.sync m16n8k16 and the task's rows as N; O^T += V^T
- * P^T with D as M, P^T into the B fragment by movmatrix): all three warps
- * the whole S^T and softmax, each its third of O^T's m-tiles. K and V come
- * as ldmatrix from the 128-byte swizzled stage the producer filled; Q from
- * the warp's own buffer. Each warp releases a stage with its share of the 8
- * arrivals the empty barriers count. */
+/* The tail warps (threads 32-127 of the producer warpgroup): each warp walks
+ * the CTA's positions, and on each of its own computes its share of the
+ * tile, blocks of 16 keys w, w + 3, ... (w its index), transposed as kind
+ * 11's tail warps did (S^T = K Q^T with 16 keys as the M of mma.sync
+ * m16n8k16 and the task's rows as N; O^T += V^T P^T with D as M, P^T into
+ * the B fragment by movmatrix), with its own running max, sum and O^T of
+ * the task; at the task's end the three states merge in shared memory. K
+ * and V come as ldmatrix from the 128-byte swizzled stage the producer
+ * filled, Q from the warp's own buffer. Each warp releases a stage with its
+ * share of the 8 arrivals the empty barriers count. */
 template <typename T, int D, int KEYS, int STAGES>
 __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const cas_cuda_task *__restrict__ tasks, int ti0,
                                          int ti1, const T *__restrict__ q, float *__restrict__ o, float *__restrict__ lse,
-                                         float *__restrict__ scratch, int Hq, uint32_t kv_s, uint32_t bar0, uint32_t qarea) {
+                                         float *__restrict__ scratch, int Hq, uint32_t kv_s, uint32_t bar0, uint32_t area,
+                                         unsigned char *area_p) {
     typedef tw_cfg<D> C;
-    constexpr int NMT = D / 16, MTW = (NMT + 2) / 3, CPR = D / 8, NKS = D / 16;
+    constexpr int NMT = D / 16, CPR = D / 8, NKS = D / 16, NBK = KEYS / 16;
     constexpr uint32_t TILE = (uint32_t)KEYS * D * 2, CB = (uint32_t)KEYS * 128; /* a column block of 64 elements */
     const int w = (int)(threadIdx.x >> 5) - 1, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
@@ -984,7 +991,9 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
     int pos = 0;
     tw_walk wk = {0, 0, 0, na};
     uint32_t pb = 0; /* bit s: the parity of the tail warps' next use of stage s */
-    const uint32_t sq = qarea + (uint32_t)w * C::QBUF;
+    const uint32_t sq = area + (uint32_t)w * C::QBUF;
+    float *ob = reinterpret_cast<float *>(area_p + 3 * C::QBUF); /* [3][8][LDO] */
+    float *mb = reinterpret_cast<float *>(area_p + 3 * (C::QBUF + C::OBUF)); /* [3][8][2] */
     /* ldmatrix rows of this lane: Q (B of S^T, k-steps 2 kp, 2 kp + 1 at + 64 kp); K (A of S^T:
      * matrix lane / 8 is keys + 8 ((lane / 8) % 2), chunk + lane / 16); V (A of O^T, transposed:
      * keys + 8 (lane / 16), chunk + (lane / 8) % 2); the swizzle XORs chunks with key % 8 = lane % 8 */
@@ -1011,9 +1020,9 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
             }
             cp_async_commit();
         }
-        float oacc[MTW][4];
+        float oacc[NMT][4];
 #pragma unroll
-        for (int i = 0; i < MTW; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+        for (int i = 0; i < NMT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
         float mrow[2] = {-CUDART_INF_F, -CUDART_INF_F}, lrow[2] = {0.f, 0.f};
         float mul[2] = {0.f, 0.f}, mthr[2] = {-CUDART_INF_F, -CUDART_INF_F}; /* the lazy max, as the consumers' */
         cp_async_wait<0>();
@@ -1028,11 +1037,11 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
             mbar_wait(bar0 + 8u * (4 * STAGES + st), ph);
             mbar_wait(bar0 + 8u * (5 * STAGES + st), ph);
             const uint32_t ka = kv_s + st * 2u * TILE;
-            for (int bk = 0; bk < KEYS / 16; bk++) {
+            for (int bk = w; bk < NBK; bk += 3) {
                 const int kb0 = kt0 + bk * 16;
                 if (kb0 >= kv1) break;
-                /* S^T = K Q^T: 16 keys x 8 rows */
-                float s[4] = {0.f, 0.f, 0.f, 0.f};
+                /* S^T = K Q^T: 16 keys x 8 rows, the k-steps in two chains */
+                float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
                 {
                     const uint32_t kbase = ka + (uint32_t)(bk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * 128u;
 #pragma unroll
@@ -1045,10 +1054,12 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
                             uint32_t kf[4];
                             ldsm_x4(kf, kbase + (uint32_t)(ks >> 2) * CB +
                                             (((((uint32_t)(2 * ks)) & 7u) + ((uint32_t)lane >> 4)) ^ ((uint32_t)lane & 7u)) * 16u);
-                            mma_op<T>::run(s, kf, qb[2 * hh], qb[2 * hh + 1]);
+                            mma_op<T>::run(hh ? s2 : s, kf, qb[2 * hh], qb[2 * hh + 1]);
                         }
                     }
                 }
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[e] += s2[e];
                 /* s[e]: key kb0 + g, row 2c + e; s[2 + e]: key kb0 + g + 8 */
                 if (h->soft_cap > 0.f) {
                     const float cap = h->soft_cap, scale = h->scale;
@@ -1082,7 +1093,7 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
                         lrow[e] *= al[e];
                     }
 #pragma unroll
-                    for (int i = 0; i < MTW; i++) {
+                    for (int i = 0; i < NMT; i++) {
                         oacc[i][0] *= al[0];
                         oacc[i][1] *= al[1];
                         oacc[i][2] *= al[0];
@@ -1095,19 +1106,16 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
                     s[2 + e] = ex2_fast(fmaf(s[2 + e], sl, -mul[e]));
                     lrow[e] += s[e] + s[2 + e];
                 }
-                /* P^T (keys 0-7, 8-15 x rows) transposed into the B fragment; O^T += V^T P^T on this warp's m-tiles */
+                /* P^T (keys 0-7, 8-15 x rows) transposed into the B fragment; O^T += V^T P^T */
                 const uint32_t pb0 = movm_t(mma_op<T>::pack(s[0], s[1]));
                 const uint32_t pb1 = movm_t(mma_op<T>::pack(s[2], s[3]));
                 const uint32_t vbase = ka + TILE + (uint32_t)(bk * 16 + (lane & 7) + 8 * (lane >> 4)) * 128u;
 #pragma unroll
-                for (int i = 0; i < MTW; i++) {
-                    const int mt = w * MTW + i;
-                    if (mt < NMT) {
-                        const uint32_t cv = (uint32_t)(2 * mt) + (((uint32_t)lane >> 3) & 1u);
-                        uint32_t vf[4];
-                        ldsm_x4_t(vf, vbase + (cv >> 3) * CB + ((cv & 7u) ^ ((uint32_t)lane & 7u)) * 16u);
-                        mma_op<T>::run(oacc[i], vf, pb0, pb1);
-                    }
+                for (int mt = 0; mt < NMT; mt++) {
+                    const uint32_t cv = (uint32_t)(2 * mt) + (((uint32_t)lane >> 3) & 1u);
+                    uint32_t vf[4];
+                    ldsm_x4_t(vf, vbase + (cv >> 3) * CB + ((cv & 7u) ^ ((uint32_t)lane & 7u)) * 16u);
+                    mma_op<T>::run(oacc[mt], vf, pb0, pb1);
                 }
             }
             __syncwarp();
@@ -1116,45 +1124,77 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
                 mbar_arrive_cnt(bar0 + 8u * (3 * STAGES + st), w < 2 ? 3u : 2u);
             }
         }
+        /* the merge: each warp's max and sum per row (over its g lanes), then its O scaled to the
+         * common max and divided by the common sum into its buffer, then their sum out */
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 4);
             lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 8);
             lrow[e] += __shfl_xor_sync(0xffffffffu, lrow[e], 16);
         }
-        /* oacc[i][e]: d 16 (w MTW + i) + g, row 2c + e; oacc[i][2 + e]: d + 8 */
-        const cas_cuda_task &t = tasks[ti];
+        if (g == 0) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                mb[(w * 8 + 2 * c + e) * 2] = mrow[e];
+                mb[(w * 8 + 2 * c + e) * 2 + 1] = lrow[e];
+            }
+        }
+        nbar_sync(TW_BAR, 96);
+        float rm[2], rl[2];
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int r = 2 * c + e;
-            if (r >= t.nrows) continue;
-            const int group = h->group, row = t.row0 + r, tk = row / group, hq = t.kv_head * group + (row - tk * group);
-            int64_t oo, lo;
-            float *ob, *lb;
-            if (t.o_off < 0) {
-                const int64_t tokid = tok_ids[passes[t.pass].tok_off + tk];
-                oo = (tokid * Hq + hq) * D;
-                lo = tokid * Hq + hq;
-                ob = o;
-                lb = lse;
-            } else {
-                oo = t.o_off + ((int64_t)tk * Hq + hq) * D;
-                lo = t.lse_off + (int64_t)tk * Hq + hq;
-                ob = scratch;
-                lb = scratch;
-            }
-            const float l = lrow[e], inv = l > 0.f ? 1.f / l : 0.f;
+            float M = -CUDART_INF_F, L = 0.f;
 #pragma unroll
-            for (int i = 0; i < MTW; i++) {
-                const int mt = w * MTW + i;
-                if (mt < NMT) {
-                    ob[oo + 16 * mt + g] = oacc[i][e] * inv;
-                    ob[oo + 16 * mt + g + 8] = oacc[i][2 + e] * inv;
+            for (int ww = 0; ww < 3; ww++) M = fmaxf(M, mb[(ww * 8 + r) * 2]);
+#pragma unroll
+            for (int ww = 0; ww < 3; ww++) {
+                const float mw = mb[(ww * 8 + r) * 2];
+                if (mw != -CUDART_INF_F) L += mb[(ww * 8 + r) * 2 + 1] * ex2_fast((mw - M) * sl);
+            }
+            rm[e] = M;
+            rl[e] = L;
+            const float f = mrow[e] == -CUDART_INF_F || !(L > 0.f) ? 0.f : ex2_fast((mrow[e] - M) * sl) / L;
+            float *orow = ob + (w * 8 + r) * C::LDO;
+#pragma unroll
+            for (int mt = 0; mt < NMT; mt++) {
+                orow[16 * mt + g] = oacc[mt][e] * f;
+                orow[16 * mt + g + 8] = oacc[mt][2 + e] * f;
+            }
+        }
+        nbar_sync(TW_BAR, 96);
+        {
+            const cas_cuda_task &t = tasks[ti];
+            const int group = h->group;
+            for (int x = (int)threadIdx.x - 32; x < t.nrows * (D / 4); x += 96) {
+                const int r = x / (D / 4), d4 = x - r * (D / 4);
+                float4 v = reinterpret_cast<const float4 *>(ob + r * C::LDO)[d4];
+#pragma unroll
+                for (int ww = 1; ww < 3; ww++) {
+                    const float4 u = reinterpret_cast<const float4 *>(ob + (ww * 8 + r) * C::LDO)[d4];
+                    v.x += u.x;
+                    v.y += u.y;
+                    v.z += u.z;
+                    v.w += u.w;
+                }
+                const int row = t.row0 + r, tk = row / group, hq = t.kv_head * group + (row - tk * group);
+                const int64_t oo = t.o_off < 0 ? ((int64_t)tok_ids[passes[t.pass].tok_off + tk] * Hq + hq) * D
+                                               : t.o_off + ((int64_t)tk * Hq + hq) * D;
+                reinterpret_cast<float4 *>((t.o_off < 0 ? o : scratch) + oo)[d4] = v;
+            }
+            if (w == 0 && g == 0) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int r = 2 * c + e;
+                    if (r >= t.nrows) continue;
+                    const int row = t.row0 + r, tk = row / group, hq = t.kv_head * group + (row - tk * group);
+                    const int64_t lo = t.o_off < 0 ? (int64_t)tok_ids[passes[t.pass].tok_off + tk] * Hq + hq
+                                                   : t.lse_off + (int64_t)tk * Hq + hq;
+                    (t.o_off < 0 ? lse : scratch)[lo] = rl[e] > 0.f ? (rm[e] * sl + log2f(rl[e])) * LN2_F : -CUDART_INF_F;
                 }
             }
-            if (w == 0 && g == 0) lb[lo] = l > 0.f ? (mrow[e] * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
         }
-        __syncwarp();
+        nbar_sync(TW_BAR, 96); /* the merge buffers are read before the next task writes them */
     }
 }
 
@@ -1177,7 +1217,7 @@ struct ws_cfg {
     /* XF bit 67108864: the tail warps' Q rows (tw_warps), one buffer per warp after the stages */
     static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0) +
                                    (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? (QST_ ? 1 : 2) * TMB : 0) +
-                                   (TW_ ? 3 * (size_t)tw_cfg<D>::QBUF : 0);
+                                   (TW_ ? (size_t)tw_cfg<D>::BYTES : 0);
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
     static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
 };
@@ -1216,10 +1256,10 @@ struct ws_cfg {
 #endif
 /* XF bit 67108864: the tail warps' loop did not fit the producer's 56 (ptxas spilled in it) */
 #ifndef WS_PRODUCER_REGS_TW
-#define WS_PRODUCER_REGS_TW 72
+#define WS_PRODUCER_REGS_TW 88
 #endif
 #ifndef WS_CONSUMER_REGS_TW
-#define WS_CONSUMER_REGS_TW 216
+#define WS_CONSUMER_REGS_TW 208
 #endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
@@ -1375,7 +1415,8 @@ __global__ void __launch_bounds__(384, 1)
         if constexpr (TWK) {
             if (tid >= 32) {
                 tw_warps<T, D, KEYS, STAGES>(plan, tasks, ti_first, ti_end, q, o, lse, scratch, Hq, kv_s, bar0,
-                                             kv_s + (uint32_t)(2 * STAGES * C::TILE));
+                                             kv_s + (uint32_t)(2 * STAGES * C::TILE),
+                                             smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE);
                 return;
             }
         }
