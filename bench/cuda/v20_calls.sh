@@ -19,8 +19,10 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader >> "$L"
 CASCADE_CUDA_TAIL_MIX_LEN=1000000000 CASCADE_CUDA_XV=35 CASCADE_TEST_KINDS=17 CASCADE_TEST_QUICK=1 TEST_TIMEOUT=90 \
   OUT=$O/t bash bench/cuda/run_h200.sh test > "$O/test.txt" 2>&1
 grep -E "test rc|passed|FAIL" "$O/test.txt" | sed 's/^/test XV35: /' >> "$L"
-for v in 0 35; do
-  CASCADE_CUDA_XV=$v CASCADE_CUDA_WIDE=17 timeout 40 $BB --batch 64 --prefix 32768 --suffix 512 > "$O/head$v.txt" 2>&1
+for v in 0 35 35d; do
+  # 35d: the tail warps compute nothing (CASCADE_CUDA_WS_DIAG=4, timing only)
+  CASCADE_CUDA_WS_DIAG=$([ $v = 35d ] && echo 4 || echo 0) CASCADE_CUDA_XV=${v%d} CASCADE_CUDA_WIDE=17 \
+    timeout 40 $BB --batch 64 --prefix 32768 --suffix 512 > "$O/head$v.txt" 2>&1
   echo "headline XV $v rc=$? $(tail -1 "$O/head$v.txt")" >> "$L"
 done
 X=CASCADE_CUDA_XV=35
@@ -36,8 +38,8 @@ echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$O/memcheck.txt" | head -1)" >> 
 CASCADE_CUDA_XV=35 CASCADE_CUDA_TAIL_MIX_LEN=1000000000 CASCADE_TEST_KINDS=17 CASCADE_TEST_QUICK=2 \
   timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 .devcarry/test_cuda_attn > "$O/racecheck.txt" 2>&1
 echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck.txt" | head -2 | tr '\n' ' ')" >> "$L"
-( cd "$O" && tar czf rest.tgz head0.txt head35.txt test.txt memcheck.txt dec1.txt dec2.txt t 2>/dev/null &&
-  rm -rf head0.txt head35.txt test.txt memcheck.txt dec1.txt dec2.txt t )
+( cd "$O" && tar czf rest.tgz head0.txt head35.txt head35d.txt test.txt memcheck.txt dec1.txt dec2.txt t 2>/dev/null &&
+  rm -rf head0.txt head35.txt head35d.txt test.txt memcheck.txt dec1.txt dec2.txt t )
 cat "$L"
 ;;
 2)
