@@ -87,6 +87,38 @@ typedef struct {
     int64_t block_bytes;    /* bytes of the whole block */
 } cas_cuda_plan_hdr;
 
+/* Probe XV 35 (cuda_attn_wgmma.cu): a CTA's positions of the stage ring,
+ * nb of the tail warps' tiles among n, walked in order. Position k is owed
+ * to the tail warps when (k + 1) nb / n passes an integer (acc: (k nb) mod
+ * n, from 0; owed: those not yet given), and they take it while the
+ * consumers have tiles left (a_left) only if the two positions before were
+ * not both theirs (run): a consumer holds a tile's V stage until the next
+ * tile's K has come, and with three tail-warp positions between two tiles of
+ * one consumer task the third would be waiting for that stage. Returns 1
+ * where position k is the tail warps'. */
+typedef struct {
+    int32_t acc, owed, run, a_left;
+} cas_cuda_tw_walk;
+#ifdef __CUDACC__
+__host__ __device__ __forceinline__
+#else
+static inline
+#endif
+int cas_cuda_tw_next(cas_cuda_tw_walk *w, int32_t nb, int32_t n) {
+    const int due = w->acc + nb >= n;
+    w->acc += due ? nb - n : nb;
+    w->owed += due;
+    const int b = w->a_left == 0 || (w->owed > 0 && w->run < 2);
+    if (b) {
+        w->owed--;
+        w->run++;
+    } else {
+        w->a_left--;
+        w->run = 0;
+    }
+    return b;
+}
+
 /* Geometry the kernels are launched with. */
 typedef struct {
     int32_t Hq, Hkv, D, page_size;

@@ -912,6 +912,22 @@ template <int D> struct qs_cfg {
  * owner: the tail warps have their own, so that each party's full barriers
  * move one phase per use of its own (a party that waited on the others'
  * could fall two phases behind them, which a parity wait cannot tell). */
+/* The merge of NW warps' states of row r: ml holds each warp's (max, sum) of the row at
+ * ml[(ww * rows + r) * 2]; M and L: the common max and sum; returns the factor a warp
+ * whose max is m scales its O by, 2^((m - M) sl) / L (0 where it or the row has nothing) */
+template <int NW>
+__device__ __forceinline__ float merge_rows(const float *ml, int rows, int r, float m, float sl, float &M, float &L) {
+    M = -CUDART_INF_F;
+    L = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < NW; ww++) M = fmaxf(M, ml[(ww * rows + r) * 2]);
+#pragma unroll
+    for (int ww = 0; ww < NW; ww++) {
+        const float mw = ml[(ww * rows + r) * 2];
+        if (mw != -CUDART_INF_F) L += ml[(ww * rows + r) * 2 + 1] * ex2_fast((mw - M) * sl);
+    }
+    return m == -CUDART_INF_F || !(L > 0.f) ? 0.f : ex2_fast((m - M) * sl) / L;
+}
 template <int D> struct tw_cfg {
     static constexpr uint32_t LDQ = D * 2 + 16;   /* row pitch of a Q buffer, bytes */
     static constexpr uint32_t QBUF = 8 * LDQ;     /* 8 rows: the N of m16n8k16 */
@@ -944,23 +960,7 @@ __device__ __forceinline__ void tw_count(const cas_cuda_task *__restrict__ tasks
  * left only if the two positions before it were not both theirs (run). A consumer holds its
  * tile's V stage until the next tile's K has come; with three tail warps' positions between two
  * tiles of one task, the producer would wait for that V before loading that K. */
-struct tw_walk {
-    int acc, owed, run, a_left;
-    __device__ __forceinline__ bool next(int nb, int n) {
-        const bool due = acc + nb >= n;
-        acc += due ? nb - n : nb;
-        owed += due;
-        const bool b = a_left == 0 || (owed > 0 && run < 2);
-        if (b) {
-            owed--;
-            run++;
-        } else {
-            a_left--;
-            run = 0;
-        }
-        return b;
-    }
-};
+typedef cas_cuda_tw_walk tw_walk; /* cas_cuda_tw_next (cuda_attn_impl.h), shared with the planner's test */
 /* The tail warps (threads 32-127 of the producer warpgroup): each warp walks
  * the CTA's positions, and on each of its own computes its share of the
  * tile, blocks of 16 keys w, w + 3, ... (w its index), transposed as kind
@@ -1031,7 +1031,7 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
             /* the next position of the tail warps (the consumers' passed) and the parity of their
              * use of its stage (their full barriers complete on their positions only) */
             int k = pos++;
-            while (!wk.next(nb, n)) k = pos++;
+            while (!cas_cuda_tw_next(&wk, nb, n)) k = pos++;
             const uint32_t st = (uint32_t)(k % STAGES), ph = (pb >> st) & 1u;
             pb ^= 1u << st;
             mbar_wait(bar0 + 8u * (4 * STAGES + st), ph);
@@ -1145,17 +1145,7 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int r = 2 * c + e;
-            float M = -CUDART_INF_F, L = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < 3; ww++) M = fmaxf(M, mb[(ww * 8 + r) * 2]);
-#pragma unroll
-            for (int ww = 0; ww < 3; ww++) {
-                const float mw = mb[(ww * 8 + r) * 2];
-                if (mw != -CUDART_INF_F) L += mb[(ww * 8 + r) * 2 + 1] * ex2_fast((mw - M) * sl);
-            }
-            rm[e] = M;
-            rl[e] = L;
-            const float f = mrow[e] == -CUDART_INF_F || !(L > 0.f) ? 0.f : ex2_fast((mrow[e] - M) * sl) / L;
+            const float f = merge_rows<3>(mb, 8, r, mrow[e], sl, rm[e], rl[e]);
             float *orow = ob + (w * 8 + r) * C::LDO;
 #pragma unroll
             for (int mt = 0; mt < NMT; mt++) {
@@ -1615,7 +1605,7 @@ __global__ void __launch_bounds__(384, 1)
             };
             for (int k = 0; k < n; k++) {
                 int ti, j;
-                const bool cb = wk.next(nb, n);
+                const bool cb = cas_cuda_tw_next(&wk, nb, n) != 0;
                 if (cb) {
                     while (jb >= ntb) {
                         do tb++;
@@ -1764,7 +1754,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         auto next_a = [&](int &par) {
             int k = tw_pos++;
-            while (tw_wk.next(tw_nb, tw_n)) k = tw_pos++;
+            while (cas_cuda_tw_next(&tw_wk, tw_nb, tw_n)) k = tw_pos++;
             const int sk = k % STAGES;
             par = (tw_pa >> sk) & 1;
             tw_pa ^= 1 << sk;
@@ -2041,17 +2031,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
                         const int r = r0 + 8 * hf;
-                        float M = -CUDART_INF_F, L = 0.f;
-#pragma unroll
-                        for (int ww = 0; ww < 4; ww++) M = fmaxf(M, mlb[(ww * 16 + r) * 2]);
-#pragma unroll
-                        for (int ww = 0; ww < 4; ww++) {
-                            const float mw = mlb[(ww * 16 + r) * 2];
-                            if (mw != -CUDART_INF_F) L += mlb[(ww * 16 + r) * 2 + 1] * ex2_fast((mw - M) * sl);
-                        }
-                        rowm[hf] = M;
-                        rowl[hf] = L;
-                        const float f = mr[hf] == -CUDART_INF_F || !(L > 0.f) ? 0.f : ex2_fast((mr[hf] - M) * sl) / L;
+                        const float f = merge_rows<4>(mlb, 16, r, mr[hf], sl, rowm[hf], rowl[hf]);
                         if (r < t.nrows) {
 #pragma unroll
                             for (int dt = 0; dt < D / 8; dt++) {

@@ -224,8 +224,8 @@ static int check_block(const char *what, int kind, int order, int xv) {
             }
         CHECKF(badp == 0, "%s: %d of %d pairs malformed", what, badp, pairs);
         /* the tail warps' tasks (flags bit 5, XV 35): tails of at most 8 rows. Each
-         * CTA's positions walked as the kernel walks them (tw_walk: position k is owed
-         * to the tail warps when (k + 1) nb / N passes an integer, and taken while
+         * CTA's positions walked as the kernel walks them (cas_cuda_tw_next: position k
+         * is owed to the tail warps when (k + 1) nb / N passes an integer, and taken while
          * the consumers have tiles left if the two before were not both theirs) bring
          * nb tiles of their tasks and na of the others', each class's cursor within
          * the CTA, and no two tiles of one consumer task lie more than 3 positions
@@ -243,20 +243,11 @@ static int check_block(const char *what, int kind, int order, int xv) {
                 }
             }
             const int n = na + nb;
-            int acc = 0, owed = 0, run = 0, a_left = na, last_a = -1;
+            cas_cuda_tw_walk wk = {0, 0, 0, na};
+            int last_a = -1;
             int cur[2] = {cp[c] - 1, cp[c] - 1}, j[2] = {0, 0}, nt[2] = {0, 0}, got[2] = {0, 0};
             for (int k = 0; k < n && badtw == 0; k++) {
-                const int due = acc + nb >= n;
-                acc += due ? nb - n : nb;
-                owed += due;
-                const int b = a_left == 0 || (owed > 0 && run < 2);
-                if (b) {
-                    owed--;
-                    run++;
-                } else {
-                    a_left--;
-                    run = 0;
-                }
+                const int b = cas_cuda_tw_next(&wk, nb, n);
                 const int fresh = j[b] >= nt[b];
                 while (j[b] >= nt[b]) {
                     do cur[b]++;
@@ -275,7 +266,7 @@ static int check_block(const char *what, int kind, int order, int xv) {
                 j[b]++;
                 got[b]++;
             }
-            badtw += badtw == 0 && (got[0] != na || got[1] != nb || acc != 0 || owed != 0);
+            badtw += badtw == 0 && (got[0] != na || got[1] != nb || wk.acc != 0 || wk.owed != 0);
         }
         CHECKF(badtw == 0, "%s: %d bad tail-warp tasks or walks (of %d tasks)", what, badtw, ntw);
         if (xv != 35) CHECKF(ntw == 0, "%s: %d tail-warp tasks without the probe that runs them", what, ntw);
