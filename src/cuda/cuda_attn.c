@@ -46,6 +46,14 @@
 
 #define ALIGN16(x) (((x) + 15) & ~(int64_t)15)
 
+/* Floats of scratch one (pass, chunk) takes: its tokens' states [n_tok][Hq][D], then their
+ * LSEs [n_tok][Hq], rounded up to an even count, so that every state starts on 8 bytes (the
+ * kernels store pairs of floats; with Hq and n_tok odd the count is odd) */
+static int64_t job_stride(int32_t n_tok, int32_t Hq, int32_t D) {
+    const int64_t f = (int64_t)n_tok * Hq * (D + 1);
+    return f + (f & 1);
+}
+
 /* a CTA in arrange_mix's heap, by (load, cta) */
 struct cta_load_ent {
     double load;
@@ -343,7 +351,8 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         a->cap_tasks = 4 * base + 64 * (int64_t)a->num_sms;
         a->cap_states = a->caps.max_states;
         a->cap_bytes = plan_bytes_cap(&a->caps, a->cap_tasks, a->cap_states, a->wide_grid);
-        a->scratch_floats = a->cap_states * shape->num_qo_heads * (shape->head_dim + 1);
+        /* a state per token and head, and a float of padding per (pass, chunk) at most (job_stride) */
+        a->scratch_floats = a->cap_states * ((int64_t)shape->num_qo_heads * (shape->head_dim + 1) + 1);
     }
     TRY(cudaMallocHost((void **)&a->stage, (size_t)a->cap_bytes));
     TRY(cudaMalloc((void **)&a->dplan, (size_t)a->cap_bytes));
@@ -1041,7 +1050,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
             for (int32_t j = 0; j < passes[i].n_tok; j++) a->direct_tok[tok_ids[passes[i].tok_off + j]] = 1;
         } else {
             a->job_off[i] = cur;
-            cur += (int64_t)a->nsplit[i] * passes[i].n_tok * Hq * (D + 1);
+            cur += (int64_t)a->nsplit[i] * job_stride(passes[i].n_tok, Hq, D);
         }
     }
     if (cur > a->scratch_floats)
@@ -1138,7 +1147,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
                         t.o_off = -1;
                         t.lse_off = -1;
                     } else {
-                        int64_t job = a->job_off[i] + (int64_t)c * p->n_tok * Hq * (D + 1);
+                        int64_t job = a->job_off[i] + (int64_t)c * job_stride(p->n_tok, Hq, D);
                         t.o_off = job;
                         t.lse_off = job + (int64_t)p->n_tok * Hq * D;
                     }
@@ -1258,7 +1267,7 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
         if (a->job_off[i] < 0) continue;
         const cas_attn_pass *p = &passes[i];
         for (int32_t c = 0; c < a->nsplit[i]; c++) {
-            int64_t job = a->job_off[i] + (int64_t)c * p->n_tok * Hq * (D + 1);
+            int64_t job = a->job_off[i] + (int64_t)c * job_stride(p->n_tok, Hq, D);
             for (int32_t j = 0; j < p->n_tok; j++) {
                 int32_t t = tok_ids[p->tok_off + j];
                 int32_t slot = a->fill[t]++;

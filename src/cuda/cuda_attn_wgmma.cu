@@ -1157,21 +1157,20 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
         {
             const cas_cuda_task &t = tasks[ti];
             const int group = h->group;
-            for (int x = (int)threadIdx.x - 32; x < t.nrows * (D / 4); x += 96) {
-                const int r = x / (D / 4), d4 = x - r * (D / 4);
-                float4 v = reinterpret_cast<const float4 *>(ob + r * C::LDO)[d4];
+            /* float2 stores, as the consumers' (a state's offset in scratch is even) */
+            for (int x = (int)threadIdx.x - 32; x < t.nrows * (D / 2); x += 96) {
+                const int r = x / (D / 2), d2 = x - r * (D / 2);
+                float2 v = reinterpret_cast<const float2 *>(ob + r * C::LDO)[d2];
 #pragma unroll
                 for (int ww = 1; ww < 3; ww++) {
-                    const float4 u = reinterpret_cast<const float4 *>(ob + (ww * 8 + r) * C::LDO)[d4];
+                    const float2 u = reinterpret_cast<const float2 *>(ob + (ww * 8 + r) * C::LDO)[d2];
                     v.x += u.x;
                     v.y += u.y;
-                    v.z += u.z;
-                    v.w += u.w;
                 }
                 const int row = t.row0 + r, tk = row / group, hq = t.kv_head * group + (row - tk * group);
                 const int64_t oo = t.o_off < 0 ? ((int64_t)tok_ids[passes[t.pass].tok_off + tk] * Hq + hq) * D
                                                : t.o_off + ((int64_t)tk * Hq + hq) * D;
-                reinterpret_cast<float4 *>((t.o_off < 0 ? o : scratch) + oo)[d4] = v;
+                reinterpret_cast<float2 *>((t.o_off < 0 ? o : scratch) + oo)[d2] = v;
             }
             if (w == 0 && g == 0) {
 #pragma unroll

@@ -562,6 +562,72 @@ static void test_trees(void) {
  * plans the good batch; positions anywhere (before the pass, far past it),
  * a sliding window and no causal mask plan a block that gives every row its
  * keys (check_block) (CASCADE_PLAN_TEST_BAD of them, default 300) */
+/* odd head counts: with Hq and a pass's tokens odd, a (pass, chunk)'s states and LSEs
+ * take an odd count of floats; every split state must still start on 8 bytes (the
+ * kernels store pairs of floats) and stay within the scratch the context has */
+static void test_odd_heads(void) {
+    const int32_t shapes[4][3] = {{3, 1, 128}, {5, 5, 128}, {7, 1, 64}, {6, 2, 128}};
+    for (int si = 0; si < 4; si++) {
+        const int32_t Hq = shapes[si][0], Hkv = shapes[si][1], D = shapes[si][2];
+        for (int kind = 0; kind < 2; kind++) {
+            int32_t U[5] = {37, 500, 1, 129, 64};
+            batch b;
+            batch_make(&b, 5, 4096, U); /* 5 requests: passes of 5 and of 1 token */
+            set_kernel(kind ? 17 : 1, 1, 0);
+            const cas_attn_shape sh = {Hq, Hkv, D, PS, CAS_BF16};
+            cas_cuda_attn_caps caps = {0};
+            caps.max_total_q = b.ntok;
+            caps.max_passes = b.npass;
+            caps.max_tok_rows = 2 * b.ntok;
+            caps.max_page_ids = b.npage_ids;
+            cas_cuda_attn *a = NULL;
+            char what[64];
+            snprintf(what, sizeof what, "heads %d:%d D %d kind %d", Hq, Hkv, D, kind ? 17 : 1);
+            if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
+                CHECKF(0, "%s: create: %s", what, cas_last_error());
+                batch_free(&b);
+                continue;
+            }
+            cas_attn_params pr = cas_attn_params_default();
+            cas_status st = cas_cuda_attn_plan_passes(a, &pr, b.npages, b.npass, b.passes, b.pages, b.npage_ids,
+                                                      b.tok_ids, b.tok_pos, b.ntok * 2, b.ntok);
+            if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
+            CHECKF(st == CAS_OK, "%s: plan: %s", what, cas_last_error());
+            if (st == CAS_OK) {
+                const char *blk = cas_stub_last_h2d;
+                const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
+                const int64_t tl[3][2] = {{h->off_tasks_wide, h->n_tasks_wide},
+                                             {h->off_tasks_narrow, h->n_tasks_narrow},
+                                             {h->off_tasks_mid, h->n_tasks_mid}};
+                /* the scratch a context of these caps has: a state per token and head, and a
+                 * float per (pass, chunk) (cuda_attn.c); max_states 0 means 8 per row */
+                const int64_t room = 8 * (int64_t)caps.max_tok_rows * ((int64_t)Hq * (D + 1) + 1);
+                int odd = 0, out = 0, split = 0;
+                for (int l = 0; l < 3; l++) {
+                    const cas_cuda_task *t = (const cas_cuda_task *)(blk + tl[l][0]);
+                    for (int64_t i = 0; i < tl[l][1]; i++) {
+                        if (t[i].o_off < 0) continue;
+                        split++;
+                        odd += (t[i].o_off & 1) != 0 || (t[i].lse_off & 1) != 0;
+                        const int64_t ntok = ((const cas_cuda_pass *)(blk + h->off_passes))[t[i].pass].n_tok;
+                        out += t[i].lse_off + ntok * Hq > room;
+                    }
+                }
+                const int64_t *co = (const int64_t *)(blk + h->off_contrib_o);
+                const int32_t *ind = (const int32_t *)(blk + h->off_contrib_indptr);
+                for (int32_t m = 0; m < ind[h->n_merge_tok]; m++) odd += (co[m] & 1) != 0;
+                CHECKF(split > 0, "%s: no split states (the case should split)", what);
+                CHECKF(odd == 0 && out == 0, "%s: %d states on odd offsets, %d past the scratch", what, odd, out);
+            }
+            cas_cuda_attn_destroy(a);
+            batch_free(&b);
+        }
+    }
+    unsetenv("CASCADE_CUDA_WIDE");
+    unsetenv("CASCADE_CUDA_TAIL_ORDER");
+    unsetenv("CASCADE_CUDA_XV");
+}
+
 static void test_invalid(void) {
     const int n = iters("CASCADE_PLAN_TEST_BAD", 300);
     int refused = 0, planned = 0;
@@ -783,13 +849,15 @@ int main(int argc, char **argv) {
     /* the planner's knobs at their defaults (the checks' bounds assume them) */
     const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TILE_BW", "CASCADE_CUDA_TAIL_TASK_COST",
                            "CASCADE_CUDA_SPLIT_SEARCH", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
-                           "CASCADE_CUDA_SPLIT", "CASCADE_CUDA_MID_ROWS", "CASCADE_CUDA_FUSE_CHUNK"};
+                           "CASCADE_CUDA_SPLIT", "CASCADE_CUDA_MID_ROWS", "CASCADE_CUDA_FUSE_CHUNK",
+                           "CASCADE_CUDA_TW_COST", "CASCADE_CUDA_TW_TASK_COST"};
     for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) unsetenv(knobs[i]);
     RUN(test_headline);
     RUN(test_random);
     RUN(test_flat);
     RUN(test_trees);
     RUN(test_invalid);
+    RUN(test_odd_heads);
     printf("plan digest %016llx\n", (unsigned long long)digest);
     return check_summary();
 }
