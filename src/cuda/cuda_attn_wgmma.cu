@@ -899,19 +899,6 @@ template <int D> struct qs_cfg {
     static constexpr uint32_t POS = QS_ROWS * LDQ * 2, OO = POS + QS_ROWS * 4, LO = OO + QS_ROWS * 8,
                               SLOT = (LO + QS_ROWS * 8 + 127) / 128 * 128;
 };
-/* XF bit 67108864 (probe CASCADE_CUDA_XV=35): decode tails of at most 8 rows
- * (tasks flagged 32 by the planner) run on the producer warpgroup's three
- * spare warps (tw_warps), from the same stages as the consumers' tiles, so
- * that their bytes stream while the consumers keep the tensor cores on the
- * shared passes. The positions of a CTA's stage ring (0, 1, ...) interleave
- * the consumers' tiles (na) and the tail warps' (nb) evenly: position k is
- * the tail warps' when (k + 1) nb / N passes an integer (N = na + nb), which
- * tw_walk tells one position after the other. The producer loads every
- * position in order (waiting on each stage's empty barriers, which the owner
- * of a position releases) and completes the full barriers of the position's
- * owner: the tail warps have their own, so that each party's full barriers
- * move one phase per use of its own (a party that waited on the others'
- * could fall two phases behind them, which a parity wait cannot tell). */
 /* The merge of NW warps' states of row r: ml holds each warp's (max, sum) of the row at
  * ml[(ww * rows + r) * 2]; M and L: the common max and sum; returns the factor a warp
  * whose max is m scales its O by, 2^((m - M) sl) / L (0 where it or the row has nothing) */
@@ -928,6 +915,19 @@ __device__ __forceinline__ float merge_rows(const float *ml, int rows, int r, fl
     }
     return m == -CUDART_INF_F || !(L > 0.f) ? 0.f : ex2_fast((m - M) * sl) / L;
 }
+/* XF bit 67108864 (probe CASCADE_CUDA_XV=35): decode tails of at most 8 rows
+ * (tasks flagged 32 by the planner) run on the producer warpgroup's three
+ * spare warps (tw_warps), from the same stages as the consumers' tiles, so
+ * that their bytes stream while the consumers keep the tensor cores on the
+ * shared passes. The positions of a CTA's stage ring (0, 1, ...) interleave
+ * the consumers' tiles (na) and the tail warps' (nb) evenly: position k is
+ * the tail warps' when (k + 1) nb / N passes an integer (N = na + nb), which
+ * cas_cuda_tw_next (cuda_attn_impl.h) tells one position after the other. The producer loads every
+ * position in order (waiting on each stage's empty barriers, which the owner
+ * of a position releases) and completes the full barriers of the position's
+ * owner: the tail warps have their own, so that each party's full barriers
+ * move one phase per use of its own (a party that waited on the others'
+ * could fall two phases behind them, which a parity wait cannot tell). */
 template <int D> struct tw_cfg {
     static constexpr uint32_t LDQ = D * 2 + 16;   /* row pitch of a Q buffer, bytes */
     static constexpr uint32_t QBUF = 8 * LDQ;     /* 8 rows: the N of m16n8k16 */
@@ -938,12 +938,17 @@ template <int D> struct tw_cfg {
 };
 #define TW_BAR 5 /* named barrier of the three tail warps (1-4: the consumers') */
 /* the tiles of CTA's tasks [i0, i1) that are the consumers' (na) and the tail warps' (nb); a warp's lanes together */
+/* 128-key (KEYS) tiles of a task */
+template <int KEYS> __device__ __forceinline__ int task_tiles(const cas_cuda_task &t) {
+    const int nk = t.kv1 - t.kv0;
+    return nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
+}
 template <int KEYS>
 __device__ __forceinline__ void tw_count(const cas_cuda_task *__restrict__ tasks, int i0, int i1, int lane, int &na,
                                          int &nb) {
     int a = 0, b = 0;
     for (int i = i0 + lane; i < i1; i += 32) {
-        const int nk = tasks[i].kv1 - tasks[i].kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
+        const int nt = task_tiles<KEYS>(tasks[i]);
         if (tasks[i].flags & 32) b += nt;
         else a += nt;
     }
@@ -955,12 +960,6 @@ __device__ __forceinline__ void tw_count(const cas_cuda_task *__restrict__ tasks
     na = a;
     nb = b;
 }
-/* whether the next position is the tail warps': position k is owed to them when (k + 1) nb / n
- * passes an integer (acc: (k nb) mod n, from 0), and they take it while the consumers have tiles
- * left only if the two positions before it were not both theirs (run). A consumer holds its
- * tile's V stage until the next tile's K has come; with three tail warps' positions between two
- * tiles of one task, the producer would wait for that V before loading that K. */
-typedef cas_cuda_tw_walk tw_walk; /* cas_cuda_tw_next (cuda_attn_impl.h), shared with the planner's test */
 /* The tail warps (threads 32-127 of the producer warpgroup): each warp walks
  * the CTA's positions, and on each of its own computes its share of the
  * tile, blocks of 16 keys w, w + 3, ... (w its index), transposed as kind
@@ -974,7 +973,7 @@ typedef cas_cuda_tw_walk tw_walk; /* cas_cuda_tw_next (cuda_attn_impl.h), shared
 template <typename T, int D, int KEYS, int STAGES>
 __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const cas_cuda_task *__restrict__ tasks, int ti0,
                                          int ti1, const T *__restrict__ q, float *__restrict__ o, float *__restrict__ lse,
-                                         float *__restrict__ scratch, int Hq, uint32_t kv_s, uint32_t bar0, uint32_t area,
+                                         float *__restrict__ scratch, int Hq, uint32_t kv_s, uint32_t bar0,
                                          unsigned char *area_p, int diag) {
     typedef tw_cfg<D> C;
     constexpr int NMT = D / 16, CPR = D / 8, NKS = D / 16, NBK = KEYS / 16;
@@ -989,9 +988,9 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
     tw_count<KEYS>(tasks, ti0, ti1, lane, na, nb);
     const int n = na + nb;
     int pos = 0;
-    tw_walk wk = {0, 0, 0, na};
+    cas_cuda_tw_walk wk = {0, 0, 0, na};
     uint32_t pb = 0; /* bit s: the parity of the tail warps' next use of stage s */
-    const uint32_t sq = area + (uint32_t)w * C::QBUF;
+    const uint32_t sq = smem_u32(area_p) + (uint32_t)w * C::QBUF;
     float *ob = reinterpret_cast<float *>(area_p + 3 * C::QBUF); /* [3][8][LDO] */
     float *mb = reinterpret_cast<float *>(area_p + 3 * (C::QBUF + C::OBUF)); /* [3][8][2] */
     /* ldmatrix rows of this lane: Q (B of S^T, k-steps 2 kp, 2 kp + 1 at + 64 kp); K (A of S^T:
@@ -1405,7 +1404,6 @@ __global__ void __launch_bounds__(384, 1)
         if constexpr (TWK) {
             if (tid >= 32) {
                 tw_warps<T, D, KEYS, STAGES>(plan, tasks, ti_first, ti_end, q, o, lse, scratch, Hq, kv_s, bar0,
-                                             kv_s + (uint32_t)(2 * STAGES * C::TILE),
                                              smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE, diag);
                 return;
             }
@@ -1597,11 +1595,7 @@ __global__ void __launch_bounds__(384, 1)
             tw_count<KEYS>(tasks, ti_first, ti_end, lane, na, nb);
             const int n = na + nb;
             int ta = ti_first - 1, tb = ti_first - 1, ja = 0, jb = 0, nta = 0, ntb = 0;
-            tw_walk wk = {0, 0, 0, na};
-            auto tiles = [&](int i) {
-                const int nk = tasks[i].kv1 - tasks[i].kv0;
-                return nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
-            };
+            cas_cuda_tw_walk wk = {0, 0, 0, na};
             for (int k = 0; k < n; k++) {
                 int ti, j;
                 const bool cb = cas_cuda_tw_next(&wk, nb, n) != 0;
@@ -1609,7 +1603,7 @@ __global__ void __launch_bounds__(384, 1)
                     while (jb >= ntb) {
                         do tb++;
                         while (!(tasks[tb].flags & 32));
-                        ntb = tiles(tb);
+                        ntb = task_tiles<KEYS>(tasks[tb]);
                         jb = 0;
                     }
                     ti = tb;
@@ -1618,7 +1612,7 @@ __global__ void __launch_bounds__(384, 1)
                     while (ja >= nta) {
                         do ta++;
                         while (tasks[ta].flags & 32);
-                        nta = tiles(ta);
+                        nta = task_tiles<KEYS>(tasks[ta]);
                         ja = 0;
                     }
                     ti = ta;
@@ -1741,12 +1735,12 @@ __global__ void __launch_bounds__(384, 1)
         };
         int it = 0;
         int nqs_c = 0; /* XF bit 4194304: staged tasks so far (the producer's count) */
-        /* XF bit 67108864: the positions of the stage ring walked in order (tw_walk), the tail warps'
+        /* XF bit 67108864: the positions of the stage ring walked in order (cas_cuda_tw_next), the tail warps'
          * passed; next_a gives the next position of the consumers and (par) the parity of their use
          * of its stage: their full barriers complete on their positions only, one phase a use
          * (tw_pa: bit s, the parity of the next use of stage s) */
         int tw_n = 0, tw_nb = 0, tw_pos = 0, tw_pa = 0, itph = 0;
-        tw_walk tw_wk = {0, 0, 0, 0};
+        cas_cuda_tw_walk tw_wk = {0, 0, 0, 0};
         if constexpr (TWK) {
             tw_count<KEYS>(tasks, ti_first, ti_end, lane, tw_wk.a_left, tw_nb);
             tw_n = tw_wk.a_left + tw_nb;
