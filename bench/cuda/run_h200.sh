@@ -188,10 +188,10 @@ if has dec; then
   done
 fi
 if has tl; then
-  # timelines of the many-rows kernel (CASCADE_CUDA_XV=18, or 19 with the L2
-  # policy of XV 17): TL_RUNS entries name=P,B,U[,ENV=VAL...]; the last kind-17
+  # timelines of the many-rows kernel (CASCADE_CUDA_XV=18: kind 17 with the
+  # timeline): TL_RUNS entries name=P,B,U[,ENV=VAL...]; the last kind-17
   # run of each process is dumped and summarised (bench/cuda/timeline.py)
-  for run in ${TL_RUNS:-"o1=32768,64,512 o3=32768,64,512,CASCADE_CUDA_TAIL_ORDER=3 hint=32768,64,512,CASCADE_CUDA_XV=19 b256=32768,256,512"}; do
+  for run in ${TL_RUNS:-"o1=32768,64,512 o3=32768,64,512,CASCADE_CUDA_TAIL_ORDER=3 b256=32768,256,512"}; do
     name=${run%%=*}; rest=${run#*=}; IFS=, read -r p1 p2 p3 envs <<< "$rest"
     [ $(left) -lt 30 ] && { echo "timeline $name skipped: $(left) s left"; continue; }
     echo "== timeline $name (P $p1 B $p2 U $p3 ${envs:-})"
@@ -203,7 +203,7 @@ if has ncudec; then
   # the headline's many-rows kernel under ncu per NCUDEC_VARIANTS entry
   # (name=ENV=VAL[,ENV=VAL]): DRAM and L2 bytes, L2 hit rate, tensor pipe
   NC=${NCUDEC_CASE:-"--batch 64 --prefix 32768 --suffix 512"}
-  for var in ${NCUDEC_VARIANTS:-"k17=CASCADE_CUDA_WIDE=17 hint=CASCADE_CUDA_XV=17 o3=CASCADE_CUDA_TAIL_ORDER=3 o3hint=CASCADE_CUDA_TAIL_ORDER=3,CASCADE_CUDA_XV=17 last=CASCADE_CUDA_XV=20 diag=CASCADE_CUDA_WS_DIAG=1"}; do
+  for var in ${NCUDEC_VARIANTS:-"k17=CASCADE_CUDA_WIDE=17 o3=CASCADE_CUDA_TAIL_ORDER=3 tw=CASCADE_CUDA_XV=35 diag=CASCADE_CUDA_WS_DIAG=1"}; do
     name=${var%%=*}; envs=${var#*=}
     [ $(left) -lt 40 ] && { echo "ncu decode $name skipped: $(left) s left"; continue; }
     echo "== ncu decode $name ($envs; $NC)"

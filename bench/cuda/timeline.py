@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarise the many-rows kernel's timeline (CASCADE_CUDA_XV=18 or 19).
+"""Summarise the many-rows kernel's timeline (CASCADE_CUDA_XV=18).
 
 The kernel writes, per CTA, its SM, the global timer and SM clock at its start
 and end, and per task SM clock stamps of each warpgroup's thread 0 (see

@@ -87,19 +87,12 @@ struct cas_cuda_attn {
      * tile's cost against a many-rows tile (CASCADE_CUDA_TAIL_COST), tail_order
      * how a CTA's tails and shared tasks follow each other
      * (CASCADE_CUDA_TAIL_ORDER: 0 tails first, 1 shared first, 2 interleaved
-     * with a phase per KV chunk, 3 interleaved, 4 CTAs of their own: tail_ctas
-     * of the grid run the tails while the others run the shared passes, each
-     * side as many CTAs as its share of the work at tail_cost (default 0.5
-     * with order 4, 1.6 with the others) or of the HBM's time when that is
-     * longer (tile_bw: 128-key tiles of K and V the HBM brings in a shared
-     * tile's time, CASCADE_CUDA_TILE_BW), then moved by at most split_search
-     * CTAs to where the shared passes' chunks fit the grid best
-     * (CASCADE_CUDA_SPLIT_SEARCH, default 6); a tail task's start costs
-     * tail_task on top of its tiles (CASCADE_CUDA_TAIL_TASK_COST, default
-     * 0.3: v17's first tile of a one-tile tail took ~1.5 us)) */
-    double tail_cost, tile_bw, tail_task;
-    int tail_order, tail_ctas, split_search;
-    /* probe CASCADE_CUDA_XV=35 (kind 17, bf16, head_dim 128, orders 0-3): a
+     * with a phase per KV chunk, 3 interleaved; tail_cost default 1.6). v18's
+     * order 4 (CTAs of their own for the tails) measured slower in 8 of 10
+     * decode cases and was removed (bench/NOTES.md v18-v19; git history) */
+    double tail_cost;
+    int tail_order;
+    /* probe CASCADE_CUDA_XV=35 (kind 17, bf16, head_dim 128): a
      * tail of at most 8 rows may go to its CTA's tail warps (flags bit 5)
      * instead of the consumers, whichever ends sooner at tw_cost a tile (a
      * tail warps' tile against a many-rows tile, CASCADE_CUDA_TW_COST) and
@@ -287,25 +280,14 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
         a->snake = senv && *senv ? atoi(senv) != 0 : 1;
         const char *tcenv = getenv("CASCADE_CUDA_TAIL_COST"), *toenv = getenv("CASCADE_CUDA_TAIL_ORDER");
         a->tail_order = toenv && *toenv ? atoi(toenv) : 1;
-        const double tc_def = a->tail_order == 4 ? 0.5 : 1.6;
-        a->tail_cost = tcenv && *tcenv ? atof(tcenv) : tc_def;
-        if (!(a->tail_cost > 0.0)) a->tail_cost = tc_def;
-        /* ~2.2 us a shared tile at ~3.8 TB/s of 64 KB tiles (bench/NOTES.md v17) */
-        const char *tbenv = getenv("CASCADE_CUDA_TILE_BW");
-        a->tile_bw = tbenv && *tbenv ? atof(tbenv) : 128.0;
-        if (!(a->tile_bw > 0.0)) a->tile_bw = 128.0;
-        const char *ttenv = getenv("CASCADE_CUDA_TAIL_TASK_COST");
-        a->tail_task = ttenv && *ttenv ? atof(ttenv) : 0.3;
-        if (!(a->tail_task >= 0.0)) a->tail_task = 0.3;
+        if (a->tail_order < 0 || a->tail_order > 3) a->tail_order = 1;
+        a->tail_cost = tcenv && *tcenv ? atof(tcenv) : 1.6;
+        if (!(a->tail_cost > 0.0)) a->tail_cost = 1.6;
         const char *twenv = getenv("CASCADE_CUDA_TW_COST"), *twtenv = getenv("CASCADE_CUDA_TW_TASK_COST");
         a->tw_cost = twenv && *twenv ? atof(twenv) : 0.6;
         if (!(a->tw_cost > 0.0)) a->tw_cost = 0.6;
         a->tw_task = twtenv && *twtenv ? atof(twtenv) : 0.1;
         if (!(a->tw_task >= 0.0)) a->tw_task = 0.1;
-        const char *ssenv = getenv("CASCADE_CUDA_SPLIT_SEARCH");
-        a->split_search = ssenv && *ssenv ? atoi(ssenv) : 6;
-        if (a->split_search < 0) a->split_search = 0;
-        if (a->split_search > 64) a->split_search = 64;
         const char *tlenv = getenv("CASCADE_CUDA_TAIL_MIX_LEN");
         a->tail_mix_len = tlenv && *tlenv ? atoi(tlenv) : 512;
         const char *rmenv = getenv("CASCADE_CUDA_RUN_MASK");
@@ -628,33 +610,12 @@ static int cmp_mix(const void *x, const void *y) {
 static double mix_cost(const cas_cuda_attn *a, const cas_cuda_task *t, int tail) {
     return tiles_of(t) * (tail ? a->tail_cost : 1.0) + 0.05;
 }
-/* order 4: CTAs [0, tc) take the tails (longest first to the least loaded),
- * [tc, g) the shared tasks in the persistent order, each CTA's in list order */
-static void split_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t nw, int32_t tc) {
-    const int32_t g = a->wide_grid, gs = g - tc;
-    struct mix_item *m = a->mix;
-    if (a->snake) snake_rounds(tmp, ns, gs);
-    for (int32_t k = 0; k < ns; k++) {
-        m[k].cta = tc + k % gs;
-        m[k].key = k;
-        m[k].idx = k;
-    }
-    for (int32_t b = 0; b < tc; b++) a->heap[b] = (struct cta_load_ent){0.0, b};
-    for (int32_t k = ns; k < nw; k++) {
-        m[k].cta = a->heap[0].cta;
-        m[k].key = k;
-        m[k].idx = k;
-        a->heap[0].load += tiles_of(&tmp[k]) * a->tail_cost + a->tail_task;
-        heap_down(a->heap, tc, 0);
-    }
-}
 /* whether the many-rows kernel runs tails on its producer's spare warps (probe XV 35) */
 static int mix_tw(const cas_cuda_attn *a) {
-    return a->wide_kind == 17 && a->shape.kv_dtype == CAS_BF16 && a->shape.head_dim == 128 && a->geom.xv == 35 &&
-           a->tail_order != 4;
+    return a->wide_kind == 17 && a->shape.kv_dtype == CAS_BF16 && a->shape.head_dim == 128 && a->geom.xv == 35;
 }
 #define TW_ROWS 8 /* the N of the tail warps' m16n8k16 */
-/* orders 0-3: the shared tasks round-robin, the tails to the least loaded
+/* the shared tasks round-robin, the tails to the least loaded
  * CTA, each CTA's two classes ordered by tail_order; with mix_tw a tail of at
  * most TW_ROWS rows goes to the tail warps of the CTA whose tail warps end
  * soonest (flags bit 5) when they end it sooner than the least loaded
@@ -732,13 +693,6 @@ static void order_mix(cas_cuda_attn *a, cas_cuda_task *tmp, int32_t ns, int32_t 
         cum[b] += c;
     }
 }
-/* whether the many-rows kernel runs pairs of tails (the probes that have
- * them: CASCADE_CUDA_XV 27, 28, 30, 31, 33; bf16, head_dim 128) */
-static int mix_pairs(const cas_cuda_attn *a) {
-    const int xv = a->geom.xv;
-    return a->wide_kind == 17 && a->shape.kv_dtype == CAS_BF16 && a->shape.head_dim == 128 &&
-           (xv == 27 || xv == 28 || xv == 30 || xv == 31 || xv == 33);
-}
 static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     const int32_t g = a->wide_grid;
     cas_cuda_task *tw = a->tw, *tmp = a->tp;
@@ -746,11 +700,8 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
     /* the shared tasks, then the tails (flags bit 3), each sorted, into tp;
      * arranged from there back into tw */
     const int32_t ns = sort_tasks(a, tmp, tw, nw, 8, 0);
-    const int32_t nt = sort_tasks(a, tmp + ns, tw, nw, 8, 8);
-    /* order 4: CTAs of their own for the tails */
-    const int32_t tc = a->tail_order == 4 && ns > 0 && nt > 0 ? a->tail_ctas : 0;
-    if (tc > 0) split_mix(a, tmp, ns, nw, tc);
-    else order_mix(a, tmp, ns, nw);
+    sort_tasks(a, tmp + ns, tw, nw, 8, 8);
+    order_mix(a, tmp, ns, nw);
     /* m in cmp_mix's order (CTA, key, idx): by CTA, stable (m[k].idx is k,
      * so a CTA's items come in idx order), then a CTA's items sorted by key
      * where they are not already (orders 0, 2, 3) */
@@ -775,18 +726,6 @@ static void arrange_mix(cas_cuda_attn *a, int32_t nw) {
         tw[i] = tmp[m[i].idx];
         tw[i].flags &= 32; /* the tail warps' (order_mix) */
     }
-    /* probes CASCADE_CUDA_XV=27, 28, 30, 31, 33 (bf16, head_dim 128): two tails of one CTA
-     * that follow each other with equal tile counts run as a pair, one per
-     * consumer warpgroup (flags bit 4 on the first; the kernel needs the
-     * counts equal) */
-    if (mix_pairs(a))
-        for (int32_t b = 0; b < g; b++)
-            for (int32_t i = a->cta_ptr[b]; i + 1 < a->cta_ptr[b + 1]; i++)
-                if (m[i].idx >= ns && m[i + 1].idx >= ns && tw[i].nrows <= 64 && tw[i + 1].nrows <= 64 &&
-                    tiles_of(&tw[i]) > 0 && tiles_of(&tw[i]) == tiles_of(&tw[i + 1])) {
-                    tw[i].flags |= 16;
-                    i++;
-                }
 }
 
 /* The passes of class cls into idx (the planner's cls_idx); returns their count. */
@@ -944,59 +883,8 @@ cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *pa
      * L only, 1: chunks of at least 512 keys, 2 (default): at least 128); L
      * is that of the narrow passes */
     const int split_rule = getenv("CASCADE_CUDA_SPLIT") ? atoi(getenv("CASCADE_CUDA_SPLIT")) : 2;
-    /* tail_order 4: the tails' CTAs first, the shared passes chunked for the rest */
-    int32_t wide_g = a->wide_grid;
-    a->tail_ctas = 0;
-    if (tails17 && a->tail_order == 4) {
-        /* in shared tiles' time: the shared tiles ws, the tails' wt (at
-         * tail_cost a tile), the tiles the HBM must bring (each pass's K and V
-         * once) over tile_bw tiles per shared tile's time; the run takes
-         * T = max((ws + wt) / g, bytes), and the shared side gets the CTAs
-         * that finish it in T, the tails the rest */
-        double ws = 0.0, wt = 0.0, wb = 0.0;
-        for (int32_t i = 0; i < n_passes; i++) {
-            const int64_t rows = (int64_t)passes[i].n_tok * group, tiles = ((int64_t)passes[i].len + 127) / 128;
-            if (rows <= 0 || tiles <= 0) continue;
-            if (pass_class(a, rows) == CLS_WIDE) {
-                ws += (double)((rows + a->wide_rows - 1) / a->wide_rows * Hkv * tiles);
-                wb += (double)(Hkv * tiles);
-            } else if (TAIL17(i)) {
-                wt += (double)((rows + CAS_CUDA_NARROW_ROWS - 1) / CAS_CUDA_NARROW_ROWS * Hkv) *
-                      ((double)tiles * a->tail_cost + a->tail_task);
-                wb += (double)(Hkv * tiles);
-            }
-        }
-        const int32_t nwi = class_list(a, n_passes, passes, group, CLS_WIDE, a->cls_idx);
-        if (ws > 0.0 && wt > 0.0 && wide_g > 1) {
-            double T = (ws + wt) / wide_g;
-            if (wb / a->tile_bw > T) T = wb / a->tile_bw;
-            int32_t nsh = (int32_t)ceil(ws / T - 1e-9);
-            if (nsh < 1) nsh = 1;
-            if (nsh > wide_g - 1) nsh = wide_g - 1;
-            /* the chunks quantize the shared side's time (waves x the longest
-             * chunk): among the grids within split_search of nsh, the one
-             * whose chunks (pick_chunk's) and tails end first */
-            int32_t best_n = nsh;
-            double best_t = INFINITY;
-            for (int32_t c = nsh - a->split_search; c <= nsh + a->split_search; c++) {
-                if (c < 1 || c > wide_g - 1) continue;
-                int64_t mc = 0;
-                const int64_t Lc = pick_chunk(a, passes, a->cls_idx, nwi, group, CLS_WIDE, c, L, split_rule);
-                const int64_t n = class_tasks(a, passes, a->cls_idx, nwi, group, CLS_WIDE, Lc, &mc, NULL);
-                const double ts = (double)((n + c - 1) / c) * (double)((mc + 127) / 128), tt = wt / (wide_g - c);
-                const double tm = ts > tt ? ts : tt;
-                if (tm < best_t * 0.999) {
-                    best_t = tm;
-                    best_n = c;
-                }
-            }
-            nsh = best_n;
-            a->tail_ctas = wide_g - nsh;
-            wide_g = nsh;
-        }
-    }
     int32_t ncls = class_list(a, n_passes, passes, group, CLS_WIDE, a->cls_idx);
-    int64_t Lw = pick_chunk(a, passes, a->cls_idx, ncls, group, CLS_WIDE, wide_g, L, split_rule);
+    int64_t Lw = pick_chunk(a, passes, a->cls_idx, ncls, group, CLS_WIDE, a->wide_grid, L, split_rule);
     ncls = class_list(a, n_passes, passes, group, CLS_MID, a->cls_idx);
     int64_t Lm = pick_chunk(a, passes, a->cls_idx, ncls, group, CLS_MID, a->mid_grid, L, split_rule);
     int64_t n_tasks = 0, n_states = 0;

@@ -145,7 +145,7 @@ const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
  * kinds 17 and 18, read at create: CASCADE_CUDA_TAIL_COST (a tail tile's cost
  * against a shared-pass tile when tails are given to CTAs, default 1.6),
  * CASCADE_CUDA_TAIL_ORDER (0 tails first in a CTA, 1 shared tasks first,
- * the default, 2 and 3 interleaved), CASCADE_CUDA_TAIL_MIX_LEN (tails of at
+ * the default, 2 and 3 interleaved; other values 1), CASCADE_CUDA_TAIL_MIX_LEN (tails of at
  * most this many keys join the many-rows list even when they are few,
  * default 512), CASCADE_CUDA_PDL=0 (kind 17: two streams instead of the
  * chained launches). CASCADE_CUDA_RUN_MASK is a timing probe only (launches just

@@ -3,13 +3,13 @@
  * CPU, against the runtime stand-ins of cuda_stub.c (an H200's shape, no
  * GPU): cascade batches (a shared prefix over many decode tails, random
  * ones and the grid's headline) planned with kinds 17, 9, 3 and 1, every
- * tail order and the tail pairs, and random flat batches (prefill chunks
- * beside decode rows, causal); the uploaded block checked: every (pass, KV
- * head, row) gets its visible keys exactly once across the task lists,
- * kind 17's per-CTA ranges partition its list, order 4 gives the tails CTAs
- * of their own ahead of the shared ones, and a pair's two tails follow each
- * other in one CTA with equal tile counts; broken batch descriptions are
- * refused with a message and leave the context planning (test_invalid).
+ * tail order and the tail warps of probe XV 35, and random flat batches
+ * (prefill chunks beside decode rows, causal); the uploaded block checked:
+ * every (pass, KV head, row) gets its visible keys exactly once across the
+ * task lists, kind 17's per-CTA ranges partition its list, and the tail
+ * warps' tasks are decode tails their walk takes in turn; broken batch
+ * descriptions are refused with a message and leave the context planning
+ * (test_invalid).
  * Built and run by `make CUDA=1 cuda-build-check` (no GPU needed) and `make
  * test-cuda`; `test_cuda_plan --time` times the planners.
  */
@@ -107,7 +107,6 @@ static int cmp_cover(const void *x, const void *y) {
     return a->kv0 < b->kv0 ? -1 : a->kv0 > b->kv0;
 }
 
-static int last_pairs; /* pairs in the last kind-17 plan checked */
 static int last_tw;    /* tasks of the tail warps (XV 35) in the last kind-17 plan checked */
 /* FNV-1a over every block checked: the same number before and after a change
  * to the planner means it plans every batch of this test byte for byte as
@@ -119,9 +118,8 @@ static void digest_block(void) {
 }
 static int tiles(const cas_cuda_task *t) { return t->kv1 > t->kv0 ? (t->kv1 - t->kv0 + 127) / 128 : 0; }
 
-/* checks the last uploaded block (kind, order, xv: how it was planned);
- * returns the tail CTAs under order 4 (-1: none) */
-static int check_block(const char *what, int kind, int order, int xv) {
+/* checks the last uploaded block (kind, xv: how it was planned) */
+static void check_block(const char *what, int kind, int xv) {
     digest_block();
     const char *blk = cas_stub_last_h2d;
     const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
@@ -185,7 +183,6 @@ static int check_block(const char *what, int kind, int order, int xv) {
            (long long)seen, (long long)rows_all, (long long)gaps);
     free(cv);
 
-    int tail_ctas = -1;
     if (kind == 17 && h->off_cta_ptr > 0) {
         const int32_t *cp = (const int32_t *)(blk + h->off_cta_ptr);
         const cas_cuda_task *t = (const cas_cuda_task *)(blk + h->off_tasks_wide);
@@ -193,36 +190,11 @@ static int check_block(const char *what, int kind, int order, int xv) {
         int mono = cp[0] == 0 && cp[g] == h->n_tasks_wide;
         for (int c = 0; c < g; c++) mono &= cp[c] <= cp[c + 1];
         CHECKF(mono, "%s: cta_ptr does not partition the %d tasks", what, h->n_tasks_wide);
-        if (!mono) return -1;
-        /* classes per CTA: 1 tails only, 2 shared only, 3 both */
-        int cls[CAS_STUB_SMS] = {0}, nshared = 0, ntails = 0;
-        for (int c = 0; c < g; c++)
-            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
-                const int tail = gp[t[i].pass].n_tok * GROUP <= CAS_CUDA_NARROW_ROWS;
-                cls[c] |= tail ? 1 : 2;
-                nshared += !tail;
-                ntails += tail;
-            }
-        if (order == 4 && nshared > 0 && ntails > 0) {
-            int tc = 0;
-            while (tc < g && cls[tc] == 1) tc++;
-            int ok = tc > 0 && tc < g;
-            for (int c = tc; c < g; c++) ok &= cls[c] != 1 && cls[c] != 3;
-            CHECKF(ok, "%s: order 4 mixes tails and shared tasks (first %d CTAs tails only)", what, tc);
-            tail_ctas = tc;
-        }
-        /* pairs: a flagged tail and the next task of its CTA, equal tiles */
-        int pairs = 0, badp = 0;
-        for (int c = 0; c < g; c++)
-            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
-                if (!(t[i].flags & 16)) continue;
-                pairs++;
-                const int ok = i + 1 < cp[c + 1] && !(t[i + 1].flags & 16) && tiles(&t[i]) == tiles(&t[i + 1]) &&
-                               tiles(&t[i]) > 0 && t[i].nrows <= 64 && t[i + 1].nrows <= 64;
-                badp += !ok;
-                i++;
-            }
-        CHECKF(badp == 0, "%s: %d of %d pairs malformed", what, badp, pairs);
+        if (!mono) return;
+        /* no flags but the tail warps' (bit 5) reach the kernel */
+        int badf = 0;
+        for (int32_t i = 0; i < h->n_tasks_wide; i++) badf += (t[i].flags & ~32) != 0;
+        CHECKF(badf == 0, "%s: %d tasks with flags other than the tail warps'", what, badf);
         /* the tail warps' tasks (flags bit 5, XV 35): tails of at most 8 rows. Each
          * CTA's positions walked as the kernel walks them (cas_cuda_tw_next: position k
          * is owed to the tail warps when (k + 1) nb / N passes an integer, and taken while
@@ -271,11 +243,7 @@ static int check_block(const char *what, int kind, int order, int xv) {
         CHECKF(badtw == 0, "%s: %d bad tail-warp tasks or walks (of %d tasks)", what, badtw, ntw);
         if (xv != 35) CHECKF(ntw == 0, "%s: %d tail-warp tasks without the probe that runs them", what, ntw);
         last_tw = ntw;
-        if (xv != 27 && xv != 28 && xv != 30 && xv != 31 && xv != 33)
-            CHECKF(pairs == 0, "%s: pairs without a probe that runs them", what);
-        last_pairs = pairs;
     }
-    return tail_ctas;
 }
 
 /* the last uploaded block gives each pass the page ids it was given
@@ -311,8 +279,8 @@ static void set_kernel(int kind, int order, int xv) {
 }
 
 /* plans b with kind `kind`, tail order `order` and probe `xv` (0 none) and
- * checks the uploaded block; returns the tail CTAs under order 4 (-1: none) */
-static int plan_check(const batch *b, int kind, int order, int xv, const char *what) {
+ * checks the uploaded block */
+static void plan_check(const batch *b, int kind, int order, int xv, const char *what) {
     set_kernel(kind, order, xv);
     const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
     cas_cuda_attn_caps caps = {0};
@@ -324,7 +292,7 @@ static int plan_check(const batch *b, int kind, int order, int xv, const char *w
     cas_cuda_attn *a = NULL;
     if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
         CHECKF(0, "%s: create: %s", what, cas_last_error());
-        return -1;
+        return;
     }
     cas_attn_params pr = cas_attn_params_default();
     cas_status st = cas_cuda_attn_plan_passes(a, &pr, b->npages, b->npass, b->passes, b->pages, b->npage_ids,
@@ -333,13 +301,12 @@ static int plan_check(const batch *b, int kind, int order, int xv, const char *w
     if (st != CAS_OK) {
         CHECKF(0, "%s: plan: %s", what, cas_last_error());
         cas_cuda_attn_destroy(a);
-        return -1;
+        return;
     }
     CHECKF(((const cas_cuda_plan_hdr *)cas_stub_last_h2d)->n_passes == b->npass, "%s: passes", what);
-    const int tail_ctas = check_block(what, kind, order, xv);
+    check_block(what, kind, xv);
     check_pass_pages(what, b->passes, b->pages);
     cas_cuda_attn_destroy(a);
-    return tail_ctas;
 }
 
 static void test_headline(void) {
@@ -349,22 +316,12 @@ static void test_headline(void) {
     batch_make(&b, 64, 32768, U);
     const int kinds[4] = {17, 9, 3, 1};
     for (int k = 0; k < 4; k++)
-        for (int order = 0; order <= 4; order++) {
+        for (int order = 0; order <= 3; order++) {
             if (kinds[k] != 17 && order != 1) continue;
             char what[64];
             snprintf(what, sizeof what, "headline kind %d order %d", kinds[k], order);
-            const int tc = plan_check(&b, kinds[k], order, 0, what);
-            if (kinds[k] == 17 && order == 4) {
-                /* the headline's split (bench/NOTES.md v18): a share of the
-                 * grid for the tails, most of it for the shared pass */
-                CHECKF(tc >= 4 && tc <= 60, "%s: %d tail CTAs", what, tc);
-            }
+            plan_check(&b, kinds[k], order, 0, what);
         }
-    /* its 512 equal tails pair up on either order (256 pairs at most) */
-    plan_check(&b, 17, 4, 31, "headline kind 17 order 4 XV 31");
-    CHECKF(last_pairs >= 200 && last_pairs <= 256, "order 4: %d pairs", last_pairs);
-    plan_check(&b, 17, 1, 27, "headline kind 17 order 1 XV 27");
-    CHECKF(last_pairs >= 200 && last_pairs <= 256, "order 1: %d pairs", last_pairs);
     /* XV 35: the tail warps take most of the 512 tails (the consumers of the 4 CTAs without a
      * shared task some) */
     plan_check(&b, 17, 1, 35, "headline kind 17 order 1 XV 35");
@@ -387,8 +344,7 @@ static void test_random(void) {
         batch b;
         batch_make(&b, B, P, U);
         const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        const int order = kind == 17 ? (int)rnd(5) : 1;
-        const int xvs[5] = {31, 30, 32, 0, 35}, xv = kind == 17 ? xvs[rnd(5)] : 0;
+        const int order = kind == 17 ? (int)rnd(4) : 1, xv = kind == 17 && rnd(3) == 0 ? 35 : 0;
         char what[96];
         snprintf(what, sizeof what, "random %d (B %d P %d U0 %d%s) kind %d order %d xv %d", it, B, P, U[0],
                  same ? " all" : "", kind, order, xv);
@@ -437,7 +393,7 @@ static void test_flat(void) {
         if (cas_cuda_attn_plan_flat(a, &bt, kvp[B], &pr) != CAS_OK || cas_cuda_attn_upload(a, NULL) != CAS_OK) {
             CHECKF(0, "%s: plan: %s", what, cas_last_error());
         } else {
-            check_block(what, 0, 0, 0);
+            check_block(what, 0, 0);
         }
         cas_cuda_attn_destroy(a);
         free(idx);
@@ -513,7 +469,7 @@ static void test_trees(void) {
         for (int32_t i = 0; st == CAS_OK && i < plan->n_passes; i++) levels += plan->passes[i].node >= 0;
         multi += levels >= 2;
         const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        const int order = kind == 17 ? (int)rnd(5) : 1, xv = kind != 17 ? 0 : rnd(3) == 0 ? 35 : rnd(2) ? 31 : 0;
+        const int order = kind == 17 ? (int)rnd(4) : 1, xv = kind == 17 && rnd(3) == 0 ? 35 : 0;
         char what[256];
         set_kernel(kind, order, xv);
         snprintf(what, sizeof what,
@@ -535,7 +491,7 @@ static void test_trees(void) {
             if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
             CHECKF(st == CAS_OK, "%s: plan: %s", what, cas_last_error());
             if (st == CAS_OK) {
-                check_block(what, kind, order, xv);
+                check_block(what, kind, xv);
                 check_pass_pages(what, plan->passes, plan->pages);
                 /* the block holds the passes' page ids only, not every request's */
                 const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)cas_stub_last_h2d;
@@ -638,7 +594,7 @@ static void test_invalid(void) {
         batch b;
         batch_make(&b, B, P, U);
         const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        const int order = kind == 17 ? (int)rnd(5) : 1, xv = rnd(2) ? 31 : 0;
+        const int order = kind == 17 ? (int)rnd(4) : 1, xv = kind == 17 && rnd(3) == 0 ? 35 : 0;
         set_kernel(kind, order, xv);
         const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
         cas_cuda_attn_caps caps = {0};
@@ -693,7 +649,7 @@ static void test_invalid(void) {
             CHECKF(st == CAS_OK || cas_last_error()[0] != 0, "%s: no message", msg);
             refused += st != CAS_OK;
         } else if (st == CAS_OK && cas_cuda_attn_upload(a, NULL) == CAS_OK) {
-            check_block(msg, kind, 0, xv);
+            check_block(msg, kind, xv);
             planned++;
         } else {
             CHECKF(0, "%s: plan: %s", msg, cas_last_error());
@@ -705,7 +661,7 @@ static void test_invalid(void) {
         if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
         CHECKF(st == CAS_OK, "%s: the good batch after it: %s", msg, cas_last_error());
         if (st == CAS_OK) {
-            check_block(msg, kind, 0, xv);
+            check_block(msg, kind, xv);
             check_pass_pages(msg, b.passes, b.pages);
         }
         free(ps);
@@ -724,8 +680,8 @@ static void test_invalid(void) {
  * CPU planner's cas_attn_plan_build on the batch as the engine gives it
  * (every request's page list, the shared prefix's pages in each; the
  * prefix tree and the cost model, CUDA costs), then
- * cas_cuda_attn_plan_from_cpu + upload (stub runtime) with tail orders 1 and
- * 4, next to the floor (one memcpy of the batch's page ids, which every plan
+ * cas_cuda_attn_plan_from_cpu + upload (stub runtime) for kind 17 as it is
+ * and with probe XV 35's tail warps, next to the floor (one memcpy of the batch's page ids, which every plan
  * reads); a table, and JSON to the file JSON where given. Checks nothing. */
 static double now_us(void) {
     struct timespec ts;
@@ -766,7 +722,7 @@ static int time_plans(int n, const char *json) {
                 cpu, n);
     }
     printf("%-20s %9s %8s %8s %11s %11s %7s %7s\n", "shape", "page ids", "copy us", "passes", "cpu plan us",
-           "cuda plan us", "order", "tasks");
+           "cuda plan us", "xv", "tasks");
     for (int si = 0; si < ns; si++) {
         const int32_t B = shapes[si].B, P = shapes[si].P, U = shapes[si].U;
         /* the engine's view: request r's pages = the prefix's, then its own */
@@ -804,8 +760,8 @@ static int time_plans(int n, const char *json) {
         const double copy_us = median(t, n);
         free(cp);
         for (int o = 0; o < 2; o++) {
-            const int order = o ? 4 : 1;
-            setenv("CASCADE_CUDA_TAIL_ORDER", o ? "4" : "1", 1);
+            const int xv = o ? 35 : 0;
+            setenv("CASCADE_CUDA_XV", o ? "35" : "0", 1);
             cas_cuda_attn_caps caps = {0};
             caps.max_total_q = B;
             caps.max_passes = plan->n_passes;
@@ -823,19 +779,19 @@ static int time_plans(int n, const char *json) {
             cas_cuda_attn_get_info(a, &inf);
             char nm[32];
             snprintf(nm, sizeof nm, "B%d P%d U%d", B, P, U);
-            printf("%-20s %9d %8.1f %8d %11.1f %11.1f %7d %7d\n", nm, kvp[B], copy_us, plan->n_passes, cpu_us, gpu_us, order,
+            printf("%-20s %9d %8.1f %8d %11.1f %11.1f %7d %7d\n", nm, kvp[B], copy_us, plan->n_passes, cpu_us, gpu_us, xv,
                    inf.tasks_wide + inf.tasks_narrow + inf.tasks_mid + inf.tasks_fused);
             if (jf)
                 fprintf(jf, "%s\n  {\"B\": %d, \"P\": %d, \"U\": %d, \"page_ids\": %d, \"page_ids_copy_us\": %.2f, "
-                        "\"passes\": %d, \"tail_order\": %d, \"cpu_plan_us\": %.2f, \"cuda_plan_us\": %.2f, \"tasks\": %d}",
-                        si || o ? "," : "", B, P, U, kvp[B], copy_us, plan->n_passes, order, cpu_us, gpu_us,
+                        "\"passes\": %d, \"xv\": %d, \"cpu_plan_us\": %.2f, \"cuda_plan_us\": %.2f, \"tasks\": %d}",
+                        si || o ? "," : "", B, P, U, kvp[B], copy_us, plan->n_passes, xv, cpu_us, gpu_us,
                         inf.tasks_wide + inf.tasks_narrow + inf.tasks_mid + inf.tasks_fused);
             cas_cuda_attn_destroy(a);
         }
         cas_attn_plan_destroy(plan);
         lists_free(&L);
     }
-    unsetenv("CASCADE_CUDA_TAIL_ORDER");
+    unsetenv("CASCADE_CUDA_XV");
     if (jf) {
         fprintf(jf, "\n]}\n");
         fclose(jf);
@@ -847,8 +803,7 @@ static int time_plans(int n, const char *json) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--time") == 0) return time_plans(argc > 2 ? atoi(argv[2]) : 200, argc > 3 ? argv[3] : NULL);
     /* the planner's knobs at their defaults (the checks' bounds assume them) */
-    const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TILE_BW", "CASCADE_CUDA_TAIL_TASK_COST",
-                           "CASCADE_CUDA_SPLIT_SEARCH", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
+    const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
                            "CASCADE_CUDA_SPLIT", "CASCADE_CUDA_MID_ROWS", "CASCADE_CUDA_FUSE_CHUNK",
                            "CASCADE_CUDA_TW_COST", "CASCADE_CUDA_TW_TASK_COST"};
     for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) unsetenv(knobs[i]);
