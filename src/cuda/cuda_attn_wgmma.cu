@@ -58,7 +58,7 @@
 /* Q rows r0 and r1 = r0 + 8 into the A fragments (of m16n8k16, and of a
  * warp's 16 rows of wgmma: columns 2 (lane % 4) + {0, 1} and + 8 of each
  * 16-column step); rows not ok are zero. From global memory (q0, q1: the
- * rows' first element + 2 (lane % 4)) or from a Q slot (row pitch LDQ) */
+ * rows' first element + 2 (lane % 4)) */
 template <typename T, int D>
 __device__ __forceinline__ void q_frags_global(uint32_t (&qf)[D / 16][4], const T *q0, const T *q1, bool ok0, bool ok1) {
 #pragma unroll
@@ -67,19 +67,6 @@ __device__ __forceinline__ void q_frags_global(uint32_t (&qf)[D / 16][4], const 
         qf[ks][1] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16)) : 0u;
         qf[ks][2] = ok0 ? __ldg(reinterpret_cast<const unsigned int *>(q0 + ks * 16 + 8)) : 0u;
         qf[ks][3] = ok1 ? __ldg(reinterpret_cast<const unsigned int *>(q1 + ks * 16 + 8)) : 0u;
-    }
-}
-template <int D, int LDQ>
-__device__ __forceinline__ void q_frags_slot(uint32_t (&qf)[D / 16][4], const unsigned char *qsp, int r0, int r1,
-                                             bool ok0, bool ok1, int lane) {
-    const uint32_t *q0 = reinterpret_cast<const uint32_t *>(qsp + (ok0 ? r0 : 0) * LDQ * 2) + (lane & 3);
-    const uint32_t *q1 = reinterpret_cast<const uint32_t *>(qsp + (ok1 ? r1 : 0) * LDQ * 2) + (lane & 3);
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        qf[ks][0] = ok0 ? q0[ks * 8] : 0u;
-        qf[ks][1] = ok1 ? q1[ks * 8] : 0u;
-        qf[ks][2] = ok0 ? q0[ks * 8 + 4] : 0u;
-        qf[ks][3] = ok1 ? q1[ks * 8 + 4] : 0u;
     }
 }
 
@@ -466,30 +453,12 @@ __device__ __forceinline__ float ex2_fast(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
-/* 2^x on the FMA pipe (FA4's idea of moving part of the softmax's exponentials
- * off the 16-per-clock MUFU): x clamped at -127 and rounded to an integer j by
- * the 1.5 x 2^23 shift, 2^f for f = x - j in [-0.5, 0.5] by a cubic with p(0)
- * = 1 exactly (relative error 1.0e-4, under the bf16 / f16 rounding of P), j
- * added to the exponent field. 2^-inf and 2^-127 are +0 exactly; x in (-127,
- * -126.5) gives a denormal, nothing larger. */
-__device__ __forceinline__ float ex2_poly(float x) {
-    x = fmaxf(x, -127.f);
-    const float t = __fadd_rn(x, 12582912.f);
-    const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-    const float p = fmaf(fmaf(fmaf(0.0550091341f, f, 0.242211074f), f, 0.693282902f), f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-/* XF bit 4096 (probe CASCADE_CUDA_XV=9, measurement only): SM clock stamps
- * of CTA 0's consumer threads 0 at each phase of their first 64 tiles,
- * read back at exit (cas_cuda_wtrace_dump) */
-#define WTRACE_TILES 64
-__device__ long long cas_wtrace[2][WTRACE_TILES][8];
 __device__ __forceinline__ long long sm_clock64() {
     long long c;
     asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
     return c;
 }
-/* XF bit 131072 (probes CASCADE_CUDA_XV=18 and 19, measurement only): a
+/* XF bit 131072 (probe CASCADE_CUDA_XV=18, measurement only): a
  * timeline of the run, read back at exit (cas_cuda_tl_dump). Per CTA (the
  * first TL_CTAS) cas_tl_cta: its SM, the global timer (ns) and SM clock at
  * its start (0-2), consumer 0's end (3, 4), its task count (5), the
@@ -558,7 +527,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
-/* XF bit 65536 (kind 17 since v17; CASCADE_CUDA_XV=17 runs it without): the boxes above with an L2 cache
+/* XF bit 65536 (kind 17 since v17): the boxes above with an L2 cache
  * policy (createpolicy below), so that K and V read by one CTA only (a
  * decode tail) leave the L2 before K and V that other CTAs read again (a
  * shared pass of several row blocks) */
@@ -885,20 +854,6 @@ __device__ __forceinline__ void tail_warps(const char *__restrict__ plan, const 
     }
 }
 
-/* XF bit 4194304 (probe CASCADE_CUDA_XV=25): the producer stages, for each
- * task of at most QS_ROWS rows (a decode tail), its Q rows and the rows'
- * positions and output offsets in one of QS_SLOTS slots after the K/V
- * stages, ahead of the consumer, which then starts the task without a chain
- * of dependent global loads (task, tokens, Q). A slot: Q [QS_ROWS][D + 8]
- * (16-bit, the pitch keeps the fragment reads free of bank conflicts), then
- * positions int [QS_ROWS], output and lse offsets long long [QS_ROWS] each. */
-#define QS_ROWS 16
-#define QS_SLOTS 4
-template <int D> struct qs_cfg {
-    static constexpr int LDQ = D + 8;
-    static constexpr uint32_t POS = QS_ROWS * LDQ * 2, OO = POS + QS_ROWS * 4, LO = OO + QS_ROWS * 8,
-                              SLOT = (LO + QS_ROWS * 8 + 127) / 128 * 128;
-};
 /* The merge of NW warps' states of row r: ml holds each warp's (max, sum) of the row at
  * ml[(ww * rows + r) * 2]; M and L: the common max and sum; returns the factor a warp
  * whose max is m scales its O by, 2^((m - M) sl) / L (0 where it or the row has nothing) */
@@ -1187,7 +1142,7 @@ __device__ __forceinline__ void tw_warps(const char *__restrict__ plan, const ca
     }
 }
 
-template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool QST_ = false, bool TMM_ = false, bool TW_ = false>
+template <int D_, int KEYS_, int STAGES_, bool TAILS_ = false, bool TW_ = false>
 struct ws_cfg {
     static constexpr int D = D_, KEYS = KEYS_, STAGES = STAGES_;
     static constexpr int NT = 384, ROWS = 128;
@@ -1195,17 +1150,9 @@ struct ws_cfg {
     static constexpr int KSTEP = 128 / CPR;   /* keys one pass of the producer's 128 threads covers */
     static constexpr int NIT = KEYS / KSTEP;  /* 16-byte copies per producer thread per K or V tile */
     static constexpr size_t TILE = (size_t)KEYS * D * 2;
-    /* XF bit 33554432: per consumer warpgroup the merge buffer of its
-     * mma.sync tails, O of 16 rows (row pitch TML floats: the rows of one
-     * column in different banks) and each warp's max and sum per row (one
-     * buffer with the Q slots: consumer 0 alone runs those tails), after
-     * the stages and the slots */
-    static constexpr int TML = D + 8;
-    static constexpr size_t TMB = (size_t)16 * TML * 4 + 4 * 16 * 2 * 4;
     /* kind 11: the tail warps' staging after the K/V stages */
     /* XF bit 67108864: the tail warps' Q rows (tw_warps), one buffer per warp after the stages */
     static constexpr size_t SMEM = 1024 + 2 * STAGES * TILE + (TAILS_ ? tail_cfg<D>::BYTES : 0) +
-                                   (QST_ ? QS_SLOTS * (size_t)qs_cfg<D>::SLOT : 0) + (TMM_ ? (QST_ ? 1 : 2) * TMB : 0) +
                                    (TW_ ? (size_t)tw_cfg<D>::BYTES : 0);
     static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
     static_assert(KSTEP % 8 == 0 && KEYS % KSTEP == 0 && NIT <= CPR && CPR <= 32, "producer mapping");
@@ -1269,7 +1216,7 @@ __global__ void __launch_bounds__(384, 1)
                          const __grid_constant__ CUtensorMap krun, const __grid_constant__ CUtensorMap vrun,
                          int tma_runs, int *counter) {
 #if CAS_WGMMA_OK
-    typedef ws_cfg<D, KEYS, STAGES, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0, (XF & 67108864) != 0> C;
+    typedef ws_cfg<D, KEYS, STAGES, TAILS, (XF & 67108864) != 0> C;
     /* kind 11: the narrow kernel (a programmatic dependent) may start its CTAs
      * on SMs this grid leaves free; it waits for this grid before it ends */
     if (TAILS) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -1278,7 +1225,6 @@ __global__ void __launch_bounds__(384, 1)
      * narrow kernel's, whose end it waits for before it completes (below) */
     if (XF & 32) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     constexpr int CPR = C::CPR, KSTEP = C::KSTEP, NIT = C::NIT;
-    constexpr int PF = ((XF >> 7) & 3) == 1 ? 4 : ((XF >> 7) & 3) == 2 ? 2 : ((XF >> 7) & 3) == 3 ? 8 : 0;
     extern __shared__ __align__(16) unsigned char smem[];
     /* K/V stages, 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
     const uint32_t kv_s = (smem_u32(smem) + 1023u) & ~1023u;
@@ -1288,7 +1234,6 @@ __global__ void __launch_bounds__(384, 1)
     __shared__ __align__(8) unsigned long long s_bar[((XF & 67108864) != 0 ? 6 : 4) * STAGES];
     __shared__ int s_fml[2][64], s_fmn[2]; /* XF bit 64: the tokens each consumer merges */
     __shared__ long long s_tlw[2][2]; /* XF bit 131072: consumer thread 0's full and turn waits */
-    __shared__ __align__(8) unsigned long long s_qbar[2 * QS_SLOTS]; /* XF bit 4194304: full Q, empty Q */
     __shared__ int s_cdone, s_ctile, s_tti; /* kind 11: consumer warps done with their tasks,
                                               tiles consumer warpgroup 0 finished, the tail
                                               warps' task index */
@@ -1345,15 +1290,6 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(EMPTY_V(s), MC ? 16 : 8);
         }
         if (MC) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        if constexpr ((XF & 4194304) != 0) {
-            /* full: 32 cp.async arrivals (Q) and 32 plain ones (the
-             * offsets) of the producer warp; empty: lane 0 of each of consumer
-             * 0's warps */
-            for (int qq = 0; qq < QS_SLOTS; qq++) {
-                mbar_init(smem_u32(&s_qbar[qq]), 64);
-                mbar_init(smem_u32(&s_qbar[QS_SLOTS + qq]), 4);
-            }
-        }
         s_cdone = 0;
         s_ctile = 0;
         s_fmn[0] = s_fmn[1] = 0;
@@ -1362,20 +1298,10 @@ __global__ void __launch_bounds__(384, 1)
     else __syncthreads();
     const int64_t page_stride = (int64_t)P * Hkv * D;
     constexpr bool TL = (XF & 131072) != 0, HINT = (XF & 65536) != 0;
-    /* XF bit 4194304 needs warp 0 alone producing (bit 8) and consumer 0
-     * alone on tasks of at most 64 rows (bit 16) */
-    constexpr bool QSTG = (XF & 4194304) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS;
-    /* XF bit 8388608 (probe CASCADE_CUDA_XV=27): pairs of decode tails, one
-     * per consumer warpgroup (the producer's and consumers' comments there) */
-    constexpr bool PAIR = (XF & 8388608) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG;
-    /* XF bit 33554432 (probes XV 31, 32, 34): tasks of at most 16 rows by mma.sync (the consumers'),
-     * with QSTG (34) their Q and offsets from the producer's slots */
-    constexpr bool TMM = (XF & 33554432) != 0 && (XF & 16) != 0 && !MC && !TAILS;
     /* XF bit 67108864 (probe CASCADE_CUDA_XV=35): decode tails (flags 32) on the producer's spare warps
      * (tw_warps), interleaved with the consumers' tiles in the stage ring; needs warp 0 alone producing
      * (bit 8) and the per-CTA lists (bit 16) */
-    constexpr bool TWK = (XF & 67108864) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS && !QSTG && !PAIR &&
-                         !TMM && !TL;
+    constexpr bool TWK = (XF & 67108864) != 0 && (XF & 8) != 0 && (XF & 16) != 0 && !MC && !TAILS && !TL;
     const bool tl_cta = TL && blockIdx.x < TL_CTAS;
     if (tl_cta && tid == 0) {
         cas_tl_cta[blockIdx.x][0] = sm_id();
@@ -1425,11 +1351,11 @@ __global__ void __launch_bounds__(384, 1)
         const uint32_t soff0 = (uint32_t)((ch >> 3) * (KEYS * 128) + key0 * 128 + (((ch & 7) ^ (key0 & 7)) << 4));
         const int64_t row_stride = (int64_t)Hkv * D;
         /* XF bit 65536: K and V of a pass of one row block (read by this CTA
-         * only) evict first; of the others evict normal (bit 262144: last) */
+         * only) evict first; of the others evict normal */
         uint64_t pol_once = 0, pol_more = 0;
         if constexpr (HINT) {
             pol_once = l2_policy(0);
-            pol_more = l2_policy((XF & 262144) ? 2 : 1);
+            pol_more = l2_policy(1);
         }
         /* XF bit 131072: thread 0's clocks (cas_tl) */
         const bool tlp = tl_cta && tid == 0;
@@ -1438,11 +1364,6 @@ __global__ void __launch_bounds__(384, 1)
             const int jt = (ti - ti_first) / ti_step;
             if (TL && tlp && jt < TL_TASKS) cas_tl[blockIdx.x][jt][7] = sm_clock64();
         };
-        /* XF bit 4194304: the Q slots (qs_cfg), filled by warp 0 */
-        typedef qs_cfg<D> QC;
-        const uint32_t qs_base = kv_s + (uint32_t)(2 * STAGES * C::TILE);
-        const int32_t *qs_tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
-        const int32_t *qs_tok_pos = reinterpret_cast<const int32_t *>(plan + h->off_tok_pos);
         /* one tile: tile j of task t (ti in the list) into position it of the stage ring */
         /* XF bit 67108864: a tail warps' position (tw) completes their own full barriers */
 #define FULL_OF(kv, s) ((kv) ? (tw ? FULL_VB(s) : FULL_V(s)) : (tw ? FULL_KB(s) : FULL_K(s)))
@@ -1587,7 +1508,6 @@ __global__ void __launch_bounds__(384, 1)
                 mbar_arrive_cpasync(FULL_OF(kv, s));
             }
         };
-        int nqs = 0;
         int it = 0;
         if constexpr (TWK) {
             /* XF bit 67108864: every position in order, from the next tile of its class's tasks */
@@ -1626,72 +1546,21 @@ __global__ void __launch_bounds__(384, 1)
             }
         }
         for (int ti = ti_first; ti < (TWK ? ti_first : ti_end); ti += ti_step) {
-            cas_cuda_task t = tasks[ti * tstride];
-            /* XF bit 8388608: a pair of tails (flags bit 4 on the first; the
-             * planner pairs equal tile counts) loads its tiles interleaved,
-             * A0 B0 A1 B1 ..., consumer 0 computing A and consumer 1 B */
-            const bool pairp = PAIR && (t.flags & 16) && ti + ti_step < ti_end;
+            const cas_cuda_task t = tasks[ti * tstride];
             const bool mcast = MC && (t.flags & 1);
             const int32_t *pg_list = pages + passes[t.pass].page_off;
             const bool once = HINT && (int64_t)passes[t.pass].n_tok * h->group <= C::ROWS;
             const uint64_t pol = once ? pol_once : pol_more;
-            bool look_runs = tma_runs && passes[t.pass].page_runs && !mcast;
+            const bool look_runs = tma_runs && passes[t.pass].page_runs && !mcast;
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
             const T *kb = kpool + (int64_t)t.kv_head * D + ch * 8;
             const T *vb = vpool + (int64_t)t.kv_head * D + ch * 8;
             /* whole boxes of tma_rows keys lie in one page when the task
              * starts on a multiple of tma_rows (a divisor of the page size) */
-            bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
-            if constexpr (QSTG) {
-                if (t.nrows <= QS_ROWS) {
-                    /* XF bit 4194304: Q rows and offsets of the task into slot qq */
-                    const int qq = nqs % QS_SLOTS;
-                    const uint32_t qph = (uint32_t)(nqs / QS_SLOTS) & 1u;
-                    nqs++;
-                    mbar_wait(smem_u32(&s_qbar[QS_SLOTS + qq]), qph ^ 1u);
-                    unsigned char *sp = smem + (qs_base - smem_u32(smem)) + qq * QC::SLOT;
-                    const int grp = h->group;
-                    long long qrow = 0;
-                    if (lane < t.nrows) {
-                        const int row = t.row0 + lane, tk = row / grp, g = row - tk * grp;
-                        const int tokoff = passes[t.pass].tok_off + tk;
-                        const int tokid = qs_tok_ids[tokoff], hq = t.kv_head * grp + g;
-                        qrow = ((long long)tokid * Hq + hq) * D;
-                        reinterpret_cast<int *>(sp + QC::POS)[lane] = qs_tok_pos[tokoff];
-                        reinterpret_cast<long long *>(sp + QC::OO)[lane] =
-                            t.o_off < 0 ? qrow : t.o_off + ((long long)tk * Hq + hq) * D;
-                        reinterpret_cast<long long *>(sp + QC::LO)[lane] =
-                            t.o_off < 0 ? (long long)tokid * Hq + hq : t.lse_off + (long long)tk * Hq + hq;
-                    }
-                    constexpr int CPRQ = D / 8, RPP = 32 / CPRQ;
-#pragma unroll
-                    for (int k = 0; k < QS_ROWS / RPP; k++) {
-                        const int r = lane / CPRQ + k * RPP;
-                        const long long qr = __shfl_sync(0xffffffffu, qrow, r);
-                        if (r < t.nrows)
-                            cp_async16_s(qs_base + (uint32_t)(qq * QC::SLOT + r * QC::LDQ * 2 + (lane % CPRQ) * 16),
-                                         q + qr + (lane % CPRQ) * 8, 16);
-                    }
-                    mbar_arrive_cpasync(smem_u32(&s_qbar[qq]));
-                    mbar_arrive(smem_u32(&s_qbar[qq]));
-                }
-            }
-            for (int jj = 0; jj < ntiles * (PAIR && pairp ? 2 : 1); jj++, it++) {
-                const int j = PAIR && pairp ? jj >> 1 : jj;
-                if constexpr (PAIR) {
-                    if (pairp) {
-                        t = tasks[(ti + (jj & 1) * ti_step) * tstride];
-                        pg_list = pages + passes[t.pass].page_off;
-                        look_runs = tma_runs && passes[t.pass].page_runs;
-                        kb = kpool + (int64_t)t.kv_head * D + ch * 8;
-                        vb = vpool + (int64_t)t.kv_head * D + ch * 8;
-                        task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
-                    }
-                }
+            const bool task_tma = TMA && tma_rows > 0 && t.kv0 % tma_rows == 0;
+            for (int j = 0; j < ntiles; j++, it++)
                 load_tile(t, j, it, ti, pg_list, pol, look_runs, task_tma, mcast, kb, vb, false);
-            }
-            if (PAIR && pairp) ti += ti_step; /* B came with A */
             if (TL && tlp) {
                 const int jt = (ti - ti_first) / ti_step;
                 if (jt < TL_TASKS) {
@@ -1721,20 +1590,11 @@ __global__ void __launch_bounds__(384, 1)
         if (cw == 1) nbar_arrive(WS_BAR_TURN0, 256); /* consumer 0 goes first */
         /* a warp is done with a stage: lane 0 tells this CTA's producer, and
          * with MC lane 1 the other CTA's (which may multicast into it) */
-        /* XF bit 8388608: on a pair of tails each stage belongs to one
-         * consumer, which arrives twice per warp (the empty barriers count 8);
-         * the other consumer neither waits for nor releases it */
-        bool pairt = false;
         auto release = [&](uint32_t bar) {
-            if (PAIR && pairt) {
-                if (lane == 0) mbar_arrive_cnt(bar, 2);
-                return;
-            }
             if (lane == 0) mbar_arrive(bar);
             if (MC && lane == 1) mbar_arrive_cluster(bar, crank ^ 1);
         };
         int it = 0;
-        int nqs_c = 0; /* XF bit 4194304: staged tasks so far (the producer's count) */
         /* XF bit 67108864: the positions of the stage ring walked in order (cas_cuda_tw_next), the tail warps'
          * passed; next_a gives the next position of the consumers and (par) the parity of their use
          * of its stage: their full barriers complete on their positions only, one phase a use
@@ -1769,11 +1629,7 @@ __global__ void __launch_bounds__(384, 1)
             if constexpr (TWK) {
                 if (tasks[ti].flags & 32) continue; /* the tail warps' */
             }
-            /* XF bit 8388608: consumer 1 computes the pair's second task, its
-             * rows in its own 64-row half (rbase), its tiles every other stage */
-            if constexpr (PAIR) pairt = (tasks[ti * tstride].flags & 16) && ti + ti_step < ti_end;
-            const cas_cuda_task t = tasks[(ti + (PAIR && pairt && cw == 1 ? ti_step : 0)) * tstride];
-            const int rbase = PAIR && pairt ? cw * 64 : 0, ust = PAIR && pairt ? 2 : 1;
+            const cas_cuda_task t = tasks[ti * tstride];
             const cas_cuda_pass ps = passes[t.pass];
             const int jt = (ti - ti_first) / ti_step;
             const bool tlt = TL && tlc && jt < TL_TASKS;
@@ -1786,7 +1642,7 @@ __global__ void __launch_bounds__(384, 1)
                  * keeps only its side of the protocol (its turns, the full
                  * waits and the releases), leaving the tensor cores to
                  * consumer 0 */
-                if (cw == 1 && t.nrows <= 64 && !(PAIR && pairt)) {
+                if (cw == 1 && t.nrows <= 64) {
                     const int nk = t.kv1 - t.kv0, nt = nk > 0 ? (nk + KEYS - 1) / KEYS : 0;
                     if (nt > 0) {
                         if constexpr (TWK) it = next_a(itph);
@@ -1828,21 +1684,10 @@ __global__ void __launch_bounds__(384, 1)
                     continue;
                 }
             }
-            /* XF bit 4194304: a task of at most QS_ROWS rows (consumer 0's)
-             * finds its Q and offsets in a slot the producer filled */
-            const bool staged = QSTG && t.nrows <= QS_ROWS;
-            int qslot = 0;
-            const unsigned char *qsp = nullptr;
-            if (QSTG && staged) {
-                qslot = nqs_c % QS_SLOTS;
-                mbar_wait(smem_u32(&s_qbar[qslot]), (uint32_t)(nqs_c / QS_SLOTS) & 1u);
-                nqs_c++;
-                qsp = smem + (kv_s + (uint32_t)(2 * STAGES * C::TILE) - smem_u32(smem)) + qslot * qs_cfg<D>::SLOT;
-            } else {
             nbar_sync(bar_wg, 128); /* the last task's epilogue and Q reads are done */
             if (ctid < 64) {
                 const int r0 = cw * 64 + ctid;
-                int r = r0 - rbase < t.nrows ? r0 - rbase : t.nrows - 1; /* padding rows repeat the last row */
+                int r = r0 < t.nrows ? r0 : t.nrows - 1; /* padding rows repeat the last row */
                 int row = t.row0 + r;
                 int tk = row / group, g = row - tk * group;
                 int tokid = tok_ids[ps.tok_off + tk];
@@ -1858,224 +1703,13 @@ __global__ void __launch_bounds__(384, 1)
                 }
             }
             nbar_sync(bar_wg, 128);
-            }
-            /* XF bit 33554432 (probes XV 31, 32): a task of at most 16 rows
-             * (a decode tail) by mma.sync m16n8k16, its 16 rows in every warp
-             * of the warpgroup and each warp on 32 keys of every tile: S of
-             * 16 x 32, its own max and sum per row, O of 16 x D; at the end
-             * the four warps' states merge in shared memory. A quarter of the
-             * tensor work of a 64-row wgmma tile, an eighth of its softmax. */
-            if constexpr (TMM) {
-                if (t.nrows <= 16) {
-                    const int w = ctid >> 5;
-                    float *obuf = reinterpret_cast<float *>(smem + (kv_s - smem_u32(smem)) + 2 * STAGES * C::TILE +
-                                                            (QSTG ? QS_SLOTS * qs_cfg<D>::SLOT : 0) + cw * C::TMB);
-                    constexpr int TML = C::TML;
-                    float *mlb = obuf + 16 * TML;
-                    /* the task's setup barrier ordered the last task's reads of
-                     * it (a staged task has none: this one) */
-                    if (QSTG && staged) nbar_sync(bar_wg, 128);
-                    for (int k = ctid; k < 16 * TML; k += 128) obuf[k] = 0.f;
-                    const int r0 = lane >> 2, r1 = r0 + 8, nh = t.nrows > 8 ? 2 : 1;
-                    const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
-                    uint32_t qf[D / 16][4];
-                    int qp[2];
-                    if (QSTG && staged) {
-                        /* XF bit 4194304: Q, positions and offsets from the slot */
-                        q_frags_slot<D, qs_cfg<D>::LDQ>(qf, qsp, r0, r1, ok0, ok1, lane);
-                        const int *pos = reinterpret_cast<const int *>(qsp + qs_cfg<D>::POS);
-                        qp[0] = pos[ok0 ? r0 : t.nrows - 1];
-                        qp[1] = pos[ok1 ? r1 : t.nrows - 1];
-                    } else {
-                        q_frags_global<T, D>(qf, q + s_qrow[rbase + r0] + (lane & 3) * 2,
-                                             q + s_qrow[rbase + r1] + (lane & 3) * 2, ok0, ok1);
-                        qp[0] = s_qpos[rbase + r0];
-                        qp[1] = s_qpos[rbase + r1];
-                    }
-                    /* a row's output and LSE offsets */
-                    auto o_of = [&](int r) -> long long {
-                        return QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::OO)[r] : s_oo[rbase + r];
-                    };
-                    auto l_of = [&](int r) -> long long {
-                        return QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::LO)[r] : s_lo[rbase + r];
-                    };
-                    float oa[D / 2];
-#pragma unroll
-                    for (int k = 0; k < D / 2; k++) oa[k] = 0.f;
-                    float mr[2] = {-CUDART_INF_F, -CUDART_INF_F}, lr[2] = {0.f, 0.f};
-                    const int nkeys = t.kv1 - t.kv0, ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
-                    /* the turns as the wgmma path takes them (one more than
-                     * tiles), which consumer 1's side of a lone tail expects */
-                    if (ntiles > 0) {
-                        nbar_sync(my_turn, 256);
-                        nbar_arrive(other_turn, 256);
-                    }
-                    int itx = it + (PAIR && pairt ? cw : 0);
-                    for (int i = 0; i < ntiles; i++, itx += ust) {
-                        const int st = itx % STAGES;
-                        const uint32_t ph = (uint32_t)(itx / STAGES) & 1u;
-                        nbar_sync(my_turn, 256);
-                        nbar_arrive(other_turn, 256);
-                        const uint32_t ka = kv_s + (uint32_t)(st * 2 * C::TILE), va = ka + (uint32_t)C::TILE;
-                        /* lane's row of the ldmatrix boxes: matrix lane / 8, key row lane % 8 */
-                        const int mj = lane >> 3, kr = lane & 7;
-                        float sc[16];
-#pragma unroll
-                        for (int k = 0; k < 16; k++) sc[k] = 0.f;
-                        mbar_wait(FULL_K(st), ph);
-#pragma unroll
-                        for (int ks = 0; ks < D / 16; ks++)
-#pragma unroll
-                            for (int np = 0; np < 2; np++) {
-                                /* matrices: key groups 2 np, 2 np + 1 x 16-byte chunks 2 ks, 2 ks + 1 */
-                                const int key = 32 * w + 16 * np + 8 * (mj >> 1) + kr, c = 2 * ks + (mj & 1);
-                                uint32_t b[4];
-                                ldsm_x4(b, ka + (uint32_t)((c >> 3) * (KEYS * 128) + key * 128 + (((c & 7) ^ kr) << 4)));
-                                mma_op<T>::run(sc + 8 * np, qf[ks], b[0], b[1]);
-                                mma_op<T>::run(sc + 8 * np + 4, qf[ks], b[2], b[3]);
-                            }
-                        __syncwarp();
-                        release(EMPTY_K(st));
-                        /* sc[4 nt + e]: row r0 + 8 (e / 2), key 32 w + 8 nt + 2 (lane % 4) + e % 2 */
-                        const int kb = t.kv0 + i * KEYS;
-                        const bool full = kb + KEYS <= t.kv1 && (!causal || ps.pos0 + kb + KEYS - 1 <= t.qpos_min) &&
-                                          (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
-                        if (cap > 0.f) {
-#pragma unroll
-                            for (int k = 0; k < 16; k++) sc[k] = cap * tanhf(sc[k] * scale / cap) * LOG2E_F;
-                        }
-                        if (!full) {
-#pragma unroll
-                            for (int k = 0; k < 16; k++) {
-                                const int key = kb + 32 * w + (k >> 2) * 8 + (lane & 3) * 2 + (k & 1);
-                                const int kabs = ps.pos0 + key, qq = qp[(k >> 1) & 1];
-                                const bool vis = key < t.kv1 && (!causal || kabs <= qq) && (window < 0 || kabs >= qq - window);
-                                if (!vis) sc[k] = -CUDART_INF_F;
-                            }
-                        }
-                        float al[2] = {1.f, 1.f};
-#pragma unroll
-                        for (int hf = 0; hf < 2; hf++) {
-                            if (hf >= nh) continue;
-                            float mx = -CUDART_INF_F;
-#pragma unroll
-                            for (int nt = 0; nt < 4; nt++) mx = fmaxf(mx, fmaxf(sc[4 * nt + 2 * hf], sc[4 * nt + 2 * hf + 1]));
-                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                            float mu;
-                            al[hf] = online_max(mr[hf], mx, sl, mu);
-                            float rs = 0.f;
-#pragma unroll
-                            for (int nt = 0; nt < 4; nt++) {
-                                sc[4 * nt + 2 * hf] = ex2_fast(fmaf(sc[4 * nt + 2 * hf], sl, -mu));
-                                sc[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(sc[4 * nt + 2 * hf + 1], sl, -mu));
-                                rs += sc[4 * nt + 2 * hf] + sc[4 * nt + 2 * hf + 1];
-                            }
-                            lr[hf] = lr[hf] * al[hf] + rs;
-                        }
-                        if (al[0] != 1.f || al[1] != 1.f) {
-#pragma unroll
-                            for (int dt = 0; dt < D / 8; dt++) {
-                                oa[4 * dt] *= al[0];
-                                oa[4 * dt + 1] *= al[0];
-                                oa[4 * dt + 2] *= al[1];
-                                oa[4 * dt + 3] *= al[1];
-                            }
-                        }
-                        uint32_t pa[2][4];
-#pragma unroll
-                        for (int kk = 0; kk < 2; kk++) {
-                            pa[kk][0] = mma_op<T>::pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-                            pa[kk][1] = mma_op<T>::pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-                            pa[kk][2] = mma_op<T>::pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-                            pa[kk][3] = mma_op<T>::pack(sc[8 * kk + 6], sc[8 * kk + 7]);
-                        }
-                        mbar_wait(FULL_V(st), ph);
-#pragma unroll
-                        for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-                            for (int dp = 0; dp < D / 16; dp++) {
-                                /* matrices (transposed): keys + 0-7, + 8-15 x chunks 2 dp, 2 dp + 1 */
-                                const int key = 32 * w + 16 * kk + 8 * (mj & 1) + kr, c = 2 * dp + (mj >> 1);
-                                uint32_t b[4];
-                                ldsm_x4_t(b, va + (uint32_t)((c >> 3) * (KEYS * 128) + key * 128 + (((c & 7) ^ kr) << 4)));
-                                mma_op<T>::run(oa + 8 * dp, pa[kk], b[0], b[1]);
-                                mma_op<T>::run(oa + 8 * dp + 4, pa[kk], b[2], b[3]);
-                            }
-                        __syncwarp();
-                        release(EMPTY_V(st));
-                    }
-                    it += ntiles * ust;
-                    /* the merge: each warp's max and sum per row, then its O
-                     * scaled into the buffer (shared-memory atomics), then out */
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        lr[hf] += __shfl_xor_sync(0xffffffffu, lr[hf], 1);
-                        lr[hf] += __shfl_xor_sync(0xffffffffu, lr[hf], 2);
-                    }
-                    if ((lane & 3) == 0) {
-                        mlb[(w * 16 + r0) * 2] = mr[0];
-                        mlb[(w * 16 + r0) * 2 + 1] = lr[0];
-                        mlb[(w * 16 + r1) * 2] = mr[1];
-                        mlb[(w * 16 + r1) * 2 + 1] = lr[1];
-                    }
-                    nbar_sync(bar_wg, 128);
-                    float rowm[2], rowl[2];
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        const int r = r0 + 8 * hf;
-                        const float f = merge_rows<4>(mlb, 16, r, mr[hf], sl, rowm[hf], rowl[hf]);
-                        if (r < t.nrows) {
-#pragma unroll
-                            for (int dt = 0; dt < D / 8; dt++) {
-                                atomicAdd(&obuf[r * TML + dt * 8 + (lane & 3) * 2], oa[4 * dt + 2 * hf] * f);
-                                atomicAdd(&obuf[r * TML + dt * 8 + (lane & 3) * 2 + 1], oa[4 * dt + 2 * hf + 1] * f);
-                            }
-                        }
-                    }
-                    nbar_sync(bar_wg, 128);
-                    float *obase = t.o_off < 0 ? o : scratch;
-                    float *lbase = t.o_off < 0 ? lse : scratch;
-                    for (int k = ctid; k < t.nrows * (D / 2); k += 128) {
-                        const int r = k / (D / 2), c2 = k - r * (D / 2);
-                        *reinterpret_cast<float2 *>(obase + o_of(r) + 2 * c2) =
-                            reinterpret_cast<const float2 *>(obuf + r * TML)[c2];
-                    }
-                    if (w == 0 && (lane & 3) == 0) {
-#pragma unroll
-                        for (int hf = 0; hf < 2; hf++)
-                            if (r0 + 8 * hf < t.nrows)
-                                lbase[l_of(r0 + 8 * hf)] =
-                                    rowl[hf] > 0.f ? (rowm[hf] * sl + log2f(rowl[hf])) * LN2_F : -CUDART_INF_F;
-                    }
-                    /* XF bit 4194304: this warp is done with the task's slot */
-                    if (QSTG && staged) {
-                        __syncwarp();
-                        if (lane == 0) mbar_arrive(smem_u32(&s_qbar[QS_SLOTS + qslot]));
-                    }
-                    if (TL && tlt) cas_tl[blockIdx.x][jt][cw ? 6 : 2] = sm_clock64();
-                    if (PAIR && pairt) ti += ti_step; /* the pair's second task is done too */
-                    continue;
-                }
-            }
             /* Q straight into the A fragments (rows lane / 4 and + 8, columns
              * 2 (lane % 4) + {0, 1} and + 8 of each 16-column step): once per
              * task, no shared memory; padding rows are zero */
             uint32_t qf[D / 16][4];
-            int sqp0 = 0, sqp1 = 0; /* XF bit 4194304: the rows' positions from the slot */
-            if (QSTG && staged) {
-                typedef qs_cfg<D> QC;
-                const int r0 = wrow + (lane >> 2), r1 = r0 + 8, last = t.nrows - 1;
-                const bool ok0 = r0 < t.nrows, ok1 = r1 < t.nrows;
-                q_frags_slot<D, QC::LDQ>(qf, qsp, r0, r1, ok0, ok1, lane);
-                const int *pos = reinterpret_cast<const int *>(qsp + QC::POS);
-                sqp0 = pos[r0 < last ? r0 : last];
-                sqp1 = pos[r1 < last ? r1 : last];
-            } else {
-                const int r0 = wrow + (lane >> 2), r1 = r0 + 8;
-                q_frags_global<T, D>(qf, q + s_qrow[r0] + (lane & 3) * 2, q + s_qrow[r1] + (lane & 3) * 2,
-                                     r0 - rbase < t.nrows, r1 - rbase < t.nrows);
-            }
+            const int r0 = wrow + (lane >> 2), r1 = r0 + 8;
+            q_frags_global<T, D>(qf, q + s_qrow[r0] + (lane & 3) * 2, q + s_qrow[r1] + (lane & 3) * 2, r0 < t.nrows,
+                                 r1 < t.nrows);
 
             const int nkeys = t.kv1 - t.kv0;
             const int ntiles = nkeys > 0 ? (nkeys + KEYS - 1) / KEYS : 0;
@@ -2086,24 +1720,15 @@ __global__ void __launch_bounds__(384, 1)
             /* XF bit 16384: each row's exponent offset (mrow x sl) and the
              * raw score above which the max must move */
             float mul[2] = {0.f, 0.f}, mthr[2] = {-CUDART_INF_F, -CUDART_INF_F};
-            const int qp[2] = {QSTG && staged ? sqp0 : s_qpos[wrow + (lane >> 2)],
-                               QSTG && staged ? sqp1 : s_qpos[wrow + (lane >> 2) + 8]};
+            const int qp[2] = {s_qpos[wrow + (lane >> 2)], s_qpos[wrow + (lane >> 2) + 8]};
             float s[KEYS / 2];
             /* S = Q K^T of the tile in stage st (64 rows x KEYS keys per warpgroup), no commit */
             auto mma_qk = [&](int st) {
                 const uint32_t ka = kv_s + (uint32_t)(st * 2 * C::TILE);
-                /* XF bit 2048 (probe): each product's descriptor as the
-                 * tile's plus the byte offset / 16 (the start address field
-                 * is the low 14 bits of addr / 16; shared addresses stay
-                 * under 2^18, so the sum never carries out of it) */
-                const uint64_t kd = wg_desc(ka, 16, 1024);
 #pragma unroll
                 for (int ks = 0; ks < D / 16; ks++)
                     wg_mma<T, KEYS>::template run<0>(
-                        s, qf[ks],
-                        (XF & 2048) ? kd + (uint64_t)(((ks >> 2) * (KEYS * 128) + (ks & 3) * 32) >> 4)
-                                    : wg_desc(ka + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024),
-                        ks > 0);
+                        s, qf[ks], wg_desc(ka + (ks >> 2) * (KEYS * 128) + (ks & 3) * 32, 16, 1024), ks > 0);
             };
             /* softmax of S (tile i) into probabilities in s: scale or soft
              * cap, masks, running max and sum; al: the factor O must be
@@ -2112,22 +1737,6 @@ __global__ void __launch_bounds__(384, 1)
             float al[2];
             auto softmax = [&](int i) {
                 /* s[4 * nt + e]: row (lane / 4) + 8 * (e / 2), key 8 nt + 2 (lane % 4) + e % 2 */
-                if ((XF & 512) && (diag & 2)) { /* timing only: no softmax */
-                    al[0] = al[1] = 1.f;
-                    return;
-                }
-                /* XF bit 16777216: the padding rows (past the task's, their
-                 * Q zero, never written) skip it: a warp with none of the
-                 * task's rows at once, one with at most 8 its second half */
-                int nh = 2;
-                if constexpr ((XF & 16777216) != 0) {
-                    const int rv = t.nrows - (wrow - rbase);
-                    if (rv <= 0) {
-                        al[0] = al[1] = 1.f;
-                        return;
-                    }
-                    nh = rv > 8 ? 2 : 1;
-                }
                 const int kb = t.kv0 + i * KEYS;
                 const bool full = kb + KEYS <= t.kv1 && (!causal || ps.pos0 + kb + KEYS - 1 <= t.qpos_min) &&
                                   (window < 0 || ps.pos0 + kb >= t.qpos_max - window);
@@ -2150,7 +1759,7 @@ __global__ void __launch_bounds__(384, 1)
                     }
                 }
                 if constexpr ((XF & 16384) != 0) {
-                    /* XF bit 16384 (kind 17 from v15; XV=11 runs it without): the running
+                    /* XF bit 16384 (kind 17 from v15): the running
                      * max moves only when a score passes it by more than
                      * 2^LAZY_LOG2 in the exponential's domain (P up to 256,
                      * exact after the final division); a warp whose scores
@@ -2159,17 +1768,15 @@ __global__ void __launch_bounds__(384, 1)
                     float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
-                        if (hf >= nh) continue;
 #pragma unroll
                         for (int nt = 0; nt < KEYS / 8; nt++)
                             mx[hf] = fmaxf(mx[hf], fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
                     }
-                    const bool need = !(mx[0] <= mthr[0]) || (nh > 1 && !(mx[1] <= mthr[1]));
+                    const bool need = !(mx[0] <= mthr[0]) || !(mx[1] <= mthr[1]);
                     al[0] = al[1] = 1.f;
                     if (__any_sync(0xffffffffu, need)) {
 #pragma unroll
                         for (int hf = 0; hf < 2; hf++) {
-                            if (hf >= nh) continue;
                             mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
                             mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
                             al[hf] = online_max(mrow[hf], mx[hf], sl, mul[hf]);
@@ -2178,7 +1785,6 @@ __global__ void __launch_bounds__(384, 1)
                     }
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
-                        if (hf >= nh) continue;
                         float rs = 0.f;
 #pragma unroll
                         for (int nt = 0; nt < KEYS / 8; nt++) {
@@ -2192,7 +1798,6 @@ __global__ void __launch_bounds__(384, 1)
                     al[0] = al[1] = 1.f;
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
-                        if (hf >= nh) continue;
                         float mx = -CUDART_INF_F;
 #pragma unroll
                         for (int nt = 0; nt < KEYS / 8; nt++) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * hf], s[4 * nt + 2 * hf + 1]));
@@ -2203,15 +1808,8 @@ __global__ void __launch_bounds__(384, 1)
                         float rs = 0.f;
 #pragma unroll
                         for (int nt = 0; nt < KEYS / 8; nt++) {
-                            /* XF bits 7-8 (probe CASCADE_CUDA_XV): every PF-th
-                             * column pair of 8 keys by ex2_poly */
-                            if (PF > 0 && nt % (PF > 0 ? PF : 1) == PF - 1) {
-                                s[4 * nt + 2 * hf] = ex2_poly(fmaf(s[4 * nt + 2 * hf], sl, -mu));
-                                s[4 * nt + 2 * hf + 1] = ex2_poly(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
-                            } else {
-                                s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mu));
-                                s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
-                            }
+                            s[4 * nt + 2 * hf] = ex2_fast(fmaf(s[4 * nt + 2 * hf], sl, -mu));
+                            s[4 * nt + 2 * hf + 1] = ex2_fast(fmaf(s[4 * nt + 2 * hf + 1], sl, -mu));
                             rs += s[4 * nt + 2 * hf] + s[4 * nt + 2 * hf + 1];
                         }
                         lrow[hf] = lrow[hf] * al[hf] + rs;
@@ -2239,32 +1837,16 @@ __global__ void __launch_bounds__(384, 1)
             };
             auto mma_pv = [&](int st) {
                 const uint32_t vs_addr = kv_s + (uint32_t)(st * 2 * C::TILE) + (uint32_t)C::TILE;
-                const uint64_t vd = wg_desc(vs_addr, KEYS * 128, 1024);
 #pragma unroll
                 for (int kk = 0; kk < KEYS / 16; kk++)
-                    wg_mma<T, D>::template run<1>(oacc, pa[kk],
-                                                  (XF & 2048) ? vd + (uint64_t)((kk * 2048) >> 4)
-                                                              : wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024),
-                                                  1);
+                    wg_mma<T, D>::template run<1>(oacc, pa[kk], wg_desc(vs_addr + kk * 2048, KEYS * 128, 1024), 1);
             };
-            /* XF bit 32768 (probe CASCADE_CUDA_XV=12): whether the first n
-             * tiles of the task all came by TMA (the producer's rule), whose
-             * writes the full barrier's transaction count already orders
-             * before wgmma's reads; cp.async tiles need the proxy fence */
-            auto tma_tiles = [&](int n) {
-                return (XF & 32768) && TMA && tma_rows > 0 && t.kv0 % tma_rows == 0 && t.kv0 + n * KEYS <= t.kv1;
-            };
-            /* XF bit 1024 (probe): a consumer hands the turn on only once its
-             * products have completed, so the tensor cores never hold both
-             * consumers' products at once */
-            constexpr bool late = (XF & 1024) != 0;
-            if (PAIR && pairt) it += cw; /* consumer c's tiles: it0 + c + 2 i */
             if (ntiles > 0) {
                 if constexpr (TWK) it = next_a(itph);
                 const int s0 = it % STAGES;
                 const long long w0 = clk();
                 mbar_wait(FULL_K(s0), ph_of(it, itph));
-                if (!tma_tiles(1)) fence_proxy_async();
+                fence_proxy_async();
                 const long long w1 = clk();
                 nbar_sync(my_turn, 256);
                 const long long w2 = clk();
@@ -2273,9 +1855,8 @@ __global__ void __launch_bounds__(384, 1)
                 wg_fence();
                 mma_qk(s0);
                 wg_commit();
-                if (!late) nbar_arrive(other_turn, 256);
+                nbar_arrive(other_turn, 256);
                 wg_wait<0>();
-                if (late) nbar_arrive(other_turn, 256);
                 wg_fence_regs<KEYS / 2>(s);
                 if (TL && tlt) cas_tl[blockIdx.x][jt][1] = sm_clock64();
                 release(EMPTY_K(s0));
@@ -2289,40 +1870,34 @@ __global__ void __launch_bounds__(384, 1)
              * branch gets serialized by ptxas). Without OVL: softmax of tile
              * i first, then both products in one commit group. With OVL (P of
              * tile i is ready): S of tile i + 1, then P V of tile i; the
-             * softmax of tile i + 1 runs while P V is on the tensor cores. */
+             * softmax of tile i + 1 runs while P V is on the tensor cores.
+             * par: the parity of position it's phase with XF bit 67108864
+             * (itph, see ph_of) */
             int it_next = it, itph_next = 0; /* the position after this tile's and its parity (step) */
-            const bool tr = (XF & 4096) && blockIdx.x == 0 && ctid == 0;
-            auto mark = [&](int k) {
-                if ((XF & 4096) && tr && it < WTRACE_TILES) cas_wtrace[cw][it][k] = sm_clock64();
-            };
-            auto step = [&](int i, auto more_c) {
+            auto step = [&](int i, int par, auto more_c) {
                 constexpr bool more = decltype(more_c)::value;
-                mark(0);
                 if (!OVL) {
                     softmax(i);
                     rescale_pack();
                 }
-                mark(1);
                 const int sc = it % STAGES;
-                int sn = (it + ust) % STAGES;
+                int sn = (it + 1) % STAGES;
                 const long long w0 = clk();
-                mbar_wait(FULL_V(sc), ph_of(it, itph));
+                mbar_wait(FULL_V(sc), ph_of(it, par));
                 /* XF bit 67108864: the next position of the consumers (the tail warps' passed) */
                 if constexpr (TWK) {
                     it_next = more ? next_a(itph_next) : it;
                     sn = it_next % STAGES;
                     if (more) mbar_wait(FULL_K(sn), (uint32_t)itph_next);
                 } else if (more) {
-                    mbar_wait(FULL_K(sn), (uint32_t)((it + ust) / STAGES) & 1u);
+                    mbar_wait(FULL_K(sn), (uint32_t)((it + 1) / STAGES) & 1u);
                 }
-                if (!tma_tiles(i + 1 + (more ? 1 : 0))) fence_proxy_async();
-                mark(2);
+                fence_proxy_async();
                 const long long w1 = clk();
                 nbar_sync(my_turn, 256);
                 const long long w2 = clk();
                 tl_add(0, w1 - w0);
                 tl_add(1, w2 - w1);
-                mark(3);
                 wg_fence_regs<D / 2>(oacc);
                 wg_fence();
                 if constexpr (OVL) {
@@ -2347,12 +1922,9 @@ __global__ void __launch_bounds__(384, 1)
                     mma_pv(sc);
                     if constexpr (more) mma_qk(sn);
                     wg_commit();
-                    mark(4);
-                    if (!late) nbar_arrive(other_turn, 256);
+                    nbar_arrive(other_turn, 256);
                     wg_wait<0>();
-                    if (late) nbar_arrive(other_turn, 256);
                     wg_fence_regs<D / 2>(oacc);
-                    mark(5);
                     wg_fence_regs<KEYS / 2>(s);
                     release(EMPTY_V(sc));
                     if (more) release(EMPTY_K(sn));
@@ -2363,12 +1935,12 @@ __global__ void __launch_bounds__(384, 1)
                     *ct = *ct + 1;
                 }
             };
-            for (int i = 0; i + 1 < ntiles; i++, it = TWK ? it_next : it + ust, itph = itph_next) step(i, std::true_type{});
+            for (int i = 0; i + 1 < ntiles; i++, it = TWK ? it_next : it + 1, itph = itph_next)
+                step(i, itph, std::true_type{});
             if (ntiles > 0) {
-                step(ntiles - 1, std::false_type{});
-                it += ust;
+                step(ntiles - 1, itph, std::false_type{});
+                it++;
             }
-            if (PAIR && pairt) it -= cw;
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 lrow[hf] += __shfl_xor_sync(0xffffffffu, lrow[hf], 1);
@@ -2380,10 +1952,9 @@ __global__ void __launch_bounds__(384, 1)
             for (int hf = 0; hf < 2; hf++) {
                 const int r = wrow + (lane >> 2) + hf * 8;
                 const float l = lrow[hf], m = mrow[hf];
-                if (r - rbase < t.nrows && !(MC && (t.flags & 2))) { /* a stand-in writes nothing */
+                if (r < t.nrows && !(MC && (t.flags & 2))) { /* a stand-in writes nothing */
                     const float inv = l > 0.f ? 1.f / l : 0.f;
-                    const long long ooff = QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::OO)[r] : s_oo[r];
-                    const long long loff = QSTG && staged ? reinterpret_cast<const long long *>(qsp + qs_cfg<D>::LO)[r] : s_lo[r];
+                    const long long ooff = s_oo[r], loff = s_lo[r]; /* both read before the stores */
                     float *dst = obase + ooff;
 #pragma unroll
                     for (int dt = 0; dt < D / 8; dt++) {
@@ -2392,11 +1963,6 @@ __global__ void __launch_bounds__(384, 1)
                     }
                     if ((lane & 3) == 0) lbase[loff] = l > 0.f ? (m * sl + log2f(l)) * LN2_F : -CUDART_INF_F;
                 }
-            }
-            /* XF bit 4194304: this warp is done with the task's slot */
-            if (QSTG && staged) {
-                __syncwarp();
-                if (lane == 0) mbar_arrive(smem_u32(&s_qbar[QS_SLOTS + qslot]));
             }
             if (TL && tlt) {
                 long long *e = cas_tl[blockIdx.x][jt];
@@ -2417,7 +1983,6 @@ __global__ void __launch_bounds__(384, 1)
                                    s_fml[cw], &s_fmn[cw], o, lse, scratch, Hq, Hkv,
                                    [&] { nbar_sync(bar_wg, 128); });
             }
-            if (PAIR && pairt) ti += ti_step; /* the pair's second task is done too */
         }
         /* consumer 1 arrived once more on consumer 0's turn than consumer 0 waited */
         if (cw == 0) nbar_sync(WS_BAR_TURN0, 256);
@@ -2465,7 +2030,7 @@ template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool
     return (void *)attn_wgmma_ws_kernel<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>;
 }
 template <typename T, int D, int KEYS, int ST, bool OVL, bool TMA, bool MC, bool TAILS = false, int XF = 0>
-struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS, (XF & 4194304) != 0, (XF & 33554432) != 0, (XF & 67108864) != 0>, T,
+struct wg_ws : wg_entry<ws_cfg<D, KEYS, ST, TAILS, (XF & 67108864) != 0>, T,
                         wg_ws_fn<T, D, KEYS, ST, OVL, TMA, MC, TAILS, XF>> {};
 
 template <typename T, int D, int KIND> struct wg_kernel;
@@ -2486,68 +2051,15 @@ template <typename T, int D> struct wg_kernel<T, D, 16> : wg_ws<T, D, 128, 3, fa
 template <typename T, int D> struct wg_kernel<T, D, 17> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536> {};
 /* 18: 17 with the merge of split states in the kernels (XF bit 64) */
 template <typename T, int D> struct wg_kernel<T, D, 18> : wg_ws<T, D, 128, 3, false, true, false, false, 124> {};
-/* 201-203 (never planned: kind 17 launches them under CASCADE_CUDA_XV=1-3):
- * kind 17 with a quarter, a half or an eighth of the softmax's exponentials
- * on the FMA pipe (ex2_poly) */
-template <typename T, int D> struct wg_kernel<T, D, 201> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 128> {};
-template <typename T, int D> struct wg_kernel<T, D, 202> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 256> {};
-template <typename T, int D> struct wg_kernel<T, D, 203> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 384> {};
-/* 204 (CASCADE_CUDA_XV=4): kind 17 with FA3's intra-warpgroup overlap (OVL,
- * kind 8's schedule); 205 (=5): kind 17 whose softmax CASCADE_CUDA_WS_DIAG bit
- * 2 skips (timing only) */
-template <typename T, int D> struct wg_kernel<T, D, 204> : wg_ws<T, D, 128, 3, true, true, false, false, 60> {};
-template <typename T, int D> struct wg_kernel<T, D, 205> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 512> {};
-/* 206-208 (CASCADE_CUDA_XV=6-8): kind 17 whose consumers hand the turn on
- * after their products complete (XF bit 1024), whose descriptors are the
- * tile's plus an offset (bit 2048), both */
-template <typename T, int D> struct wg_kernel<T, D, 206> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 1024> {};
-template <typename T, int D> struct wg_kernel<T, D, 207> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 2048> {};
-template <typename T, int D> struct wg_kernel<T, D, 208> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 3072> {};
-/* 209 (=9): kind 17 with clock stamps of its phases (XF bit 4096) */
-template <typename T, int D> struct wg_kernel<T, D, 209> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 4096> {};
-/* 211-213 (=11-13): kind 17 before v15 (without the lazy running max, XF bit
- * 16384, which kind 17 now has), kind 17 without the proxy fence before
- * TMA-filled tiles (bit 32768, slower), both */
-template <typename T, int D> struct wg_kernel<T, D, 211> : wg_ws<T, D, 128, 3, false, true, false, false, 60> {};
-template <typename T, int D> struct wg_kernel<T, D, 212> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 32768> {};
-template <typename T, int D> struct wg_kernel<T, D, 213> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 49152> {};
-/* (v16's probes 214-216, decode tails run transposed on m64n16k16, measured
- * slower and removed: commit 950af49, bench/NOTES.md v16) */
-/* 217 (=17): kind 17 before v17, without the L2 policy (XF bit 65536: TMA
- * loads of passes of one row block evict first, the others evict normal);
- * 218 (=18): kind 17 with a timeline of every CTA's tasks (bit 131072,
- * cas_tl); 219 (=19): 217 with the timeline; 220 (=20): kind 17 with evict
- * last for passes of several row blocks (bit 262144). 225, 226 below are
- * built on 217 (as measured in v17). (v17's 221-224, L2 prefetches of K and
- * V ahead of the loads, 1.1-1.5x slower, were removed: commit 5b0fce7,
- * bench/NOTES.md v17) */
-template <typename T, int D> struct wg_kernel<T, D, 217> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384> {};
-template <typename T, int D> struct wg_kernel<T, D, 218> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 196608> {};
-template <typename T, int D> struct wg_kernel<T, D, 219> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 131072> {};
-template <typename T, int D> struct wg_kernel<T, D, 220> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 327680> {};
-/* 225 (=25): kind 17 whose producer stages Q and the output offsets of each
- * task of at most 16 rows (the decode tails) in shared memory ahead of the
- * consumer (XF bit 4194304, qs_cfg); 226 (=26): 225 with the timeline */
-template <typename T, int D> struct wg_kernel<T, D, 225> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 4194304> {};
-template <typename T, int D> struct wg_kernel<T, D, 226> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 4194304 | 131072> {};
-/* 227 (=27): kind 17 with pairs of decode tails of equal length, one per
- * consumer warpgroup (XF bit 8388608; the planner pairs them, flags bit 4);
- * 228 (=28): 227 with the timeline */
-template <typename T, int D> struct wg_kernel<T, D, 227> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608> {};
-template <typename T, int D> struct wg_kernel<T, D, 228> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 131072> {};
-/* probes XV=29 (kind 17) and 30 (27's pairs): XF bit 16777216, the padding
- * rows of a task skip the softmax */
-template <typename T, int D> struct wg_kernel<T, D, 229> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216> {};
-template <typename T, int D> struct wg_kernel<T, D, 230> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216> {};
-/* probes XV=31 (30 with the tails by mma.sync) and 32 (29 with them): XF bit 33554432 */
-template <typename T, int D> struct wg_kernel<T, D, 231> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216 | 33554432> {};
-template <typename T, int D> struct wg_kernel<T, D, 232> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216 | 33554432> {};
-/* probe XV=33: 31 with the timeline (XF bit 131072; a pair's trace records its first task) */
-template <typename T, int D> struct wg_kernel<T, D, 233> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 8388608 | 16777216 | 33554432 | 131072> {};
-/* probe XV=34: 32 with 25's Q staging (the producer fills a slot of Q and
- * offsets per tail ahead of its tiles) */
-template <typename T, int D> struct wg_kernel<T, D, 234> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 16777216 | 33554432 | 4194304> {};
-/* XV 35: kind 17 with the decode tails of at most 8 rows on the producer's spare warps (tw_warps) */
+/* Kind 17's probes (never planned: kind 17 launches kind 200 + n under CASCADE_CUDA_XV=n, bf16 and head_dim 128
+ * only). 218 (=18): kind 17 with a timeline of every CTA's tasks (XF bit 131072, cas_tl). 235 (=35): kind 17
+ * with the decode tails of at most 8 rows on the producer's spare warps (XF bit 67108864, tw_warps). The other
+ * probes were removed after their measurements: 201-213 (exponentials on the FMA pipe, FA3's intra-warpgroup
+ * overlap, no softmax, the turn handed on after the products, descriptor offsets, clock stamps, kind 17 without
+ * the lazy max or the proxy fence; bench/NOTES.md v13-v15), 217, 219, 220 (L2 policies, v17), 225-234 (Q staged
+ * by the producer, pairs of tails, the padding rows' softmax skipped, tails by mma.sync; v17-v19); code in git
+ * history before this commit. (v16's 214-216 and v17's 221-224 went earlier: commits 950af49, 5b0fce7) */
+template <typename T, int D> struct wg_kernel<T, D, 218> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 131072> {};
 template <typename T, int D> struct wg_kernel<T, D, 235> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 67108864> {};
 template <typename T, int D, int KIND> struct wg_cluster { static constexpr int N = 1; };
 template <typename T, int D> struct wg_cluster<T, D, 10> { static constexpr int N = 2; };
@@ -2663,28 +2175,7 @@ static cudaLaunchConfig_t wg_cluster_cfg(cudaLaunchAttribute *attr, int grid, cu
     return cfg;
 }
 
-/* CASCADE_CUDA_XV=9: at exit, the clock stamps of the last run (to the file
- * CASCADE_CUDA_TRACE names, else stderr): per consumer and tile, the SM
- * clock at the step's start, after its softmax, after the full waits,
- * with its turn, after issuing, after its products completed */
-static void cas_cuda_wtrace_dump(void) {
-    static long long h[2][WTRACE_TILES][8];
-    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, cas_wtrace, sizeof h) != cudaSuccess)
-        return;
-    const char *path = getenv("CASCADE_CUDA_TRACE");
-    FILE *f = path && *path ? fopen(path, "w") : stderr;
-    if (!f) return;
-    const long long t0 = h[0][0][0] ? h[0][0][0] : h[1][0][0];
-    for (int cw = 0; cw < 2; cw++)
-        for (int i = 0; i < WTRACE_TILES; i++) {
-            fprintf(f, "wtrace %d %2d", cw, i);
-            for (int k = 0; k < 6; k++) fprintf(f, " %lld", h[cw][i][k] ? h[cw][i][k] - t0 : -1LL);
-            fprintf(f, "\n");
-        }
-    if (f != stderr) fclose(f);
-}
-
-/* CASCADE_CUDA_XV=18 or 19: at exit, the timeline of the last run (cas_tl,
+/* CASCADE_CUDA_XV=18: at exit, the timeline of the last run (cas_tl,
  * kernel above) as one JSON object to the file CASCADE_CUDA_TRACE names (else
  * stderr): "ctas": per CTA [sm, gt0, clk0, gt_c0end, clk_c0end, ntasks,
  * gt_pend, clk_pend] and its tasks' fields as the kernel wrote them */
@@ -2731,23 +2222,18 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     if constexpr (KIND == 17 && std::is_same<T, __nv_bfloat16>::value && D == 128) {
         /* the probes: bf16 and head_dim 128 only (other geometries run kind 17) */
         const int xv = g->xv; /* per context, so that an A/B run in one process can set it */
-        if (xv >= 1 && xv <= 35 && xv != 10 && (xv < 14 || xv > 16) && (xv < 21 || xv > 24)) {
+        if (xv == 18 || xv == 35) {
             static int ready = 0; /* the variants' shared-memory limit, set once per process */
             if (!ready) {
-                wg_set_smem<T, D, 201, 202, 203, 204, 205, 206, 207, 208, 209, 211, 212, 213, 217, 218, 219, 220, 225, 226,
-                            227, 228, 229, 230, 231, 232, 233, 234, 235>();
+                wg_set_smem<T, D, 218, 235>();
                 ready = 1;
             }
-            static int dump_wtrace = 0, dump_tl = 0; /* the dumps at exit, once each */
-            if (xv == 9 && !dump_wtrace) dump_wtrace = !atexit(cas_cuda_wtrace_dump);
-            if ((xv == 18 || xv == 19 || xv == 26 || xv == 28 || xv == 33) && !dump_tl) dump_tl = !atexit(cas_cuda_tl_dump);
+            static int dump_tl = 0; /* the timeline's dump at exit, once */
+            if (xv == 18 && !dump_tl) dump_tl = !atexit(cas_cuda_tl_dump);
             switch (xv) {
 #define CAS_XV(n) \
     case n: return wg_launch<T, D, 200 + n>(g, plan, k, v, q, o, lse, scratch, counter, grid, pdl, st);
-                CAS_XV(1) CAS_XV(2) CAS_XV(3) CAS_XV(4) CAS_XV(5) CAS_XV(6) CAS_XV(7) CAS_XV(8) CAS_XV(9)
-                CAS_XV(11) CAS_XV(12) CAS_XV(13) CAS_XV(17) CAS_XV(18) CAS_XV(19) CAS_XV(20)
-                CAS_XV(25) CAS_XV(26)
-                CAS_XV(27) CAS_XV(28) CAS_XV(29) CAS_XV(30) CAS_XV(31) CAS_XV(32) CAS_XV(33) CAS_XV(34) CAS_XV(35)
+                CAS_XV(18) CAS_XV(35)
 #undef CAS_XV
             default: break;
             }
@@ -2757,7 +2243,8 @@ static int wg_launch(const cas_cuda_geom *g, const void *plan, const void *k, co
     const T *kp = (const T *)k, *vp = (const T *)v, *qp = (const T *)q;
     int Hq = g->Hq, Hkv = g->Hkv, P = g->page_size;
     /* CASCADE_CUDA_WS_DIAG=1 (warp-specialized kinds, measurement only): the
-     * producer copies nothing, so the time is that of the consumers alone */
+     * producer copies nothing, so the time is that of the consumers alone;
+     * 4 (XV 35): the tail warps compute nothing */
     static const int diag = getenv("CASCADE_CUDA_WS_DIAG") ? atoi(getenv("CASCADE_CUDA_WS_DIAG")) : 0;
     int dg = diag;
     /* kind 9: tensor maps of the pools (other kinds: zeroed, unused) */
