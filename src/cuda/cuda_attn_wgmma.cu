@@ -1190,12 +1190,16 @@ struct ws_cfg {
 #ifndef WS_CONSUMER_REGS_TAIL
 #define WS_CONSUMER_REGS_TAIL 224
 #endif
-/* XF bit 67108864: the tail warps' loop did not fit the producer's 56 (ptxas spilled in it) */
+/* XF bit 67108864: the consumers keep kind 17's 224, so the tail warps run in the producer's 56
+ * and spill (~580 bytes of spill stores, most outside the per-block loop: the walk, the masks,
+ * the soft cap, the rescale, the merge). v20's 88 / 208 and 72 / 216 made ptxas serialize every
+ * wgmma of the kernel (C7512, the shared pass's too), which the A/B of v20 measured
+ * (bench/NOTES.md v21) */
 #ifndef WS_PRODUCER_REGS_TW
-#define WS_PRODUCER_REGS_TW 88
+#define WS_PRODUCER_REGS_TW 56
 #endif
 #ifndef WS_CONSUMER_REGS_TW
-#define WS_CONSUMER_REGS_TW 208
+#define WS_CONSUMER_REGS_TW 224
 #endif
 /* named barriers: 1, 2 the consumers' turns; 3, 4 each consumer's own */
 #define WS_BAR_TURN0 1
