@@ -85,9 +85,10 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -c $< -o $@
 
+# nvcc's output is kept in $@.log too: cuda-build-check reads ptxas's infos there
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@ > $@.log 2>&1; rc=$$?; cat $@.log; exit $$rc
 
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a
 	@mkdir -p $(dir $@)
@@ -116,7 +117,8 @@ clean:
 # `make CUDA=1 test-cuda` builds and runs tests/cuda/test_cuda_attn.c on the
 # GPU (against the float64 reference) and the planner's CPU test
 # (tests/cuda/test_cuda_plan.c); `make CUDA=1 cuda-build-check` compiles the
-# backend, its tests and its benchmark and runs the planner's test (works
+# backend, its tests and its benchmark and runs the planner's test and the
+# check that ptxas serialized no kernel's wgmma (check_wgmma_serial.sh; works
 # without a GPU: CI);
 # `make CUDA=1 cuda-bench` builds bench/cuda/attn_bench_cuda; `make CUDA=1`
 # builds `cascade` with `attn-bench --backend cuda` (cuda-build-check compiles
@@ -152,6 +154,7 @@ test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST)
 cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_PLAN_TEST)
+	@bash tests/cuda/check_wgmma_serial.sh $(CUDA_OBJ:=.log)
 	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled; the planner's test ran"
 cuda-bench: $(CUDA_BENCH_BIN)
 else
