@@ -1174,12 +1174,14 @@ struct ws_cfg {
 #ifndef WS_CONSUMER_REGS_TMA
 #define WS_CONSUMER_REGS_TMA 224
 #endif
-/* kind 10 (clusters): the producer spilled at 56, 64 / 216 spills nowhere */
+/* kind 10 (clusters): 56 / 224 as kind 9, the producer spilling 16 bytes. v6's 64 / 216 spilled
+ * nowhere but made ptxas serialize every wgmma of the kernel (C7512; v6 measured it so, and found
+ * kind 10 slower: bench/NOTES.md v21) */
 #ifndef WS_PRODUCER_REGS_MC
-#define WS_PRODUCER_REGS_MC 64
+#define WS_PRODUCER_REGS_MC 56
 #endif
 #ifndef WS_CONSUMER_REGS_MC
-#define WS_CONSUMER_REGS_MC 216
+#define WS_CONSUMER_REGS_MC 224
 #endif
 /* kind 11: the tail warps run in the producer's registers (each holds a third
  * of a transposed O); the consumers keep kind 9's 224 (with 200 the same
