@@ -5,7 +5,8 @@
 # loses only itself.
 #   1: quick tests of XV 35 (the decode tails on the producer's spare warps) with every
 #      tail on the many-rows list, the headline alone (a hang shows here in 40 s), the
-#      decode A/B against kind 17 (the tail warps' tile cost swept), then memcheck and
+#      decode A/B against kind 17 (the tail warps' tile cost swept; and kind 10, cluster
+#      multicast, with its wgmma no longer serialized: NOTES v21), then memcheck and
 #      racecheck of XV 35
 #   2: the grid with the variant in GRID_ENV (ENV=VAL,...), timed against kind 17
 #      as it was (GRID_AB), then the full tests of it
@@ -27,7 +28,7 @@ for v in 0 35 35d; do
 done
 X=CASCADE_CUDA_XV=35
 for r in 1 2; do
-CASCADE_BENCH_AB="17:$X,CASCADE_CUDA_TW_COST=1000;17:$X,CASCADE_CUDA_TW_COST=0.35;17:$X;17:$X,CASCADE_CUDA_TW_COST=1.0" CASCADE_CUDA_WIDE=17 \
+CASCADE_BENCH_AB="17:$X,CASCADE_CUDA_TW_COST=1000;17:$X,CASCADE_CUDA_TW_COST=0.35;17:$X;17:$X,CASCADE_CUDA_TW_COST=1.0;10" CASCADE_CUDA_WIDE=17 \
   timeout 200 $BB --cases "32768,64,512;32768,256,512;16384,64,2048;16384,256,512;16384,64,128;1024,128,128;4096,256,128;1024,64,512;32768,64,2048;16384,128,2048" \
   --json "$O/dec$r.json" > "$O/dec$r.txt" 2>&1
 echo "dec round $r rc=$?" >> "$L"; grep -E '^P |device' "$O/dec$r.txt" >> "$L"
