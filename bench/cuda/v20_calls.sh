@@ -5,6 +5,7 @@
 # loses only itself.
 #   1: quick tests of XV 35 (the decode tails on the producer's spare warps) with every
 #      tail on the many-rows list, the headline alone (a hang shows here in 40 s), the
+#      16k prefill with kinds 17 and 10, the
 #      decode A/B against kind 17 (the tail warps' tile cost swept; and kind 10, cluster
 #      multicast, with its wgmma no longer serialized: NOTES v21), then memcheck and
 #      racecheck of XV 35
@@ -26,6 +27,11 @@ for v in 0 35 35d; do
     timeout 40 $BB --batch 64 --prefix 32768 --suffix 512 > "$O/head$v.txt" 2>&1
   echo "headline XV $v rc=$? $(tail -1 "$O/head$v.txt")" >> "$L"
 done
+# the 16k causal prefill, kind 17 and kind 10 (multicast, no longer serialized) alternating
+for r in 1 2; do for k in 17 10; do
+  CASCADE_CUDA_WIDE=$k timeout 40 $BB --prefill 16384 --iters 20 > "$O/pf${k}_$r.txt" 2>&1
+  echo "prefill kind $k round $r rc=$? $(grep -E 'prefill L' "$O/pf${k}_$r.txt" | tail -1)" >> "$L"
+done; done
 X=CASCADE_CUDA_XV=35
 for r in 1 2; do
 CASCADE_BENCH_AB="17:$X,CASCADE_CUDA_TW_COST=1000;17:$X,CASCADE_CUDA_TW_COST=0.35;17:$X;17:$X,CASCADE_CUDA_TW_COST=1.0;10" CASCADE_CUDA_WIDE=17 \
@@ -39,8 +45,8 @@ echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$O/memcheck.txt" | head -1)" >> 
 CASCADE_CUDA_XV=35 CASCADE_CUDA_TAIL_MIX_LEN=1000000000 CASCADE_TEST_KINDS=17 CASCADE_TEST_QUICK=2 \
   timeout 100 compute-sanitizer --tool racecheck --error-exitcode 9 .devcarry/test_cuda_attn > "$O/racecheck.txt" 2>&1
 echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$O/racecheck.txt" | head -2 | tr '\n' ' ')" >> "$L"
-( cd "$O" && tar czf rest.tgz head0.txt head35.txt head35d.txt test.txt memcheck.txt dec1.txt dec2.txt t 2>/dev/null &&
-  rm -rf head0.txt head35.txt head35d.txt test.txt memcheck.txt dec1.txt dec2.txt t )
+( cd "$O" && tar czf rest.tgz head0.txt head35.txt head35d.txt pf*_?.txt test.txt memcheck.txt dec1.txt dec2.txt t 2>/dev/null &&
+  rm -rf head0.txt head35.txt head35d.txt pf*_?.txt test.txt memcheck.txt dec1.txt dec2.txt t )
 cat "$L"
 ;;
 2)
