@@ -29,7 +29,9 @@
  * tiles with the bulk tensor copy engine (TMA) through tensor maps of the
  * pool, one box per page or one per 64 keys of consecutive pages, and keeps
  * the cp.async gathers for the rest; kind 10 runs kind 9 in clusters of two
- * with multicast (measured slower). Since v10 kind 9's producer is warp 0
+ * with multicast (measured slower in v6, but with its wgmma serialized by
+ * ptxas for want of registers: unmeasured since the fix, bench/NOTES.md v21).
+ * Since v10 kind 9's producer is warp 0
  * alone (the other three warps leave) and its consumers skip the rescale of
  * O where no row of a warp got a new max; kind 16 is v9's.
  *
@@ -2062,7 +2064,7 @@ template <typename T, int D> struct wg_kernel<T, D, 18> : wg_ws<T, D, 128, 3, fa
  * with the decode tails of at most 8 rows on the producer's spare warps (XF bit 67108864, tw_warps). The other
  * probes were removed after their measurements: 201-213 (exponentials on the FMA pipe, FA3's intra-warpgroup
  * overlap, no softmax, the turn handed on after the products, descriptor offsets, clock stamps, kind 17 without
- * the lazy max or the proxy fence; bench/NOTES.md v13-v15), 217, 219, 220 (L2 policies, v17), 225-234 (Q staged
+ * the lazy max or the proxy fence; bench/NOTES.md v13-v15; 201-203 were timed with their wgmma serialized, v21), 217, 219, 220 (L2 policies, v17), 225-234 (Q staged
  * by the producer, pairs of tails, the padding rows' softmax skipped, tails by mma.sync; v17-v19); code in git
  * history before this commit. (v16's 214-216 and v17's 221-224 went earlier: commits 950af49, 5b0fce7) */
 template <typename T, int D> struct wg_kernel<T, D, 218> : wg_ws<T, D, 128, 3, false, true, false, false, 60 | 16384 | 65536 | 131072> {};

@@ -9,7 +9,8 @@ set -u
 pass=0; fail=0
 for log in "$@"; do
   if [ ! -f "$log" ]; then
-    echo "FAIL $log: no nvcc log"; fail=$((fail + 1)); continue
+    echo "FAIL $log: no nvcc log (an object built before the Makefile kept it: touch its .cu or make clean)"
+    fail=$((fail + 1)); continue
   fi
   bad=$(grep -E "Potential Performance Loss: wgmma" "$log" || true)
   if [ -n "$bad" ]; then
