@@ -232,6 +232,40 @@ typedef struct {
 
 void cas_attn_plan_get_info(const cas_attn_plan *plan, cas_attn_plan_info *info);
 
+/* A built plan as a list of passes, for backends that execute it elsewhere
+ * (src/cuda). A pass is a set of query tokens (rows of q, each with its
+ * absolute position in its request) against one contiguous segment of KV (a
+ * run of pages, its first key at absolute position pos0); masking is per
+ * (query position, key position), so the same pass serves decode rows,
+ * prefill chunks, shared nodes and request tails. Every token appears in at
+ * least one pass; its states merge by log-sum-exp. */
+typedef struct {
+    int32_t page_off; /* offset into pages[]: the segment's page ids */
+    int32_t pos0;     /* absolute position of the segment's first key (multiple of page_size) */
+    int32_t len;      /* tokens in the segment */
+    int32_t tok_off;  /* offset into tok_ids[] / tok_pos[] */
+    int32_t n_tok;    /* query tokens of the pass */
+    int32_t node;     /* tree node it serves, -1 for a request's own KV */
+} cas_attn_pass;
+
+typedef struct {
+    cas_attn_shape shape;
+    cas_attn_params params;
+    int32_t num_pages;           /* pool size the plan was built for */
+    int32_t total_q;             /* query tokens of the batch */
+    int32_t n_passes;
+    const cas_attn_pass *passes; /* [n_passes] */
+    const int32_t *pages;        /* [n_page_ids] page ids the passes index */
+    int64_t n_page_ids;
+    const int32_t *tok_ids;      /* [n_tok_rows] batch token of each pass row */
+    const int32_t *tok_pos;      /* [n_tok_rows] its absolute position */
+    int32_t n_tok_rows;
+} cas_attn_pass_list;
+
+/* The passes of the plan's last build, borrowed: valid until the plan is
+ * built again or destroyed. */
+void cas_attn_plan_passes(const cas_attn_plan *plan, cas_attn_pass_list *out);
+
 /* Dumps the plan's tree and passes to f (debugging). */
 void cas_attn_plan_print(const cas_attn_plan *plan, FILE *f);
 

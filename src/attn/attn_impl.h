@@ -40,14 +40,7 @@ uint32_t cas_attn_ids_outside(uint32_t *restrict dst, const uint32_t *restrict s
 /* Most rows (token x group head) one CPU work item holds. */
 #define CAS_ATTN_ROW_BLOCK 128
 
-typedef struct {
-    int32_t page_off;  /* offset into plan->pages: the segment's page ids */
-    int32_t pos0;      /* absolute position of the segment's first key (multiple of page_size) */
-    int32_t len;       /* tokens in the segment */
-    int32_t tok_off;   /* offset into plan->tok_ids / plan->tok_pos */
-    int32_t n_tok;     /* query tokens of the pass */
-    int32_t node;      /* tree node it serves, -1 for a request's own KV */
-} cas_attn_pass;
+/* cas_attn_pass: attn.h */
 
 typedef struct {
     int32_t pass;      /* index into plan->passes */

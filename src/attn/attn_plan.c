@@ -699,6 +699,20 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
 
 void cas_attn_plan_get_info(const cas_attn_plan *p, cas_attn_plan_info *info) { *info = p->info; }
 
+void cas_attn_plan_passes(const cas_attn_plan *p, cas_attn_pass_list *out) {
+    out->shape = p->shape;
+    out->params = p->params;
+    out->num_pages = p->num_pages;
+    out->total_q = p->total_q;
+    out->n_passes = p->n_passes;
+    out->passes = p->passes;
+    out->pages = p->pages;
+    out->n_page_ids = p->batch ? p->kv_indptr[p->batch] : 0;
+    out->tok_ids = p->tok_ids;
+    out->tok_pos = p->tok_pos;
+    out->n_tok_rows = p->n_tok_rows;
+}
+
 void cas_attn_plan_print(const cas_attn_plan *p, FILE *f) {
     fprintf(f, "plan: batch %d, %d query tokens, %d tree nodes, %d passes, %d jobs, %d items\n", p->batch,
             p->total_q, p->n_nodes, p->n_passes, p->n_jobs, p->n_items);
