@@ -5,7 +5,7 @@ Runs every case, writes bench/results/cpu-attention.json (each case's JSON as
 attn-bench printed it, with the bandwidth and FMA ceilings measured in the
 same run), draws bench/results/cpu-attention.png (cascade speedup over flat
 against the shared prefix length, one line per batch size) and rewrites the
-table between the cpu-attention markers in README.md.
+table between the cpu-attention markers in bench/RESULTS.md.
 
 Usage: python3 bench/cpu_attention.py [--quick] [--threads N] [--cascade PATH]
 """
@@ -97,7 +97,7 @@ def main():
         json.dump(doc, f, indent=1)
     plot(grid, batches, prefixes)
     table = make_table(doc)
-    update_readme(table)
+    update_results(table)
     print(table)
 
 
@@ -151,8 +151,8 @@ def make_table(doc):
     return "\n".join(lines)
 
 
-def update_readme(table):
-    path = os.path.join(ROOT, "README.md")
+def update_results(table):
+    path = os.path.join(ROOT, "bench", "RESULTS.md")
     if not os.path.exists(path):
         return
     s = open(path).read()

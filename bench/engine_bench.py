@@ -6,7 +6,7 @@ length) on the default model for a shared-prefix workload with each feature
 on and off, for a workload with nothing shared (cascade must cost nothing
 there), and for a multi-level tree. Writes bench/results/cpu-engine.json, a
 bar chart bench/results/cpu-engine.png, and the table between the
-cpu-engine markers in README.md.
+cpu-engine markers in bench/RESULTS.md.
 
 Usage: python3 bench/engine_bench.py [--quick] [--threads N]
 """
@@ -93,7 +93,7 @@ def main():
               f"nothing shared, cascade on against off: {100 * summary['unshared_cascade_slowdown']:+.1f}% time; "
               f"tree: {summary['tree_speedup_end_to_end']:.2f}x."]
     table = "\n".join(lines)
-    path = os.path.join(ROOT, "README.md")
+    path = os.path.join(ROOT, "bench", "RESULTS.md")
     s = open(path).read()
     m0, m1 = "<!-- cpu-engine-table -->", "<!-- /cpu-engine-table -->"
     if m0 in s and m1 in s:

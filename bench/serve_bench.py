@@ -20,8 +20,8 @@ output token after the first (TPOT), the gaps between streamed chunks (ITL)
 and the end-to-end latency, and reports throughput and their mean, median
 and percentiles. It scrapes /metrics before and after for prefix-cache hits
 and cascade steps. Results go to bench/results/cpu-serve.json (one entry per
-rate), a plot to bench/results/cpu-serve.png, and a Markdown table to stdout
-and bench/results/cpu-serve.md.
+rate), a plot to bench/results/cpu-serve.png, and a Markdown table to stdout,
+bench/results/cpu-serve.md and the cpu-serve block of bench/RESULTS.md.
 
     python3 bench/serve_bench.py --launch --request-rate inf,8,2
     python3 bench/serve_bench.py --url http://127.0.0.1:8000 --num-prompts 128
@@ -294,9 +294,9 @@ def plot(results, path):
     print(f"wrote {path}")
 
 
-def update_readme(md, meta):
-    """Rewrites the table between the cpu-serve markers of README.md."""
-    path = os.path.join(os.path.dirname(HERE), "README.md")
+def update_results(md, meta):
+    """Rewrites the table between the cpu-serve markers of bench/RESULTS.md."""
+    path = os.path.join(HERE, "RESULTS.md")
     s = open(path).read()
     m0, m1 = "<!-- cpu-serve-table -->", "<!-- /cpu-serve-table -->"
     if m0 not in s or m1 not in s:
@@ -378,8 +378,8 @@ def main():
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--percentiles", default="50,90,99")
-    ap.add_argument("--readme", action=argparse.BooleanOptionalAction, default=None,
-                    help="rewrite the README table (default: when writing the default --out)")
+    ap.add_argument("--results-md", action=argparse.BooleanOptionalAction, default=None,
+                    help="rewrite the table in bench/RESULTS.md (default: when writing the default --out)")
     ap.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
                     help="also run offline `cascade bench` on the same workload (default: with --launch)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu-serve.json"))
@@ -388,8 +388,8 @@ def main():
     args.percentiles = [float(p) for p in args.percentiles.split(",")]
     if args.offline is None:
         args.offline = args.launch
-    if args.readme is None:
-        args.readme = os.path.abspath(args.out) == os.path.join(HERE, "results", "cpu-serve.json")
+    if args.results_md is None:
+        args.results_md = os.path.abspath(args.out) == os.path.join(HERE, "results", "cpu-serve.json")
 
     def make_prompts(seed):
         rng = random.Random(seed)
@@ -439,8 +439,8 @@ def main():
     print(md)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write(md)
-    if args.readme:
-        update_readme(md, meta)
+    if args.results_md:
+        update_results(md, meta)
     plot(results, args.plot)
 
 
