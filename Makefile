@@ -140,7 +140,7 @@ $(CUDA_TEST_BIN): tests/cuda/test_cuda_attn.c $(TEST_SUPPORT_OBJ) $(BUILD)/libca
 # The planner's test: cuda_attn.c's host code on the CPU against the runtime
 # stand-ins of tests/cuda/cuda_stub.c (no libcudart, no kernels, no GPU)
 CUDA_PLAN_TEST := $(BUILD)/tests/cuda/test_cuda_plan
-PLAN_TEST_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/%,$(LIB_OBJ)) $(BUILD)/src/cuda/cuda_attn.o
+PLAN_TEST_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/%,$(LIB_OBJ)) $(BUILD)/src/cuda/cuda_attn.o $(BUILD)/src/cuda/cuda_attn_plan.o
 $(CUDA_PLAN_TEST): tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c tests/cuda/cuda_stub.h $(PLAN_TEST_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -Itests -o $@ tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c $(PLAN_TEST_OBJ) -fopenmp -lm -lpthread $(LDFLAGS)

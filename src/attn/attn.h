@@ -106,6 +106,8 @@ typedef struct {
 
 /* Defaults: sm_scale 0 (1/sqrt(D)), no soft cap, no window, causal. */
 cas_attn_params cas_attn_params_default(void);
+/* sm_scale with the default applied: sm_scale, or 1/sqrt(head_dim) where it is 0. */
+float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params);
 
 /* Checks a batch against a shape, a pool size and the params: indptr
  * monotone, page ids in range, last_page_len in 1..page_size, every request

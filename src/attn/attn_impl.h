@@ -20,8 +20,6 @@
 
 #include "attn.h"
 
-/* sm_scale with the default applied. */
-float cas_attn_scale(const cas_attn_shape *shape, const cas_attn_params *params);
 /* cas_attn_validate in two parts: everything but the page ids (after it the
  * indptrs are sound), then the page ids (copy: where not NULL, they are
  * copied there on the way, kv_indptr[batch] of them). */

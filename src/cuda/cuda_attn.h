@@ -2,8 +2,9 @@
  * cuda_attn.h: the attention contract of src/attn/attn.h on NVIDIA GPUs.
  *
  * The same function, batch descriptions, masks and merge semantics as the
- * CPU backend; the float64 reference (cas_attn_reference) is the oracle.
- * Differences at the interface, all on the device side:
+ * CPU backend; the float64 reference (cas_attn_reference, or its device
+ * twin cas_cuda_attn_reference below) is the oracle. Differences at the
+ * interface, all on the device side:
  *
  *   - K and V pools live in device memory, bf16 or f16 (f32 pools are
  *     rejected with CAS_ERR_UNSUPPORTED), [num_pages][page_size][Hkv][D].
@@ -13,6 +14,16 @@
  *   - o is f32 [total_q][Hq][D] and lse f32 [total_q][Hq] (natural log), both
  *     in device memory; lse may not be NULL (the merge needs it anyway).
  *   - head_dim 64, 96, 128, 256; page_size 1..256; any GQA group.
+ *
+ * Kernels. Decode rows (passes of at most 16 rows per KV head) run on an
+ * mma.sync kernel whose warps split the keys of each tile. The many-rows
+ * passes (a cascade's shared prefixes, prefill chunks) run on Hopper
+ * (compute capability 9.0) with head_dim 128 on a warp-specialized wgmma
+ * kernel fed by the bulk tensor copy engine, which then also takes the
+ * decode tails of a cascade, each CTA given its own range of one task list;
+ * elsewhere on a 64-row mma.sync kernel. Split states merge in a third
+ * kernel. On Hopper the three are chained on one stream by programmatic
+ * dependent launch.
  *
  * Plan and run. A context (cas_cuda_attn) owns fixed-capacity device buffers
  * and a pinned staging copy of the GPU plan. cas_cuda_attn_plan_*() turns a
@@ -33,7 +44,6 @@
 #include <cuda_runtime_api.h>
 
 #include "../attn/attn.h"
-#include "../attn/attn_impl.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,6 +71,8 @@ extern "C" {
                              cudaGetErrorString(cas_e_));                                 \
     } while (0)
 
+/* Capacities of a context: every plan must fit them (a plan that does not
+ * is refused with CAS_ERR_NOMEM and the context stays usable). */
 typedef struct {
     int32_t max_total_q;     /* query tokens in one batch */
     int32_t max_passes;      /* passes in one plan (flat: the batch size) */
@@ -71,32 +83,55 @@ typedef struct {
     int32_t device;          /* CUDA device ordinal */
 } cas_cuda_attn_caps;
 
+/* The many-rows kernel. */
+typedef enum {
+    CAS_CUDA_KERNEL_AUTO = 0,     /* wgmma where the device and head_dim allow it, else mma.sync */
+    CAS_CUDA_KERNEL_MMA_SYNC = 1, /* 64-row mma.sync kernel, any sm_80+ GPU, every head_dim */
+    CAS_CUDA_KERNEL_WGMMA = 2     /* Hopper wgmma kernel: compute capability 9.0, head_dim 128 */
+} cas_cuda_kernel;
+
+/* How a context runs; cas_cuda_attn_opts_default() gives the defaults (a NULL
+ * opts at create means them). */
+typedef struct {
+    /* AUTO picks wgmma where it can run; an explicit kernel the device or
+     * shape cannot run is refused at create (CAS_ERR_UNSUPPORTED) */
+    cas_cuda_kernel kernel;
+    /* wgmma: a decode tail's 128-key tile against a shared-pass tile when the
+     * planner spreads the tails over the CTAs (> 0; default 1.6, measured on
+     * an H200: bench/HISTORY.md) */
+    double tail_cost;
+    /* wgmma: a cascade's decode tails join the many-rows list when they are
+     * at least a grid of tasks, or when they have at most this many keys
+     * (>= 0; default 512: few long tails ran faster on the narrow kernel) */
+    int32_t tail_mix_len;
+} cas_cuda_attn_opts;
+
+cas_cuda_attn_opts cas_cuda_attn_opts_default(void);
+
 typedef struct cas_cuda_attn cas_cuda_attn;
 
+/* Creates a context for one attention shape on caps->device; opts NULL:
+ * the defaults. Allocates everything the context will use. */
 cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape,
-                                const cas_cuda_attn_caps *caps);
+                                const cas_cuda_attn_caps *caps, const cas_cuda_attn_opts *opts);
 void cas_cuda_attn_destroy(cas_cuda_attn *a);
 
 /* Plans a batch without cascade: one pass per request. */
 cas_status cas_cuda_attn_plan_flat(cas_cuda_attn *a, const cas_attn_batch *batch,
                                    int32_t num_pages, const cas_attn_params *params);
 
-/* Plans the passes of a CPU plan (struct cas_attn_plan, src/attn/attn_impl.h)
- * after cas_attn_plan_build: the shared-node passes and the tails. The GPU
+/* Plans an explicit pass list (attn.h: cas_attn_pass_list; its shape is not
+ * read): passes[i] covers pages[page_off .. page_off + ceil(len /
+ * page_size)) from key position pos0 (a multiple of page_size), for the
+ * query tokens tok_ids[tok_off .. tok_off + n_tok) at positions tok_pos[...].
+ * Every token 0 .. total_q-1 must appear in at least one pass. The GPU
  * chooses its own split of every pass. */
-cas_status cas_cuda_attn_plan_from_cpu(cas_cuda_attn *a, const struct cas_attn_plan *plan);
+cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_pass_list *list);
 
-/* Plans an explicit pass list (the layout of src/attn/attn_impl.h):
- * passes[i] covers pages[page_off .. page_off + ceil(len / page_size)) from
- * key position pos0 (a multiple of page_size), for the query tokens
- * tok_ids[tok_off .. tok_off + n_tok) at positions tok_pos[...]. Every token
- * 0 .. total_q-1 must appear in at least one pass. */
-cas_status cas_cuda_attn_plan_passes(cas_cuda_attn *a, const cas_attn_params *params,
-                                     int32_t num_pages, int32_t n_passes,
-                                     const cas_attn_pass *passes,
-                                     const int32_t *pages, int64_t n_page_ids,
-                                     const int32_t *tok_ids, const int32_t *tok_pos,
-                                     int32_t n_tok_rows, int32_t total_q);
+/* Plans the passes of a CPU plan after cas_attn_plan_build (the shared-node
+ * passes and the tails; cas_attn_plan_passes), which must have this
+ * context's shape. */
+cas_status cas_cuda_attn_plan_from_cpu(cas_cuda_attn *a, const cas_attn_plan *plan);
 
 /* Copies the staged plan to the device, asynchronously on `stream`. */
 cas_status cas_cuda_attn_upload(cas_cuda_attn *a, cudaStream_t stream);
@@ -111,51 +146,21 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
  * (cas_attn_plan_opts.cost), so that cas_attn_plan_build decides flat or
  * cascade per node for the GPU: HBM and L2 rates, the shared pass's
  * tensor-core rate and the fixed cost of a pass plus merge, as measured on an
- * H200 (bench/NOTES.md). */
+ * H200 (bench/HISTORY.md). */
 cas_attn_cost cas_cuda_attn_cost(void);
 
 /* What the last plan does. */
 typedef struct {
     int32_t passes, tasks_wide, tasks_narrow, merge_tokens, contribs;
-    int32_t tasks_mid; /* tasks of few-row passes on mma.sync next to wgmma */
-    int32_t tasks_fused; /* kind 11: decode-tail tasks run beside the many-rows tasks */
     int64_t plan_bytes;     /* bytes uploaded */
     int64_t kv_tokens_read; /* per KV head, over all tasks (each row block reads its range) */
 } cas_cuda_attn_info;
 void cas_cuda_attn_get_info(const cas_cuda_attn *a, cas_cuda_attn_info *info);
-/* Kind 11, measurement: of the last finished run's fused tasks, how many the
- * many-rows kernel's tail warps ran and how many the narrow kernel did
- * (synchronous; zeros for the other kinds). */
-cas_status cas_cuda_attn_fused_split(cas_cuda_attn *a, int32_t *by_tail_warps, int32_t *by_narrow);
 
-/* The many-rows (shared pass, prefill) kernel this context runs: "wgmma"
- * (Hopper, head_dim 128), "wgmma-overlap", "wgmma-ws" (warp-specialized),
- * "wgmma-ws64", "wgmma-ws-overlap", "wgmma-ws-tma" (TMA page loads),
- * "wgmma-ws-mc" (clusters, multicast), "wgmma-ws-tma-tails" (TMA, decode
- * tails on the spare producer warps), "wgmma-ws-tma-v9" (16: kind 9 as it
- * was in v9), "wgmma-ws-tma-mix" (17: kind 9 running the decode tails too,
- * in task lists arranged per CTA), "wgmma-ws-tma-mix-fm" (18: kind 17 with
- * the merge of split states inside the attention kernels, no merge kernel),
- * "mma.sync" or "mma.sync-2mtile". Chosen at create; the environment variable
- * CASCADE_CUDA_WIDE=1|2|3|4|6|7|8|9|10|11|16|17|18 forces one
- * (a kind the device lacks falls back to mma.sync). */
+/* The many-rows kernel this context runs (never AUTO), and its name:
+ * "wgmma" or "mma.sync". */
+cas_cuda_kernel cas_cuda_attn_kernel(const cas_cuda_attn *a);
 const char *cas_cuda_attn_kernel_name(const cas_cuda_attn *a);
-/* Whether `kind` names a many-rows kernel kind of CASCADE_CUDA_WIDE (1-4,
- * 6-11, 16-18); other values fall back to the default. Tuning knobs of
- * kinds 17 and 18, read at create: CASCADE_CUDA_TAIL_COST (a tail tile's cost
- * against a shared-pass tile when tails are given to CTAs, default 1.6),
- * CASCADE_CUDA_TAIL_ORDER (0 tails first in a CTA, 1 shared tasks first,
- * the default, 2 and 3 interleaved; other values 1), CASCADE_CUDA_TAIL_MIX_LEN (tails of at
- * most this many keys join the many-rows list even when they are few,
- * default 512), CASCADE_CUDA_PDL=0 (kind 17: two streams instead of the
- * chained launches). CASCADE_CUDA_RUN_MASK is a timing probe only (launches just
- * the kernels of its bits: 1 narrow, 2 many-rows, 4 merge; results wrong).
- * Kind 18 probes: CASCADE_CUDA_FM=0 (plan and run it without the fused
- * merge, the merge kernel after the two), CASCADE_CUDA_ORDER18=1 (the narrow
- * kernel first even when it has no tasks). Kind 18 is correct but slower than
- * 17 on the H200 (bench/NOTES.md, v12): a writer unit that is last for
- * many tokens merges them one warp per head in turn, on its CTA's path. */
-int cas_cuda_attn_kind_known(int kind);
 
 /* Merges of attention states in device memory (f32), the semantics of
  * cas_attn_merge2 / cas_attn_merge_n: lse -inf is the empty state. merge2:
@@ -168,7 +173,18 @@ cas_status cas_cuda_attn_merge_n(float *o_out, float *lse_out, const float *o_in
                                  const float *lse_in, int n, int64_t rows, int32_t head_dim,
                                  cudaStream_t stream);
 
-/* ---- measurement (benchmarks; these allocate) -------------------------- */
+/* ---- measurement and checking (tests and benchmarks; these allocate) ----- */
+
+/* The definition of attn.h computed in float64 on the device, one warp per
+ * (query token, q head), directly from the pools and the batch (no plan):
+ * the oracle for batches whose CPU reference would take minutes. k, v, q in
+ * device memory as for cas_cuda_attn_run (q in the pools' type); the batch's
+ * arrays on the host (validated, then copied); o_ref [total_q][Hq][D] and
+ * lse_ref [total_q][Hq] double in device memory. Synchronous. */
+cas_status cas_cuda_attn_reference(const cas_attn_shape *shape, const void *k, const void *v,
+                                   int32_t num_pages, const cas_attn_batch *batch,
+                                   const cas_attn_params *params, const void *q, double *o_ref,
+                                   double *lse_ref);
 
 /* Device-to-device copy rate over 2 GiB in GB/s, bytes read + written
  * (median of 20 after 3 warm-up copies): the bandwidth ceiling. */
@@ -178,13 +194,16 @@ cas_status cas_cuda_measure_copy(int device, double *gbps);
 cas_status cas_cuda_measure_gemm(int device, int n, double *tflops);
 /* Median milliseconds of `iters` runs of the uploaded plan after `warmup`
  * untimed ones, each between two CUDA events on stream s; graph = 1 captures
- * one run in a CUDA graph and times its replays, 0 launches eagerly. */
+ * one run in a CUDA graph and times its replays, 0 launches eagerly;
+ * flush_l2 = 1 writes 256 MB before every run (outside the timed region), so
+ * that a run finds none of its bytes in the L2, as a model's step reading
+ * each layer's KV once would. */
 cas_status cas_cuda_attn_time(cas_cuda_attn *a, const void *k, const void *v, const void *q,
                               float *o, float *lse, cudaStream_t s, int warmup, int iters,
-                              int graph, double *ms);
+                              int graph, int flush_l2, double *ms);
 /* Raises caps (start from zeros) so that the CPU plan fits (a context made
  * with the result takes every plan passed here). */
-void cas_cuda_attn_caps_fit(cas_cuda_attn_caps *caps, const struct cas_attn_plan *plan);
+void cas_cuda_attn_caps_fit(cas_cuda_attn_caps *caps, const cas_attn_plan *plan);
 /* The device's name into buf. */
 const char *cas_cuda_device_name(int device, char *buf, size_t n);
 

@@ -1,16 +1,15 @@
 /*
- * cuda_bench.c: what every benchmark of the CUDA attention backend measures
- * the same way (bench/cuda/attn_bench_cuda and `cascade attn-bench --backend
- * cuda`): the machine's two ceilings in the same run (a device-to-device copy,
- * bytes read + written; a bf16 matrix product through cuBLAS) and the time of
- * one run of an uploaded plan with CUDA events (warm-up, median), replayed
- * from a CUDA graph or launched eagerly.
+ * cuda_bench.c: what every benchmark and test of the CUDA attention backend
+ * measures or checks the same way (bench/cuda/attn_bench_cuda,
+ * tests/cuda/test_cuda_attn and `cascade attn-bench --backend cuda`): the
+ * machine's two ceilings in the same run (a device-to-device copy, bytes read
+ * + written; a bf16 matrix product through cuBLAS), the time of one run of an
+ * uploaded plan with CUDA events (warm-up, median), replayed from a CUDA
+ * graph or launched eagerly, and the float64 reference on the device.
  *
- * Timing follows the anchors' method (../shared/anchors): no L2 flush between
- * runs, the same buffers each time; CASCADE_BENCH_FLUSH=1 writes 256 MB
- * before every timed run instead (outside the timed region), so that a run
- * finds none of its bytes in the L2 (a model's step reads each layer's KV
- * once). These helpers allocate (benchmarks only, never the step loop).
+ * Timing follows the anchors' method (../shared/anchors): by default no L2
+ * flush between runs, the same buffers each time. These helpers allocate
+ * (benchmarks and tests only, never the step loop).
  */
 #include <cublas_v2.h>
 #include <stdio.h>
@@ -123,14 +122,13 @@ out:
 
 cas_status cas_cuda_attn_time(cas_cuda_attn *a, const void *k, const void *v, const void *q,
                               float *o, float *lse, cudaStream_t s, int warmup, int iters,
-                              int graph, double *ms) {
+                              int graph, int flush_l2, double *ms) {
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     float *ts = NULL;
     void *fl = NULL;
     const size_t fl_bytes = (size_t)256 << 20;
-    const char *fenv = getenv("CASCADE_BENCH_FLUSH");
     cas_status st = CAS_OK;
     *ms = 0;
     if (iters < 1) iters = 1;
@@ -146,7 +144,7 @@ cas_status cas_cuda_attn_time(cas_cuda_attn *a, const void *k, const void *v, co
     }
     TRY(cudaEventCreate(&e0));
     TRY(cudaEventCreate(&e1));
-    if (fenv && atoi(fenv)) TRY(cudaMalloc(&fl, fl_bytes));
+    if (flush_l2) TRY(cudaMalloc(&fl, fl_bytes));
     for (int i = 0; i < warmup + iters; i++) {
         if (fl) TRY(cudaMemsetAsync(fl, i & 0xff, fl_bytes, s));
         TRY(cudaEventRecord(e0, s));
@@ -169,14 +167,66 @@ out:
     return st;
 }
 
-void cas_cuda_attn_caps_fit(cas_cuda_attn_caps *caps, const struct cas_attn_plan *plan) {
-    int64_t ids = plan->batch ? plan->kv_indptr[plan->batch] : 0;
-    if (plan->total_q > caps->max_total_q) caps->max_total_q = plan->total_q;
-    if (plan->n_passes > caps->max_passes) caps->max_passes = plan->n_passes;
-    if (plan->n_tok_rows > caps->max_tok_rows) caps->max_tok_rows = plan->n_tok_rows;
-    if (ids > caps->max_page_ids) caps->max_page_ids = ids;
+void cas_cuda_attn_caps_fit(cas_cuda_attn_caps *caps, const cas_attn_plan *plan) {
+    cas_attn_pass_list l;
+    cas_attn_plan_passes(plan, &l);
+    if (l.total_q > caps->max_total_q) caps->max_total_q = l.total_q;
+    if (l.n_passes > caps->max_passes) caps->max_passes = l.n_passes;
+    if (l.n_tok_rows > caps->max_tok_rows) caps->max_tok_rows = l.n_tok_rows;
+    if (l.n_page_ids > caps->max_page_ids) caps->max_page_ids = l.n_page_ids;
     /* split-KV states: room for every pass split up to 64 ways */
-    if (64 * (int64_t)plan->n_tok_rows > caps->max_states) caps->max_states = 64 * (int64_t)plan->n_tok_rows;
+    if (64 * (int64_t)l.n_tok_rows > caps->max_states) caps->max_states = 64 * (int64_t)l.n_tok_rows;
+}
+
+cas_status cas_cuda_attn_reference(const cas_attn_shape *shape, const void *k, const void *v,
+                                   int32_t num_pages, const cas_attn_batch *b,
+                                   const cas_attn_params *params, const void *q, double *o_ref,
+                                   double *lse_ref) {
+    if (!shape || !k || !v || !b || !params || !q || !o_ref || !lse_ref)
+        return cas_error(CAS_ERR_INVALID, "cuda reference: NULL argument");
+    if (shape->kv_dtype != CAS_BF16 && shape->kv_dtype != CAS_F16)
+        return cas_error(CAS_ERR_UNSUPPORTED, "cuda reference: kv dtype %s (bf16 and f16 only)",
+                         cas_dtype_name(shape->kv_dtype));
+    cas_status st = cas_attn_validate(shape, b, num_pages, params);
+    if (st) return st;
+    const int32_t B = b->batch, P = shape->page_size, total_q = B ? b->qo_indptr[B] : 0;
+    const int64_t nids = B ? b->kv_indptr[B] : 0;
+    int32_t *h = malloc(sizeof(int32_t) * ((size_t)2 * total_q + B + 1 + B + 1));
+    int32_t *d = NULL;
+    if (!h) return cas_error(CAS_ERR_NOMEM, "cuda reference: out of host memory");
+    /* tok_req, tok_pos [total_q], kv_indptr [B + 1], kv_len [B] */
+    int32_t *tok_req = h, *tok_pos = h + total_q, *indptr = h + 2 * total_q, *kv_len = indptr + B + 1;
+    for (int32_t r = 0; r <= B; r++) indptr[r] = b->kv_indptr[r];
+    for (int32_t r = 0; r < B; r++) {
+        kv_len[r] = (b->kv_indptr[r + 1] - b->kv_indptr[r] - 1) * P + b->kv_last_page_len[r];
+        const int32_t q0 = b->qo_indptr[r], ql = b->qo_indptr[r + 1] - q0;
+        for (int32_t i = 0; i < ql; i++) {
+            tok_req[q0 + i] = r;
+            tok_pos[q0 + i] = kv_len[r] - ql + i;
+        }
+    }
+    const size_t nh = (size_t)2 * total_q + B + 1 + B;
+    const cas_cuda_geom g = {shape->num_qo_heads, shape->num_kv_heads, shape->head_dim, P, (int32_t)shape->kv_dtype};
+#define TRY(call) CAS_CUDA_TRY(call, out)
+    TRY(cudaMalloc((void **)&d, sizeof(int32_t) * (nh + (size_t)(nids > 0 ? nids : 1))));
+    TRY(cudaMemcpy(d, h, sizeof(int32_t) * nh, cudaMemcpyHostToDevice));
+    if (nids) TRY(cudaMemcpy(d + nh, b->kv_indices, sizeof(int32_t) * (size_t)nids, cudaMemcpyHostToDevice));
+    {
+        const int e = cas_cuda_launch_reference(&g, k, v, q, d, d + total_q, d + 2 * total_q, d + nh,
+                                                d + 2 * total_q + B + 1, total_q, params->causal,
+                                                params->window_left, params->logits_soft_cap,
+                                                cas_attn_scale(shape, params), o_ref, lse_ref, NULL);
+        if (e) {
+            st = cas_error(CAS_ERR_INTERNAL, "cuda reference: launch: %s", cas_cuda_error_string(e));
+            goto out;
+        }
+    }
+    TRY(cudaDeviceSynchronize());
+#undef TRY
+out:
+    if (d) cudaFree(d);
+    free(h);
+    return st;
 }
 
 const char *cas_cuda_device_name(int device, char *buf, size_t n) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # check_wgmma_serial.sh LOG...: fails when ptxas reported that it serialized the wgmma
 # of a kernel (its "Potential Performance Loss: wgmma ..." infos, C7510-C7520). Such a
-# kernel still computes the right answer, so no test on the GPU would notice; v6's kind 10
-# and v20's probe XV 35 were timed in that state (bench/NOTES.md v21). The logs are nvcc's
+# kernel still computes the right answer, so no test on the GPU would notice, only its speed
+# (two experiments were once timed in that state: bench/HISTORY.md). The logs are nvcc's
 # output, which the Makefile keeps next to each CUDA object ($(BUILD)/src/cuda/*.o.log).
 # Prints "N passed, N failed" as the other tests do.
 set -u

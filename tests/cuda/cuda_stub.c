@@ -1,6 +1,6 @@
 /*
  * cuda_stub.c: the CUDA runtime calls and kernel launchers that the CUDA
- * backend's host code (src/cuda/cuda_attn.c) makes, as host-memory stand-ins,
+ * backend's host code (src/cuda/cuda_attn.c, cuda_attn_plan.c) makes, as host-memory stand-ins,
  * so that its planner runs on a machine without a GPU (test_cuda_plan.c).
  * "Device" memory is host memory; copies and sets are memcpy and memset; the
  * device is an H200's shape (132 SMs, compute capability 9.0). Launchers
@@ -71,32 +71,22 @@ const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no er
 /* the backend's launchers (cuda_attn_impl.h) */
 const char *cas_cuda_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
 int cas_cuda_wgmma_supported(int D) { return D == 128; }
-/* one CTA per SM for the many-rows kinds (their shared memory), two for the
- * narrow and 64-row kernels */
+/* one CTA per SM for the wgmma kernel (its shared memory), two for the
+ * mma.sync kernels */
 int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm) {
-    *ctas_per_sm = wide >= 3 ? 1 : 2;
+    *ctas_per_sm = wide == CAS_CUDA_WIDE_WGMMA ? 1 : 2;
     return 0;
 }
-int cas_cuda_wgmma_cluster_grid(const cas_cuda_geom *g, int kind, int *ctas) {
-    *ctas = kind == 10 ? CAS_STUB_SMS : 0;
+int cas_cuda_wgmma_occupancy(const cas_cuda_geom *g, int *ctas_per_sm) {
+    *ctas_per_sm = 1;
     return 0;
 }
 int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k, const void *v, const void *q,
                          float *o, float *lse, float *scratch, int wide, int grid, void *stream) {
     return (int)cudaErrorNotSupported;
 }
-int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                             const void *q, float *o, float *lse, float *scratch, int grid, void *stream) {
-    return (int)cudaErrorNotSupported;
-}
-int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                               const void *q, float *o, float *lse, float *scratch, int *counter, int wide_grid,
-                               int narrow_grid, void *stream) {
-    return (int)cudaErrorNotSupported;
-}
-int cas_cuda_launch_attn_narrow_fm(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                                   const void *q, float *o, float *lse, float *scratch, int grid, int pdl,
-                                   void *stream) {
+int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
+                               const void *q, float *o, float *lse, float *scratch, int grid, void *stream) {
     return (int)cudaErrorNotSupported;
 }
 int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o, float *lse, const float *scratch,
@@ -109,10 +99,5 @@ int cas_cuda_launch_merge_states(float *o_out, float *lse_out, const float *o_in
 }
 int cas_cuda_launch_merge2(float *o_out, float *lse_out, const float *o_a, const float *lse_a, const float *o_b,
                            const float *lse_b, int64_t rows, int32_t D, void *stream) {
-    return (int)cudaErrorNotSupported;
-}
-int cas_cuda_launch_attn_wgmma(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                               const void *q, float *o, float *lse, float *scratch, int *counter, int kind,
-                               int grid, int pdl, void *stream) {
     return (int)cudaErrorNotSupported;
 }

@@ -1,17 +1,24 @@
 /*
- * test_cuda_plan.c: the CUDA backend's planner (src/cuda/cuda_attn.c) on the
- * CPU, against the runtime stand-ins of cuda_stub.c (an H200's shape, no
- * GPU): cascade batches (a shared prefix over many decode tails, random
- * ones and the grid's headline) planned with kinds 17, 9, 3 and 1, every
- * tail order and the tail warps of probe XV 35, and random flat batches
- * (prefill chunks beside decode rows, causal); the uploaded block checked:
- * every (pass, KV head, row) gets its visible keys exactly once across the
- * task lists, kind 17's per-CTA ranges partition its list, and the tail
- * warps' tasks are decode tails their walk takes in turn; broken batch
- * descriptions are refused with a message and leave the context planning
- * (test_invalid).
+ * test_cuda_plan.c: the CUDA backend's planner (src/cuda/cuda_attn_plan.c)
+ * on the CPU, against the runtime stand-ins of cuda_stub.c (an H200's shape,
+ * no GPU): cascade batches (a shared prefix over many decode tails, random
+ * ones and the grid's headline), multi-level trees from the CPU planner and
+ * random flat batches (prefill chunks beside decode rows, causal, windows),
+ * each planned for the wgmma kernel and for the mma.sync one; the uploaded
+ * block checked: every (pass, KV head, row) gets its visible keys exactly
+ * once across the task lists, the wgmma list's per-CTA ranges partition it,
+ * split states sit on 8-byte offsets within the scratch, each pass reads the
+ * page ids it was given, and broken batch descriptions are refused with a
+ * message and leave the context planning (test_invalid).
+ *
+ * It prints a digest of every block it planned, over the block's contents
+ * by field (not its byte layout): a change meant to keep the plans shows it
+ * kept them by printing the same digest. Built with -DPLAN_TEST_OLD_API it
+ * compiles against the planner as it was before the options replaced the
+ * environment (tools/ or bench/HISTORY.md say when that was used).
+ *
  * Built and run by `make CUDA=1 cuda-build-check` (no GPU needed) and `make
- * test-cuda`; `test_cuda_plan --time` times the planners.
+ * test-cuda`; `test_cuda_plan --time [N [JSON]]` times the planners.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +35,57 @@
 #define HQ 32
 #define HKV 8
 #define GROUP (HQ / HKV)
+
+/* ---- the API, or the one before the clean-up ------------------------------ */
+
+#ifdef PLAN_TEST_OLD_API
+typedef struct {
+    cas_attn_shape shape;
+    cas_attn_params params;
+    int32_t num_pages, total_q, n_passes;
+    const cas_attn_pass *passes;
+    const int32_t *pages;
+    int64_t n_page_ids;
+    const int32_t *tok_ids, *tok_pos;
+    int32_t n_tok_rows;
+} cas_attn_pass_list;
+static void cas_attn_plan_passes(const cas_attn_plan *p, cas_attn_pass_list *l) {
+    l->shape = p->shape;
+    l->params = p->params;
+    l->num_pages = p->num_pages;
+    l->total_q = p->total_q;
+    l->n_passes = p->n_passes;
+    l->passes = p->passes;
+    l->pages = p->pages;
+    l->n_page_ids = p->batch ? p->kv_indptr[p->batch] : 0;
+    l->tok_ids = p->tok_ids;
+    l->tok_pos = p->tok_pos;
+    l->n_tok_rows = p->n_tok_rows;
+}
+static cas_status ctx_create(cas_cuda_attn **a, const cas_attn_shape *sh, const cas_cuda_attn_caps *caps, int wgmma,
+                             int32_t tail_mix_len) {
+    char mix[32];
+    snprintf(mix, sizeof mix, "%d", tail_mix_len);
+    setenv("CASCADE_CUDA_WIDE", wgmma ? "17" : "1", 1);
+    setenv("CASCADE_CUDA_TAIL_MIX_LEN", mix, 1);
+    return cas_cuda_attn_create(a, sh, caps);
+}
+static cas_status plan_list(cas_cuda_attn *a, const cas_attn_pass_list *l) {
+    return cas_cuda_attn_plan_passes(a, &l->params, l->num_pages, l->n_passes, l->passes, l->pages, l->n_page_ids,
+                                     l->tok_ids, l->tok_pos, l->n_tok_rows, l->total_q);
+}
+#define TASK_SEQ(t) ((t)->pad)
+#else
+static cas_status ctx_create(cas_cuda_attn **a, const cas_attn_shape *sh, const cas_cuda_attn_caps *caps, int wgmma,
+                             int32_t tail_mix_len) {
+    cas_cuda_attn_opts o = cas_cuda_attn_opts_default();
+    o.kernel = wgmma ? CAS_CUDA_KERNEL_WGMMA : CAS_CUDA_KERNEL_MMA_SYNC;
+    o.tail_mix_len = tail_mix_len;
+    return cas_cuda_attn_create(a, sh, caps, &o);
+}
+static cas_status plan_list(cas_cuda_attn *a, const cas_attn_pass_list *l) { return cas_cuda_attn_plan_passes(a, l); }
+#define TASK_SEQ(t) ((t)->seq)
+#endif
 
 typedef struct {
     int32_t npass, ntok, npages;
@@ -95,6 +153,22 @@ static void batch_free(batch *b) {
     free(b->tok_ids);
     free(b->tok_pos);
 }
+/* the batch as a pass list (2 ntok token rows: the last ntok spare) */
+static cas_attn_pass_list batch_list(const batch *b, const cas_attn_params *pr) {
+    cas_attn_pass_list l;
+    memset(&l, 0, sizeof l);
+    l.params = *pr;
+    l.num_pages = b->npages;
+    l.total_q = b->ntok;
+    l.n_passes = b->npass;
+    l.passes = b->passes;
+    l.pages = b->pages;
+    l.n_page_ids = b->npage_ids;
+    l.tok_ids = b->tok_ids;
+    l.tok_pos = b->tok_pos;
+    l.n_tok_rows = 2 * b->ntok;
+    return l;
+}
 
 typedef struct {
     int32_t pass, head, row, kv0, kv1;
@@ -107,26 +181,65 @@ static int cmp_cover(const void *x, const void *y) {
     return a->kv0 < b->kv0 ? -1 : a->kv0 > b->kv0;
 }
 
-static int last_tw;    /* tasks of the tail warps (XV 35) in the last kind-17 plan checked */
-/* FNV-1a over every block checked: the same number before and after a change
- * to the planner means it plans every batch of this test byte for byte as
- * before (printed at the end) */
-static uint64_t digest = 1469598103934665603ull;
-static void digest_block(void) {
-    const unsigned char *p = (const unsigned char *)cas_stub_last_h2d;
-    for (size_t i = 0; i < cas_stub_last_h2d_bytes; i++) digest = (digest ^ p[i]) * 1099511628211ull;
-}
-static int tiles(const cas_cuda_task *t) { return t->kv1 > t->kv0 ? (t->kv1 - t->kv0 + 127) / 128 : 0; }
+/* ---- the digest ----------------------------------------------------------------- */
 
-/* checks the last uploaded block (kind, xv: how it was planned) */
-static void check_block(const char *what, int kind, int xv) {
-    digest_block();
+/* FNV-1a over the contents of every block checked, field by field */
+static uint64_t digest = 1469598103934665603ull;
+static void dig(const void *p, size_t n) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) digest = (digest ^ c[i]) * 1099511628211ull;
+}
+static void dig_i(int64_t v) { dig(&v, sizeof v); }
+static void dig_tasks(const cas_cuda_task *t, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t f[8] = {t[i].pass, t[i].kv_head, t[i].row0, t[i].nrows, t[i].kv0, t[i].kv1, t[i].qpos_min,
+                              t[i].qpos_max};
+        dig(f, sizeof f);
+        dig_i(t[i].o_off);
+        dig_i(t[i].lse_off);
+    }
+}
+static void digest_block(int wgmma) {
+    const char *blk = cas_stub_last_h2d;
+    const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
+    const int32_t f[8] = {h->n_passes, h->n_tasks_wide, h->n_tasks_narrow, h->total_q,
+                          h->n_merge_tok, h->causal, h->window_left, h->group};
+    dig(f, sizeof f);
+    dig(&h->scale_log2, 4);
+    dig(&h->soft_cap, 4);
+    dig(&h->scale, 4);
+    const cas_cuda_pass *gp = (const cas_cuda_pass *)(blk + h->off_passes);
+    dig(gp, sizeof *gp * (size_t)h->n_passes);
+    int64_t nids = 0, ntok = 0;
+    for (int32_t i = 0; i < h->n_passes; i++) {
+        const int64_t e = gp[i].page_off + ((int64_t)gp[i].len + PS - 1) / PS, t = (int64_t)gp[i].tok_off + gp[i].n_tok;
+        if (e > nids) nids = e;
+        if (t > ntok) ntok = t;
+    }
+    dig(blk + h->off_pages, 4 * (size_t)nids);
+    dig(blk + h->off_tok_ids, 4 * (size_t)ntok);
+    dig(blk + h->off_tok_pos, 4 * (size_t)ntok);
+    dig_tasks((const cas_cuda_task *)(blk + h->off_tasks_wide), h->n_tasks_wide);
+    dig_tasks((const cas_cuda_task *)(blk + h->off_tasks_narrow), h->n_tasks_narrow);
+    if (wgmma) dig(blk + h->off_cta_ptr, 4 * (size_t)(CAS_STUB_SMS + 1));
+    const int32_t *ind = (const int32_t *)(blk + h->off_contrib_indptr);
+    dig(blk + h->off_merge_tok, 4 * (size_t)h->n_merge_tok);
+    dig(ind, 4 * (size_t)(h->n_merge_tok + 1));
+    dig(blk + h->off_contrib_o, 8 * (size_t)ind[h->n_merge_tok]);
+    dig(blk + h->off_contrib_lse, 8 * (size_t)ind[h->n_merge_tok]);
+}
+
+/* ---- the checks of a block ---------------------------------------------------- */
+
+/* checks the last uploaded block (wgmma: planned for the wgmma kernel) */
+static void check_block(const char *what, int wgmma) {
+    digest_block(wgmma);
     const char *blk = cas_stub_last_h2d;
     const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
     CHECK((size_t)h->block_bytes == cas_stub_last_h2d_bytes);
     CHECK(h->group == GROUP);
 
-    /* every (pass, head, row) gets its visible keys once over the three
+    /* every (pass, head, row) gets its visible keys once over the two
      * lists: disjoint, contiguous intervals within [0, len), from at or
      * before the row's first visible key (0, or with a window its position
      * less the window) to at or past its last (len, or causal its position) */
@@ -135,19 +248,19 @@ static void check_block(const char *what, int kind, int xv) {
     const struct {
         int64_t off;
         int32_t n;
-    } lists[3] = {{h->off_tasks_wide, h->n_tasks_wide}, {h->off_tasks_narrow, h->n_tasks_narrow},
-                  {h->off_tasks_mid, h->n_tasks_mid}};
+    } lists[2] = {{h->off_tasks_wide, h->n_tasks_wide}, {h->off_tasks_narrow, h->n_tasks_narrow}};
     int64_t ncov = 0, cap = 0;
-    for (int l = 0; l < 3; l++) {
+    for (int l = 0; l < 2; l++) {
         const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
         for (int32_t i = 0; i < lists[l].n; i++) cap += t[i].nrows > 0 ? t[i].nrows : 0;
     }
     cover *cv = malloc(sizeof *cv * (size_t)(cap > 0 ? cap : 1));
-    int bad = 0;
-    for (int l = 0; l < 3; l++) {
+    int bad = 0, marks = 0;
+    for (int l = 0; l < 2; l++) {
         const cas_cuda_task *t = (const cas_cuda_task *)(blk + lists[l].off);
         for (int32_t i = 0; i < lists[l].n; i++) {
             const cas_cuda_task *x = &t[i];
+            marks += x->flags != 0 || TASK_SEQ(x) != 0;
             if (x->pass < 0 || x->pass >= h->n_passes || x->kv_head < 0 || x->kv_head >= HKV || x->nrows < 1 ||
                 x->row0 < 0 || x->row0 + x->nrows > gp[x->pass].n_tok * GROUP || x->kv0 < 0 ||
                 x->kv1 > gp[x->pass].len) {
@@ -158,6 +271,8 @@ static void check_block(const char *what, int kind, int xv) {
         }
     }
     CHECKF(bad == 0, "%s: %d tasks out of range", what, bad);
+    /* the host's marks and creation order do not reach the device */
+    CHECKF(marks == 0, "%s: %d tasks with flags or seq set", what, marks);
     qsort(cv, (size_t)ncov, sizeof *cv, cmp_cover);
     int64_t rows_all = 0;
     for (int32_t p = 0; p < h->n_passes; p++) rows_all += (int64_t)gp[p].n_tok * GROUP * HKV;
@@ -183,66 +298,12 @@ static void check_block(const char *what, int kind, int xv) {
            (long long)seen, (long long)rows_all, (long long)gaps);
     free(cv);
 
-    if (kind == 17 && h->off_cta_ptr > 0) {
+    if (wgmma) {
+        /* the per-CTA ranges partition the many-rows list */
         const int32_t *cp = (const int32_t *)(blk + h->off_cta_ptr);
-        const cas_cuda_task *t = (const cas_cuda_task *)(blk + h->off_tasks_wide);
-        const int g = CAS_STUB_SMS;
-        int mono = cp[0] == 0 && cp[g] == h->n_tasks_wide;
-        for (int c = 0; c < g; c++) mono &= cp[c] <= cp[c + 1];
+        int mono = cp[0] == 0 && cp[CAS_STUB_SMS] == h->n_tasks_wide;
+        for (int c = 0; c < CAS_STUB_SMS; c++) mono &= cp[c] <= cp[c + 1];
         CHECKF(mono, "%s: cta_ptr does not partition the %d tasks", what, h->n_tasks_wide);
-        if (!mono) return;
-        /* no flags but the tail warps' (bit 5) reach the kernel */
-        int badf = 0;
-        for (int32_t i = 0; i < h->n_tasks_wide; i++) badf += (t[i].flags & ~32) != 0;
-        CHECKF(badf == 0, "%s: %d tasks with flags other than the tail warps'", what, badf);
-        /* the tail warps' tasks (flags bit 5, XV 35): tails of at most 8 rows. Each
-         * CTA's positions walked as the kernel walks them (cas_cuda_tw_next: position k
-         * is owed to the tail warps when (k + 1) nb / N passes an integer, and taken while
-         * the consumers have tiles left if the two before were not both theirs) bring
-         * nb tiles of their tasks and na of the others', each class's cursor within
-         * the CTA, and no two tiles of one consumer task lie more than 3 positions
-         * apart (a consumer holds a tile's V until the next tile's K has come) */
-        int ntw = 0, badtw = 0;
-        for (int c = 0; c < g; c++) {
-            int na = 0, nb = 0;
-            for (int32_t i = cp[c]; i < cp[c + 1]; i++) {
-                if (t[i].flags & 32) {
-                    ntw++;
-                    badtw += !(gp[t[i].pass].n_tok * GROUP <= CAS_CUDA_NARROW_ROWS && t[i].nrows <= 8);
-                    nb += tiles(&t[i]);
-                } else {
-                    na += tiles(&t[i]);
-                }
-            }
-            const int n = na + nb;
-            cas_cuda_tw_walk wk = {0, 0, 0, na};
-            int last_a = -1;
-            int cur[2] = {cp[c] - 1, cp[c] - 1}, j[2] = {0, 0}, nt[2] = {0, 0}, got[2] = {0, 0};
-            for (int k = 0; k < n && badtw == 0; k++) {
-                const int b = cas_cuda_tw_next(&wk, nb, n);
-                const int fresh = j[b] >= nt[b];
-                while (j[b] >= nt[b]) {
-                    do cur[b]++;
-                    while (cur[b] < cp[c + 1] && ((t[cur[b]].flags & 32) != 0) != b);
-                    if (cur[b] >= cp[c + 1]) {
-                        badtw++;
-                        break;
-                    }
-                    nt[b] = tiles(&t[cur[b]]);
-                    j[b] = 0;
-                }
-                if (!b) {
-                    badtw += !fresh && k - last_a > 3;
-                    last_a = k;
-                }
-                j[b]++;
-                got[b]++;
-            }
-            badtw += badtw == 0 && (got[0] != na || got[1] != nb || wk.acc != 0 || wk.owed != 0);
-        }
-        CHECKF(badtw == 0, "%s: %d bad tail-warp tasks or walks (of %d tasks)", what, badtw, ntw);
-        if (xv != 35) CHECKF(ntw == 0, "%s: %d tail-warp tasks without the probe that runs them", what, ntw);
-        last_tw = ntw;
     }
 }
 
@@ -266,22 +327,9 @@ static void check_pass_pages(const char *what, const cas_attn_pass *passes, cons
     CHECKF(bad == 0, "%s: %d passes read other page ids than they were given", what, bad);
 }
 
-/* the many-rows kernel kind, tail order and probe (0 none) of the next
- * context created */
-static void set_kernel(int kind, int order, int xv) {
-    char ks[16], os[16], xs[16];
-    snprintf(ks, sizeof ks, "%d", kind);
-    snprintf(os, sizeof os, "%d", order);
-    snprintf(xs, sizeof xs, "%d", xv);
-    setenv("CASCADE_CUDA_WIDE", ks, 1);
-    setenv("CASCADE_CUDA_TAIL_ORDER", os, 1);
-    setenv("CASCADE_CUDA_XV", xs, 1);
-}
-
-/* plans b with kind `kind`, tail order `order` and probe `xv` (0 none) and
- * checks the uploaded block */
-static void plan_check(const batch *b, int kind, int order, int xv, const char *what) {
-    set_kernel(kind, order, xv);
+/* plans b for the wgmma (or the mma.sync) kernel and checks the uploaded
+ * block; its task counts into n (where not NULL) */
+static void plan_check(const batch *b, int wgmma, int32_t tail_mix_len, const char *what, int32_t n[2]) {
     const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
     cas_cuda_attn_caps caps = {0};
     caps.max_total_q = b->ntok;
@@ -290,21 +338,23 @@ static void plan_check(const batch *b, int kind, int order, int xv, const char *
     caps.max_page_ids = b->npage_ids;
     caps.max_states = 64 * (int64_t)b->ntok;
     cas_cuda_attn *a = NULL;
-    if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
+    if (ctx_create(&a, &sh, &caps, wgmma, tail_mix_len) != CAS_OK) {
         CHECKF(0, "%s: create: %s", what, cas_last_error());
         return;
     }
     cas_attn_params pr = cas_attn_params_default();
-    cas_status st = cas_cuda_attn_plan_passes(a, &pr, b->npages, b->npass, b->passes, b->pages, b->npage_ids,
-                                              b->tok_ids, b->tok_pos, b->ntok * 2, b->ntok);
+    const cas_attn_pass_list l = batch_list(b, &pr);
+    cas_status st = plan_list(a, &l);
     if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
     if (st != CAS_OK) {
         CHECKF(0, "%s: plan: %s", what, cas_last_error());
         cas_cuda_attn_destroy(a);
         return;
     }
-    CHECKF(((const cas_cuda_plan_hdr *)cas_stub_last_h2d)->n_passes == b->npass, "%s: passes", what);
-    check_block(what, kind, xv);
+    const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)cas_stub_last_h2d;
+    CHECKF(h->n_passes == b->npass, "%s: passes", what);
+    if (n) n[0] = h->n_tasks_wide, n[1] = h->n_tasks_narrow;
+    check_block(what, wgmma);
     check_pass_pages(what, b->passes, b->pages);
     cas_cuda_attn_destroy(a);
 }
@@ -314,28 +364,19 @@ static void test_headline(void) {
     for (int i = 0; i < 64; i++) U[i] = 512;
     batch b;
     batch_make(&b, 64, 32768, U);
-    const int kinds[4] = {17, 9, 3, 1};
-    for (int k = 0; k < 4; k++)
-        for (int order = 0; order <= 3; order++) {
-            if (kinds[k] != 17 && order != 1) continue;
-            char what[64];
-            snprintf(what, sizeof what, "headline kind %d order %d", kinds[k], order);
-            plan_check(&b, kinds[k], order, 0, what);
-        }
-    /* XV 35: the tail warps take most of the 512 tails (the consumers of the 4 CTAs without a
-     * shared task some) */
-    plan_check(&b, 17, 1, 35, "headline kind 17 order 1 XV 35");
-    CHECKF(last_tw >= 400 && last_tw <= 512, "XV 35: %d tail-warp tasks", last_tw);
+    int32_t n[2];
+    plan_check(&b, 1, 512, "headline wgmma", n);
+    /* the decode tails are in the wgmma list, spread over the CTAs */
+    CHECKF(n[1] == 0 && n[0] > 64 * HKV, "headline: %d wgmma tasks, %d narrow", n[0], n[1]);
+    plan_check(&b, 0, 512, "headline mma.sync", n);
+    CHECKF(n[1] >= 64 * HKV, "headline mma.sync: %d narrow tasks", n[1]);
     batch_free(&b);
 }
 
-/* random cascades: prefix 0-8k keys, 1-96 requests, tails of 1-1500 keys
- * (CASCADE_PLAN_TEST_CASCADES of them, default 60; CASCADE_PLAN_TEST_FLAT
- * flat batches below, default 40) */
-static int iters(const char *env, int dflt) { return getenv(env) ? atoi(getenv(env)) : dflt; }
+/* random cascades: prefix 0-8k keys, 1-96 requests, tails of 1-1500 keys,
+ * every decode tail joining the wgmma list or the default rule */
 static void test_random(void) {
-    const int n = iters("CASCADE_PLAN_TEST_CASCADES", 60);
-    for (int it = 0; it < n; it++) {
+    for (int it = 0; it < 60; it++) {
         const int32_t B = 1 + (int32_t)rnd(96), P = (int32_t)rnd(3) == 0 ? 0 : PS * (int32_t)rnd(513);
         int32_t U[96];
         const int same = rnd(2) == 0;
@@ -343,14 +384,12 @@ static void test_random(void) {
         for (int32_t i = 0; i < B; i++) U[i] = same ? u0 : 1 + (int32_t)rnd(1500);
         batch b;
         batch_make(&b, B, P, U);
-        const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        const int order = kind == 17 ? (int)rnd(4) : 1, xv = kind == 17 && rnd(3) == 0 ? 35 : 0;
+        const int wgmma = rnd(4) != 3;
+        const int32_t mix = rnd(2) ? 1000000000 : 512;
         char what[96];
-        snprintf(what, sizeof what, "random %d (B %d P %d U0 %d%s) kind %d order %d xv %d", it, B, P, U[0],
-                 same ? " all" : "", kind, order, xv);
-        setenv("CASCADE_CUDA_TAIL_MIX_LEN", rnd(2) ? "1000000000" : "512", 1);
-        plan_check(&b, kind, order, xv, what);
-        unsetenv("CASCADE_CUDA_TAIL_MIX_LEN");
+        snprintf(what, sizeof what, "random %d (B %d P %d U0 %d%s) %s mix %d", it, B, P, U[0], same ? " all" : "",
+                 wgmma ? "wgmma" : "mma.sync", mix);
+        plan_check(&b, wgmma, mix, what, NULL);
         batch_free(&b);
     }
 }
@@ -358,8 +397,7 @@ static void test_random(void) {
 /* flat batches: 1-40 requests of 1-40 queries at the end of 1-3000 keys
  * (prefill chunks beside decode rows), causal */
 static void test_flat(void) {
-    const int n = iters("CASCADE_PLAN_TEST_FLAT", 40);
-    for (int it = 0; it < n; it++) {
+    for (int it = 0; it < 40; it++) {
         const int32_t B = 1 + (int32_t)rnd(40);
         int32_t qo[41], kvp[41], last[40], kvl[40];
         qo[0] = kvp[0] = 0;
@@ -373,10 +411,9 @@ static void test_flat(void) {
         int32_t *idx = malloc(sizeof(int32_t) * (size_t)kvp[B]);
         for (int32_t j = 0; j < kvp[B]; j++) idx[j] = j;
         const cas_attn_batch bt = {B, qo, kvp, idx, last};
-        const int kinds[3] = {17, 9, 1}, kind = kinds[rnd(3)];
+        const int wgmma = rnd(3) == 0 ? 0 : 1;
         char what[64];
-        snprintf(what, sizeof what, "flat %d (B %d, %d queries) kind %d", it, B, qo[B], kind);
-        setenv("CASCADE_CUDA_WIDE", kind == 17 ? "17" : kind == 9 ? "9" : "1", 1);
+        snprintf(what, sizeof what, "flat %d (B %d, %d queries) %s", it, B, qo[B], wgmma ? "wgmma" : "mma.sync");
         const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
         cas_cuda_attn_caps caps = {0};
         caps.max_total_q = qo[B];
@@ -384,7 +421,7 @@ static void test_flat(void) {
         caps.max_tok_rows = qo[B];
         caps.max_page_ids = kvp[B];
         cas_cuda_attn *a = NULL;
-        if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
+        if (ctx_create(&a, &sh, &caps, wgmma, 512) != CAS_OK) {
             CHECKF(0, "%s: create: %s", what, cas_last_error());
             free(idx);
             continue;
@@ -393,7 +430,7 @@ static void test_flat(void) {
         if (cas_cuda_attn_plan_flat(a, &bt, kvp[B], &pr) != CAS_OK || cas_cuda_attn_upload(a, NULL) != CAS_OK) {
             CHECKF(0, "%s: plan: %s", what, cas_last_error());
         } else {
-            check_block(what, 0, 0);
+            check_block(what, wgmma);
         }
         cas_cuda_attn_destroy(a);
         free(idx);
@@ -423,10 +460,9 @@ static void lists_free(lists *l) {
  * t1 pages, b1 of them t2 more, c1 of those t3 more; d others t4 pages of
  * their own tree), each request 1-4 queries or a prefill chunk and 1-150
  * private tokens, planned by the CPU planner (every shared run a pass) and
- * taken over by cas_cuda_attn_plan_from_cpu on kinds 17, 9 and 1; causal,
- * some with a window (CASCADE_PLAN_TEST_TREES, default 40) */
+ * taken over by cas_cuda_attn_plan_from_cpu; causal, some with a window */
 static void test_trees(void) {
-    const int n = iters("CASCADE_PLAN_TEST_TREES", 40);
+    const int n = 40;
     const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
     int multi = 0;
     for (int it = 0; it < n; it++) {
@@ -465,25 +501,25 @@ static void test_trees(void) {
         cas_status st = cas_attn_plan_create(&plan, &sh, &opts, B, qo[B], np);
         if (st == CAS_OK) st = cas_attn_plan_build(plan, &bt, next, &pr);
         CHECKF(st == CAS_OK, "tree %d: cpu plan: %s", it, cas_last_error());
+        cas_attn_pass_list pl;
+        memset(&pl, 0, sizeof pl);
+        if (st == CAS_OK) cas_attn_plan_passes(plan, &pl);
         int levels = 0;
-        for (int32_t i = 0; st == CAS_OK && i < plan->n_passes; i++) levels += plan->passes[i].node >= 0;
+        for (int32_t i = 0; i < pl.n_passes; i++) levels += pl.passes[i].node >= 0;
         multi += levels >= 2;
-        const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        const int order = kind == 17 ? (int)rnd(4) : 1, xv = kind == 17 && rnd(3) == 0 ? 35 : 0;
+        const int wgmma = rnd(4) != 3;
         char what[256];
-        set_kernel(kind, order, xv);
         snprintf(what, sizeof what,
-                 "tree %d (%d*%d(%d*%d(%d*%d))+%d*%d pages, %d queries, %d shared passes) kind %d order %d xv %d "
-                 "window %d",
-                 it, a1, t1, b1, t2, c1, t3, d, t4, qo[B], levels, kind, order, xv, pr.window_left);
+                 "tree %d (%d*%d(%d*%d(%d*%d))+%d*%d pages, %d queries, %d shared passes) %s window %d", it, a1, t1,
+                 b1, t2, c1, t3, d, t4, qo[B], levels, wgmma ? "wgmma" : "mma.sync", pr.window_left);
         cas_cuda_attn *a = NULL;
         if (st == CAS_OK) {
             cas_cuda_attn_caps caps = {0};
             caps.max_total_q = qo[B];
-            caps.max_passes = plan->n_passes;
-            caps.max_tok_rows = plan->n_tok_rows;
+            caps.max_passes = pl.n_passes;
+            caps.max_tok_rows = pl.n_tok_rows;
             caps.max_page_ids = np;
-            st = cas_cuda_attn_create(&a, &sh, &caps);
+            st = ctx_create(&a, &sh, &caps, wgmma, 512);
             CHECKF(st == CAS_OK, "%s: create: %s", what, cas_last_error());
         }
         if (st == CAS_OK) {
@@ -491,12 +527,12 @@ static void test_trees(void) {
             if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
             CHECKF(st == CAS_OK, "%s: plan: %s", what, cas_last_error());
             if (st == CAS_OK) {
-                check_block(what, kind, xv);
-                check_pass_pages(what, plan->passes, plan->pages);
+                check_block(what, wgmma);
+                check_pass_pages(what, pl.passes, pl.pages);
                 /* the block holds the passes' page ids only, not every request's */
                 const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)cas_stub_last_h2d;
                 int64_t want = 0;
-                for (int32_t i = 0; i < plan->n_passes; i++) want += (plan->passes[i].len + PS - 1) / PS;
+                for (int32_t i = 0; i < pl.n_passes; i++) want += (pl.passes[i].len + PS - 1) / PS;
                 CHECKF(h->off_tok_ids - h->off_pages <= ((want < np ? want : np) * 4 + 15) / 16 * 16,
                        "%s: %lld bytes of page ids for %lld", what, (long long)(h->off_tok_ids - h->off_pages),
                        (long long)want);
@@ -506,7 +542,6 @@ static void test_trees(void) {
         cas_attn_plan_destroy(plan);
         lists_free(&L);
     }
-    unsetenv("CASCADE_CUDA_XV");
     printf("  %d of %d with two shared passes or more\n", multi, n);
     CHECK(multi >= n / 2);
 }
@@ -517,85 +552,16 @@ static void test_trees(void) {
  * passes, bad params) is refused with a message, and the same context then
  * plans the good batch; positions anywhere (before the pass, far past it),
  * a sliding window and no causal mask plan a block that gives every row its
- * keys (check_block) (CASCADE_PLAN_TEST_BAD of them, default 300) */
-/* odd head counts: with Hq and a pass's tokens odd, a (pass, chunk)'s states and LSEs
- * take an odd count of floats; every split state must still start on 8 bytes (the
- * kernels store pairs of floats) and stay within the scratch the context has */
-static void test_odd_heads(void) {
-    const int32_t shapes[4][3] = {{3, 1, 128}, {5, 5, 128}, {7, 1, 64}, {6, 2, 128}};
-    for (int si = 0; si < 4; si++) {
-        const int32_t Hq = shapes[si][0], Hkv = shapes[si][1], D = shapes[si][2];
-        for (int kind = 0; kind < 2; kind++) {
-            int32_t U[5] = {37, 500, 1, 129, 64};
-            batch b;
-            batch_make(&b, 5, 4096, U); /* 5 requests: passes of 5 and of 1 token */
-            set_kernel(kind ? 17 : 1, 1, 0);
-            const cas_attn_shape sh = {Hq, Hkv, D, PS, CAS_BF16};
-            cas_cuda_attn_caps caps = {0};
-            caps.max_total_q = b.ntok;
-            caps.max_passes = b.npass;
-            caps.max_tok_rows = 2 * b.ntok;
-            caps.max_page_ids = b.npage_ids;
-            cas_cuda_attn *a = NULL;
-            char what[64];
-            snprintf(what, sizeof what, "heads %d:%d D %d kind %d", Hq, Hkv, D, kind ? 17 : 1);
-            if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
-                CHECKF(0, "%s: create: %s", what, cas_last_error());
-                batch_free(&b);
-                continue;
-            }
-            cas_attn_params pr = cas_attn_params_default();
-            cas_status st = cas_cuda_attn_plan_passes(a, &pr, b.npages, b.npass, b.passes, b.pages, b.npage_ids,
-                                                      b.tok_ids, b.tok_pos, b.ntok * 2, b.ntok);
-            if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
-            CHECKF(st == CAS_OK, "%s: plan: %s", what, cas_last_error());
-            if (st == CAS_OK) {
-                const char *blk = cas_stub_last_h2d;
-                const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
-                const int64_t tl[3][2] = {{h->off_tasks_wide, h->n_tasks_wide},
-                                             {h->off_tasks_narrow, h->n_tasks_narrow},
-                                             {h->off_tasks_mid, h->n_tasks_mid}};
-                /* the scratch a context of these caps has: a state per token and head, and a
-                 * float per (pass, chunk) (cuda_attn.c); max_states 0 means 8 per row */
-                const int64_t room = 8 * (int64_t)caps.max_tok_rows * ((int64_t)Hq * (D + 1) + 1);
-                int odd = 0, out = 0, split = 0;
-                for (int l = 0; l < 3; l++) {
-                    const cas_cuda_task *t = (const cas_cuda_task *)(blk + tl[l][0]);
-                    for (int64_t i = 0; i < tl[l][1]; i++) {
-                        if (t[i].o_off < 0) continue;
-                        split++;
-                        odd += (t[i].o_off & 1) != 0 || (t[i].lse_off & 1) != 0;
-                        const int64_t ntok = ((const cas_cuda_pass *)(blk + h->off_passes))[t[i].pass].n_tok;
-                        out += t[i].lse_off + ntok * Hq > room;
-                    }
-                }
-                const int64_t *co = (const int64_t *)(blk + h->off_contrib_o);
-                const int32_t *ind = (const int32_t *)(blk + h->off_contrib_indptr);
-                for (int32_t m = 0; m < ind[h->n_merge_tok]; m++) odd += (co[m] & 1) != 0;
-                CHECKF(split > 0, "%s: no split states (the case should split)", what);
-                CHECKF(odd == 0 && out == 0, "%s: %d states on odd offsets, %d past the scratch", what, odd, out);
-            }
-            cas_cuda_attn_destroy(a);
-            batch_free(&b);
-        }
-    }
-    unsetenv("CASCADE_CUDA_WIDE");
-    unsetenv("CASCADE_CUDA_TAIL_ORDER");
-    unsetenv("CASCADE_CUDA_XV");
-}
-
+ * keys (check_block) */
 static void test_invalid(void) {
-    const int n = iters("CASCADE_PLAN_TEST_BAD", 300);
     int refused = 0, planned = 0;
-    for (int it = 0; it < n; it++) {
+    for (int it = 0; it < 300; it++) {
         const int32_t B = 1 + (int32_t)rnd(48), P = (int32_t)rnd(3) == 0 ? 0 : PS * (int32_t)rnd(257);
         int32_t U[48];
         for (int32_t i = 0; i < B; i++) U[i] = 1 + (int32_t)rnd(700);
         batch b;
         batch_make(&b, B, P, U);
-        const int kinds[4] = {17, 17, 9, 1}, kind = kinds[rnd(4)];
-        const int order = kind == 17 ? (int)rnd(4) : 1, xv = kind == 17 && rnd(3) == 0 ? 35 : 0;
-        set_kernel(kind, order, xv);
+        const int wgmma = rnd(4) != 3;
         const cas_attn_shape sh = {HQ, HKV, 128, PS, CAS_BF16};
         cas_cuda_attn_caps caps = {0};
         caps.max_total_q = b.ntok + 1;
@@ -604,7 +570,7 @@ static void test_invalid(void) {
         caps.max_page_ids = b.npage_ids;
         caps.max_states = 64 * (int64_t)b.ntok;
         cas_cuda_attn *a = NULL;
-        if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) {
+        if (ctx_create(&a, &sh, &caps, wgmma, 512) != CAS_OK) {
             CHECKF(0, "bad %d: create: %s", it, cas_last_error());
             batch_free(&b);
             continue;
@@ -642,26 +608,33 @@ static void test_invalid(void) {
         default: pr.causal = 0; break;
         }
         char msg[96];
-        snprintf(msg, sizeof msg, "bad %d (B %d P %d kind %d) case %d", it, B, P, kind, what);
-        cas_status st = cas_cuda_attn_plan_passes(a, &pr, b.npages, npass, ps, pg, b.npage_ids, ids, pos, 2 * B, total_q);
+        snprintf(msg, sizeof msg, "bad %d (B %d P %d %s) case %d", it, B, P, wgmma ? "wgmma" : "mma.sync", what);
+        cas_attn_pass_list l = batch_list(&b, &pr);
+        l.n_passes = npass;
+        l.passes = ps;
+        l.pages = pg;
+        l.tok_ids = ids;
+        l.tok_pos = pos;
+        l.total_q = total_q;
+        cas_status st = plan_list(a, &l);
         if (bad) {
             CHECKF(st == CAS_ERR_INVALID || st == CAS_ERR_NOMEM, "%s: status %d", msg, (int)st);
             CHECKF(st == CAS_OK || cas_last_error()[0] != 0, "%s: no message", msg);
             refused += st != CAS_OK;
         } else if (st == CAS_OK && cas_cuda_attn_upload(a, NULL) == CAS_OK) {
-            check_block(msg, kind, xv);
+            check_block(msg, wgmma);
             planned++;
         } else {
             CHECKF(0, "%s: plan: %s", msg, cas_last_error());
         }
         /* the context still plans the good batch */
         pr = cas_attn_params_default();
-        st = cas_cuda_attn_plan_passes(a, &pr, b.npages, b.npass, b.passes, b.pages, b.npage_ids, b.tok_ids, b.tok_pos,
-                                       2 * B, b.ntok);
+        l = batch_list(&b, &pr);
+        st = plan_list(a, &l);
         if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
         CHECKF(st == CAS_OK, "%s: the good batch after it: %s", msg, cas_last_error());
         if (st == CAS_OK) {
-            check_block(msg, kind, xv);
+            check_block(msg, wgmma);
             check_pass_pages(msg, b.passes, b.pages);
         }
         free(ps);
@@ -671,17 +644,113 @@ static void test_invalid(void) {
         cas_cuda_attn_destroy(a);
         batch_free(&b);
     }
-    unsetenv("CASCADE_CUDA_XV");
     printf("  %d refused, %d planned\n", refused, planned);
 }
+
+/* odd head counts: with Hq and a pass's tokens odd, a (pass, chunk)'s states and LSEs
+ * take an odd count of floats; every split state must still start on 8 bytes (the
+ * kernels store pairs of floats) and stay within the scratch the context has */
+static void test_odd_heads(void) {
+    const int32_t shapes[4][3] = {{3, 1, 128}, {5, 5, 128}, {7, 1, 64}, {6, 2, 128}};
+    for (int si = 0; si < 4; si++) {
+        const int32_t Hq = shapes[si][0], Hkv = shapes[si][1], D = shapes[si][2];
+        for (int wgmma = 0; wgmma < 2; wgmma++) {
+            int32_t U[5] = {37, 500, 1, 129, 64};
+            batch b;
+            batch_make(&b, 5, 4096, U); /* 5 requests: passes of 5 and of 1 token */
+            const cas_attn_shape sh = {Hq, Hkv, D, PS, CAS_BF16};
+            cas_cuda_attn_caps caps = {0};
+            caps.max_total_q = b.ntok;
+            caps.max_passes = b.npass;
+            caps.max_tok_rows = 2 * b.ntok;
+            caps.max_page_ids = b.npage_ids;
+            cas_cuda_attn *a = NULL;
+            char what[64];
+            snprintf(what, sizeof what, "heads %d:%d D %d %s", Hq, Hkv, D, wgmma ? "wgmma" : "mma.sync");
+            /* the wgmma kernel takes head_dim 128 only: D 64 plans for mma.sync */
+            if (ctx_create(&a, &sh, &caps, wgmma && D == 128, 512) != CAS_OK) {
+                CHECKF(0, "%s: create: %s", what, cas_last_error());
+                batch_free(&b);
+                continue;
+            }
+            cas_attn_params pr = cas_attn_params_default();
+            const cas_attn_pass_list l = batch_list(&b, &pr);
+            cas_status st = plan_list(a, &l);
+            if (st == CAS_OK) st = cas_cuda_attn_upload(a, NULL);
+            CHECKF(st == CAS_OK, "%s: plan: %s", what, cas_last_error());
+            if (st == CAS_OK) {
+                const char *blk = cas_stub_last_h2d;
+                const cas_cuda_plan_hdr *h = (const cas_cuda_plan_hdr *)blk;
+                const int64_t tl[2][2] = {{h->off_tasks_wide, h->n_tasks_wide}, {h->off_tasks_narrow, h->n_tasks_narrow}};
+                /* the scratch a context of these caps has: a state per token and head, and a
+                 * float per (pass, chunk) (cuda_attn.c); max_states 0 means 8 per row */
+                const int64_t room = 8 * (int64_t)caps.max_tok_rows * ((int64_t)Hq * (D + 1) + 1);
+                int odd = 0, out = 0, split = 0;
+                for (int li = 0; li < 2; li++) {
+                    const cas_cuda_task *t = (const cas_cuda_task *)(blk + tl[li][0]);
+                    for (int64_t i = 0; i < tl[li][1]; i++) {
+                        if (t[i].o_off < 0) continue;
+                        split++;
+                        odd += (t[i].o_off & 1) != 0 || (t[i].lse_off & 1) != 0;
+                        const int64_t ntok = ((const cas_cuda_pass *)(blk + h->off_passes))[t[i].pass].n_tok;
+                        out += t[i].lse_off + ntok * Hq > room;
+                    }
+                }
+                const int64_t *co = (const int64_t *)(blk + h->off_contrib_o);
+                const int32_t *ind = (const int32_t *)(blk + h->off_contrib_indptr);
+                for (int32_t m = 0; m < ind[h->n_merge_tok]; m++) odd += (co[m] & 1) != 0;
+                CHECKF(split > 0, "%s: no split states (the case should split)", what);
+                CHECKF(odd == 0 && out == 0, "%s: %d states on odd offsets, %d past the scratch", what, odd, out);
+            }
+            cas_cuda_attn_destroy(a);
+            batch_free(&b);
+        }
+    }
+}
+
+#ifndef PLAN_TEST_OLD_API
+/* the options are checked at create: a kernel the device cannot run, and
+ * tuning numbers out of range, are refused with a message */
+static void test_options(void) {
+    cas_cuda_attn_caps caps = {0};
+    caps.max_total_q = caps.max_passes = caps.max_tok_rows = 4;
+    caps.max_page_ids = 4;
+    cas_cuda_attn *a = NULL;
+    cas_attn_shape sh = {HQ, HKV, 64, PS, CAS_BF16};
+    cas_cuda_attn_opts o = cas_cuda_attn_opts_default();
+    o.kernel = CAS_CUDA_KERNEL_WGMMA; /* head_dim 64: no wgmma kernel */
+    CHECK(cas_cuda_attn_create(&a, &sh, &caps, &o) == CAS_ERR_UNSUPPORTED && !a);
+    CHECK(strstr(cas_last_error(), "head_dim") != NULL);
+    sh.head_dim = 128;
+    REQUIRE(cas_cuda_attn_create(&a, &sh, &caps, &o) == CAS_OK);
+    CHECK(cas_cuda_attn_kernel(a) == CAS_CUDA_KERNEL_WGMMA && !strcmp(cas_cuda_attn_kernel_name(a), "wgmma"));
+    cas_cuda_attn_destroy(a);
+    o = cas_cuda_attn_opts_default(); /* AUTO: wgmma on this (stand-in) Hopper at D 128, else mma.sync */
+    REQUIRE(cas_cuda_attn_create(&a, &sh, &caps, NULL) == CAS_OK);
+    CHECK(cas_cuda_attn_kernel(a) == CAS_CUDA_KERNEL_WGMMA);
+    cas_cuda_attn_destroy(a);
+    sh.head_dim = 96;
+    REQUIRE(cas_cuda_attn_create(&a, &sh, &caps, &o) == CAS_OK);
+    CHECK(cas_cuda_attn_kernel(a) == CAS_CUDA_KERNEL_MMA_SYNC);
+    cas_cuda_attn_destroy(a);
+    o.tail_cost = 0;
+    CHECK(cas_cuda_attn_create(&a, &sh, &caps, &o) == CAS_ERR_INVALID && !a);
+    o = cas_cuda_attn_opts_default();
+    o.tail_mix_len = -1;
+    CHECK(cas_cuda_attn_create(&a, &sh, &caps, &o) == CAS_ERR_INVALID && !a);
+    o = cas_cuda_attn_opts_default();
+    o.kernel = (cas_cuda_kernel)7;
+    CHECK(cas_cuda_attn_create(&a, &sh, &caps, &o) == CAS_ERR_INVALID && !a);
+}
+#endif
 
 /* `test_cuda_plan --time [N [JSON]]`: the host time of planning a decode
  * step on the GPU path for grid shapes, median of N plans (default 200): the
  * CPU planner's cas_attn_plan_build on the batch as the engine gives it
  * (every request's page list, the shared prefix's pages in each; the
  * prefix tree and the cost model, CUDA costs), then
- * cas_cuda_attn_plan_from_cpu + upload (stub runtime) for kind 17 as it is
- * and with probe XV 35's tail warps, next to the floor (one memcpy of the batch's page ids, which every plan
+ * cas_cuda_attn_plan_from_cpu + upload (stub runtime) for the wgmma kernel,
+ * next to the floor (one memcpy of the batch's page ids, which every plan
  * reads); a table, and JSON to the file JSON where given. Checks nothing. */
 static double now_us(void) {
     struct timespec ts;
@@ -721,8 +790,8 @@ static int time_plans(int n, const char *json) {
                 "thread, stub CUDA runtime: the upload is a memcpy)\", \"cpu\": \"%s\", \"repeats\": %d, \"cases\": [",
                 cpu, n);
     }
-    printf("%-20s %9s %8s %8s %11s %11s %7s %7s\n", "shape", "page ids", "copy us", "passes", "cpu plan us",
-           "cuda plan us", "xv", "tasks");
+    printf("%-20s %9s %8s %8s %11s %11s %7s\n", "shape", "page ids", "copy us", "passes", "cpu plan us",
+           "cuda plan us", "tasks");
     for (int si = 0; si < ns; si++) {
         const int32_t B = shapes[si].B, P = shapes[si].P, U = shapes[si].U;
         /* the engine's view: request r's pages = the prefix's, then its own */
@@ -759,39 +828,36 @@ static int time_plans(int n, const char *json) {
         }
         const double copy_us = median(t, n);
         free(cp);
-        for (int o = 0; o < 2; o++) {
-            const int xv = o ? 35 : 0;
-            setenv("CASCADE_CUDA_XV", o ? "35" : "0", 1);
-            cas_cuda_attn_caps caps = {0};
-            caps.max_total_q = B;
-            caps.max_passes = plan->n_passes;
-            caps.max_tok_rows = plan->n_tok_rows;
-            caps.max_page_ids = kvp[B];
-            cas_cuda_attn *a = NULL;
-            if (cas_cuda_attn_create(&a, &sh, &caps) != CAS_OK) return 1;
-            for (int i = 0; i < n; i++) {
-                const double t0 = now_us();
-                if (cas_cuda_attn_plan_from_cpu(a, plan) != CAS_OK || cas_cuda_attn_upload(a, NULL) != CAS_OK) return 1;
-                t[i] = now_us() - t0;
-            }
-            const double gpu_us = median(t, n);
-            cas_cuda_attn_info inf;
-            cas_cuda_attn_get_info(a, &inf);
-            char nm[32];
-            snprintf(nm, sizeof nm, "B%d P%d U%d", B, P, U);
-            printf("%-20s %9d %8.1f %8d %11.1f %11.1f %7d %7d\n", nm, kvp[B], copy_us, plan->n_passes, cpu_us, gpu_us, xv,
-                   inf.tasks_wide + inf.tasks_narrow + inf.tasks_mid + inf.tasks_fused);
-            if (jf)
-                fprintf(jf, "%s\n  {\"B\": %d, \"P\": %d, \"U\": %d, \"page_ids\": %d, \"page_ids_copy_us\": %.2f, "
-                        "\"passes\": %d, \"xv\": %d, \"cpu_plan_us\": %.2f, \"cuda_plan_us\": %.2f, \"tasks\": %d}",
-                        si || o ? "," : "", B, P, U, kvp[B], copy_us, plan->n_passes, xv, cpu_us, gpu_us,
-                        inf.tasks_wide + inf.tasks_narrow + inf.tasks_mid + inf.tasks_fused);
-            cas_cuda_attn_destroy(a);
+        cas_attn_pass_list pl;
+        cas_attn_plan_passes(plan, &pl);
+        cas_cuda_attn_caps caps = {0};
+        caps.max_total_q = B;
+        caps.max_passes = pl.n_passes;
+        caps.max_tok_rows = pl.n_tok_rows;
+        caps.max_page_ids = kvp[B];
+        cas_cuda_attn *a = NULL;
+        if (ctx_create(&a, &sh, &caps, 1, 512) != CAS_OK) return 1;
+        for (int i = 0; i < n; i++) {
+            const double t0 = now_us();
+            if (cas_cuda_attn_plan_from_cpu(a, plan) != CAS_OK || cas_cuda_attn_upload(a, NULL) != CAS_OK) return 1;
+            t[i] = now_us() - t0;
         }
+        const double gpu_us = median(t, n);
+        cas_cuda_attn_info inf;
+        cas_cuda_attn_get_info(a, &inf);
+        char nm[32];
+        snprintf(nm, sizeof nm, "B%d P%d U%d", B, P, U);
+        printf("%-20s %9d %8.1f %8d %11.1f %11.1f %7d\n", nm, kvp[B], copy_us, pl.n_passes, cpu_us, gpu_us,
+               inf.tasks_wide + inf.tasks_narrow);
+        if (jf)
+            fprintf(jf, "%s\n  {\"B\": %d, \"P\": %d, \"U\": %d, \"page_ids\": %d, \"page_ids_copy_us\": %.2f, "
+                    "\"passes\": %d, \"cpu_plan_us\": %.2f, \"cuda_plan_us\": %.2f, \"tasks\": %d}",
+                    si ? "," : "", B, P, U, kvp[B], copy_us, pl.n_passes, cpu_us, gpu_us,
+                    inf.tasks_wide + inf.tasks_narrow);
+        cas_cuda_attn_destroy(a);
         cas_attn_plan_destroy(plan);
         lists_free(&L);
     }
-    unsetenv("CASCADE_CUDA_XV");
     if (jf) {
         fprintf(jf, "\n]}\n");
         fclose(jf);
@@ -802,11 +868,9 @@ static int time_plans(int n, const char *json) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--time") == 0) return time_plans(argc > 2 ? atoi(argv[2]) : 200, argc > 3 ? argv[3] : NULL);
-    /* the planner's knobs at their defaults (the checks' bounds assume them) */
-    const char *knobs[] = {"CASCADE_CUDA_TAIL_COST", "CASCADE_CUDA_TAIL_MIX_LEN", "CASCADE_CUDA_SNAKE",
-                           "CASCADE_CUDA_SPLIT", "CASCADE_CUDA_MID_ROWS", "CASCADE_CUDA_FUSE_CHUNK",
-                           "CASCADE_CUDA_TW_COST", "CASCADE_CUDA_TW_TASK_COST"};
-    for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) unsetenv(knobs[i]);
+#ifndef PLAN_TEST_OLD_API
+    RUN(test_options);
+#endif
     RUN(test_headline);
     RUN(test_random);
     RUN(test_flat);

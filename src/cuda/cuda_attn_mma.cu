@@ -1,5 +1,6 @@
 /*
- * cuda_attn_kernels.cu: the attention kernels of the CUDA backend.
+ * cuda_attn_mma.cu: the attention kernel for any sm_80+ GPU (mma.sync), and
+ * its launchers.
  *
  * One kernel template serves every pass of a plan (decode rows, prefill
  * chunks, shared prefix nodes, request tails): a CTA takes a task (rows of
@@ -14,7 +15,9 @@
  * share every K/V tile (the shared-node pass: many queries over one KV run,
  * where the tensor cores do the work), WN warps split each tile's keys and
  * merge their states at the end (decode rows: few rows, the bytes are the
- * work). The "wide" instance is 4 x 1 (64 rows), the "narrow" one 1 x 4.
+ * work). The "wide" instance is 4 x 1 (64 rows): the many-rows kernel where
+ * the GPU has no wgmma or head_dim is not 128; the "narrow" one 1 x 4 runs
+ * the decode rows everywhere.
  *
  * Grids are persistent and their size never depends on the plan; task counts
  * are read from the plan block in device memory, so a captured graph replays
@@ -27,14 +30,12 @@
 #include <stdint.h>
 
 #include "cuda_attn_impl.h"
-#include "cuda_attn_ptx.cuh"
-#include "cuda_attn_fuse.cuh"
+#include "cuda_ptx.cuh"
 
 /* ---- configuration ------------------------------------------------------ */
 
-/* WM x WN warps; each warp holds MT m-tiles of 16 rows (MT = 2 halves the
- * shared-memory reads of K and V per tensor-core instruction); BN keys per
- * warp per stage. */
+/* WM x WN warps; each warp holds MT m-tiles of 16 rows; BN keys per warp per
+ * stage. */
 template <int D_, int WM_, int WN_, int MT_, int BN_, int STAGES_> struct cfg {
     static constexpr int D = D_, WM = WM_, WN = WN_, MT = MT_, BN = BN_, STAGES = STAGES_;
     static constexpr int NT = 32 * WM * WN;
@@ -53,22 +54,19 @@ template <int D_, int WM_, int WN_, int MT_, int BN_, int STAGES_> struct cfg {
     static_assert(WN == 1 || MT == 1, "split keys only with one m-tile per warp");
 };
 
-/* wide: 4 warps x 1 m-tile (64 rows), 64 keys per stage; wide2: 4 warps x 2
- * m-tiles (128 rows; D <= 128), 32 keys per stage */
+/* wide: 4 warps x 1 m-tile (64 rows), 64 keys per stage (32 for D 256);
+ * narrow: 1 x 4 warps, 16 rows, each warp 16 keys of a stage */
 template <int D> struct wide_cfg : cfg<D, 4, 1, 1, (D <= 128 ? 64 : 32), 2> {};
-template <int D> struct wide2_cfg : cfg<D, 4, 1, (D <= 128 ? 2 : 1), 32, (D <= 128 ? 3 : 2)> {};
 template <int D> struct narrow_cfg : cfg<D, 1, 4, 1, 16, (D <= 128 ? 3 : 2)> {};
 
 /* ---- the attention kernel ----------------------------------------------- */
 
-/* FM (kind 18's narrow kernel): merge the split states of the tasks'
- * tokens here (cuda_attn_fuse.cuh) when the plan says so */
-template <typename T, typename C, bool FM = false>
+template <typename T, typename C>
 __global__ void __launch_bounds__(C::NT)
     attn_kernel(const char *__restrict__ plan, const T *__restrict__ kpool,
                 const T *__restrict__ vpool, const T *__restrict__ q, float *__restrict__ o,
                 float *__restrict__ lse, float *__restrict__ scratch, int Hq, int Hkv, int P,
-                int list, int *counter) {
+                int list) {
     constexpr int D = C::D, WN = C::WN, MT = C::MT, BN = C::BN, STAGES = C::STAGES, NT = C::NT;
     constexpr int ROWS = C::ROWS, KEYS = C::KEYS, LD = C::LD, CPR = C::CPR;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -77,14 +75,12 @@ __global__ void __launch_bounds__(C::NT)
     T *sV = sK + (size_t)STAGES * KEYS * LD;
     __shared__ int s_qpos[ROWS];
     __shared__ long long s_qrow[ROWS], s_oo[ROWS], s_lo[ROWS];
-    __shared__ int s_mlist[ROWS], s_mn; /* kind 18: the tokens this CTA merges (fused_merge) */
 
     const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    /* list: 0 narrow tasks, 1 many-rows tasks, 2 mid tasks (few rows per KV
-     * head while the many-rows list runs on wgmma) */
-    const int ntask = list == 2 ? h->n_tasks_mid : list ? h->n_tasks_wide : h->n_tasks_narrow;
+    /* list: 0 narrow tasks, 1 many-rows tasks */
+    const int ntask = list ? h->n_tasks_wide : h->n_tasks_narrow;
     const cas_cuda_task *tasks = reinterpret_cast<const cas_cuda_task *>(
-        plan + (list == 2 ? h->off_tasks_mid : list ? h->off_tasks_wide : h->off_tasks_narrow));
+        plan + (list ? h->off_tasks_wide : h->off_tasks_narrow));
     const cas_cuda_pass *passes = reinterpret_cast<const cas_cuda_pass *>(plan + h->off_passes);
     const int32_t *pages = reinterpret_cast<const int32_t *>(plan + h->off_pages);
     const int32_t *tok_ids = reinterpret_cast<const int32_t *>(plan + h->off_tok_ids);
@@ -96,13 +92,11 @@ __global__ void __launch_bounds__(C::NT)
     const int wm = warp % C::WM, wn = warp / C::WM;
     const int64_t page_stride = (int64_t)P * Hkv * D; /* elements per page */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* kind 17 launches the many-rows kernel as a programmatic dependent of
-     * this one (cas_cuda_attn_run): its CTAs may take SMs as these leave
+    /* on Hopper the many-rows kernel is launched as a programmatic dependent
+     * of this one (cas_cuda_attn_run): its CTAs may take SMs as these leave
      * (without a dependent this does nothing) */
-    if (list == 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (list == 0) pdl_launch_dependents();
 #endif
-    if (tid == 0) s_mn = 0;
-    const bool fuse_merge = FM && h->merge_fused != 0;
 
     auto run_task = [&](const cas_cuda_task &t) {
         const cas_cuda_pass ps = passes[t.pass];
@@ -413,119 +407,9 @@ __global__ void __launch_bounds__(C::NT)
                 if (d == 0) lbase[s_lo[r]] = any ? (ms + log2f(ls)) * LN2_F : -CUDART_INF_F;
             }
         }
-        /* kind 18: the last writer of a token's states merges them */
-        if constexpr (FM) {
-            if (fuse_merge && t.o_off >= 0)
-                fused_merge<D>(plan, t, 0, t.nrows, tid, NT, s_mlist, &s_mn, o, lse, scratch, Hq, Hkv,
-                               [] { __syncthreads(); });
-        }
         __syncthreads();
     };
     for (int ti = blockIdx.x; ti < ntask; ti += gridDim.x) run_task(tasks[ti]);
-    if (counter && list == 0) {
-        /* kind 11: the fused list's tasks that the many-rows kernel's tail
-         * warps have not taken, one at a time from the shared counter */
-        __shared__ int s_next;
-        const int nf = h->n_tasks_fused;
-        const cas_cuda_task *ft = reinterpret_cast<const cas_cuda_task *>(plan + h->off_tasks_fused);
-        for (;;) {
-            if (tid == 0) s_next = atomicAdd(counter, 1);
-            __syncthreads();
-            const int ti = s_next;
-            __syncthreads();
-            if (ti >= nf) break;
-            run_task(ft[ti]);
-            if (tid == 0) atomicAdd(counter + 2, 1); /* tasks the narrow kernel ran */
-        }
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* launched as a programmatic dependent of the many-rows kernel (kind
-     * 11): do not complete before it, so that the merge after this grid
-     * sees both (without a prerequisite grid this returns at once) */
-    if (list == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-/* ---- merge kernels ------------------------------------------------------ */
-
-/* One warp per (merge token, q head): merges the token's scratch states
- * (merge_token_head, cuda_attn_fuse.cuh; the 128-register bound keeps its
- * eight loads in flight without spills). */
-template <int D>
-__global__ void __launch_bounds__(256, 2)
-    merge_plan_kernel(const char *__restrict__ plan, float *__restrict__ o,
-                      float *__restrict__ lse, const float *__restrict__ scratch, int Hq) {
-    const cas_cuda_plan_hdr *h = reinterpret_cast<const cas_cuda_plan_hdr *>(plan);
-    const int32_t *mtok = reinterpret_cast<const int32_t *>(plan + h->off_merge_tok);
-    const int32_t *indptr = reinterpret_cast<const int32_t *>(plan + h->off_contrib_indptr);
-    const int64_t *co = reinterpret_cast<const int64_t *>(plan + h->off_contrib_o);
-    const int64_t *cl = reinterpret_cast<const int64_t *>(plan + h->off_contrib_lse);
-    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
-    const int64_t n = (int64_t)h->n_merge_tok * Hq;
-    for (int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; w < n; w += nw) {
-        const int i = (int)(w / Hq), hh = (int)(w - (int64_t)i * Hq);
-        const int tkn = mtok[i], c0 = indptr[i], c1 = indptr[i + 1];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        /* launched as a programmatic dependent (kind 17): the plan's lists
-         * above were uploaded before, the states below come from the grids
-         * before this one (without a prerequisite grid this returns at once) */
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-        merge_token_head<D, false>(tkn, c0, c1, co, cl, hh, threadIdx.x & 31, o, lse, scratch, Hq);
-    }
-}
-
-/* merge of n states stored [n][rows][D] / [n][rows]: one warp per row */
-__global__ void merge_states_kernel(float *o_out, float *lse_out, const float *o_in,
-                                    const float *lse_in, int n, int64_t rows, int D) {
-    const int lane = threadIdx.x & 31;
-    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += nw) {
-        float m = -CUDART_INF_F;
-        for (int i = 0; i < n; i++) m = fmaxf(m, lse_in[(int64_t)i * rows + r]);
-        float s = 0.f;
-        if (m != -CUDART_INF_F)
-            for (int i = 0; i < n; i++) {
-                float l = lse_in[(int64_t)i * rows + r];
-                if (l != -CUDART_INF_F) s += expf(l - m);
-            }
-        for (int d = lane; d < D; d += 32) {
-            float acc = 0.f;
-            if (m != -CUDART_INF_F)
-                for (int i = 0; i < n; i++) {
-                    float l = lse_in[(int64_t)i * rows + r];
-                    if (l != -CUDART_INF_F) acc += expf(l - m) * o_in[((int64_t)i * rows + r) * D + d];
-                }
-            o_out[r * D + d] = s > 0.f ? acc / s : 0.f;
-        }
-        if (lane == 0) lse_out[r] = s > 0.f ? m + logf(s) : -CUDART_INF_F;
-    }
-}
-
-/* out = merge(a, b), out may alias a or b: each element is read before written by one thread */
-__global__ void merge2_kernel(float *o_out, float *lse_out, const float *o_a, const float *lse_a,
-                              const float *o_b, const float *lse_b, int64_t rows, int D) {
-    const int lane = threadIdx.x & 31;
-    const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += nw) {
-        const float la = lse_a[r], lb = lse_b[r];
-        const float m = fmaxf(la, lb);
-        float wa = 0.f, wb = 0.f, l = -CUDART_INF_F;
-        if (m != -CUDART_INF_F) {
-            float ea = expf(la - m), eb = expf(lb - m), s = ea + eb;
-            wa = ea / s;
-            wb = eb / s;
-            l = m + logf(s);
-        }
-        __syncwarp();
-        for (int d = lane; d < D; d += 32) {
-            float va = wa != 0.f ? wa * o_a[r * D + d] : 0.f;
-            float vb = wb != 0.f ? wb * o_b[r * D + d] : 0.f;
-            o_out[r * D + d] = va + vb;
-        }
-        __syncwarp();
-        if (lane == 0) lse_out[r] = l;
-    }
 }
 
 /* ---- launchers ---------------------------------------------------------- */
@@ -536,35 +420,20 @@ static int launch_one(const cas_cuda_geom *g, const void *plan, const void *k, c
                       cudaStream_t st) {
     attn_kernel<T, C><<<grid, C::NT, C::SMEM, st>>>(
         (const char *)plan, (const T *)k, (const T *)v, (const T *)q, o, lse, scratch, g->Hq,
-        g->Hkv, g->page_size, list, (int *)NULL);
+        g->Hkv, g->page_size, list);
     return (int)cudaGetLastError();
-}
-
-/* the narrow kernel over its list and then the fused list (counter), as a
- * programmatic dependent of the kernel launched before it on st */
-template <typename T, typename C, bool FM = false>
-static int launch_narrow_pdl(const cas_cuda_geom *g, const void *plan, const void *k, const void *v,
-                             const void *q, float *o, float *lse, float *scratch, int *counter,
-                             int grid, cudaStream_t st, int pdl = 1) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cas_launch_cfg(&attr, grid, C::NT, C::SMEM, st, pdl);
-    return (int)cudaLaunchKernelEx(&cfg, attn_kernel<T, C, FM>, (const char *)plan, (const T *)k,
-                                   (const T *)v, (const T *)q, o, lse, scratch, g->Hq, g->Hkv,
-                                   g->page_size, 0, counter);
 }
 
 template <typename T, typename C> static int occ_one(int *ctas) {
     cudaError_t e = cudaFuncSetAttribute(attn_kernel<T, C>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
     if (e != cudaSuccess) return (int)e;
-    /* kind 18's narrow kernel: the same configuration */
-    e = cudaFuncSetAttribute(attn_kernel<T, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM);
-    if (e != cudaSuccess) return (int)e;
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, attn_kernel<T, C>, C::NT,
                                                               C::SMEM);
 }
 
-/* Calls F<T, config>(args...) for the geometry's dtype, head_dim and kind. */
+/* Runs CALL with T_ the geometry's storage type and C_ the configuration of
+ * its head_dim (wide: the 64-row instance, else the narrow one). */
 #define CAS_DISPATCH(g, wide, CALL)                                                       \
     do {                                                                                  \
         if ((g)->dtype == 2) {                                                            \
@@ -583,17 +452,13 @@ template <typename T, typename C> static int occ_one(int *ctas) {
     case 256: CAS_DISPATCH_K(256, wide, CALL); break;                                     \
     default: break;                                                                       \
     }
-
 #define CAS_DISPATCH_K(DD, wide, CALL)                                                    \
-    if ((wide) == 2) { typedef wide2_cfg<DD> C_; CALL; }                                  \
-    else if (wide) { typedef wide_cfg<DD> C_; CALL; }                                     \
+    if (wide) { typedef wide_cfg<DD> C_; CALL; }                                          \
     else { typedef narrow_cfg<DD> C_; CALL; }
 
 extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, const void *k,
                                     const void *v, const void *q, float *o, float *lse,
                                     float *scratch, int wide, int grid, void *stream) {
-    if (wide >= 3)
-        return cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, NULL, wide, grid, 0, stream);
     int rc = (int)cudaErrorInvalidValue;
     CAS_DISPATCH(g, wide,
                  rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, wide != 0, grid,
@@ -601,89 +466,12 @@ extern "C" int cas_cuda_launch_attn(const cas_cuda_geom *g, const void *plan, co
     return rc;
 }
 
-extern "C" int cas_cuda_launch_attn_fused(const cas_cuda_geom *g, const void *plan, const void *k,
-                                          const void *v, const void *q, float *o, float *lse,
-                                          float *scratch, int *counter, int wide_grid,
-                                          int narrow_grid, void *stream) {
-    int rc = cas_cuda_launch_attn_wgmma(g, plan, k, v, q, o, lse, scratch, counter, 11, wide_grid, 0, stream);
-    if (rc) return rc;
-    rc = (int)cudaErrorInvalidValue;
-    CAS_DISPATCH(g, 0,
-                 rc = (launch_narrow_pdl<T_, C_>(g, plan, k, v, q, o, lse, scratch, counter,
-                                                 narrow_grid, (cudaStream_t)stream)));
-    return rc;
-}
-
-extern "C" int cas_cuda_launch_attn_narrow_fm(const cas_cuda_geom *g, const void *plan, const void *k,
-                                              const void *v, const void *q, float *o, float *lse,
-                                              float *scratch, int grid, int pdl, void *stream) {
-    int rc = (int)cudaErrorInvalidValue;
-    CAS_DISPATCH(g, 0,
-                 rc = (launch_narrow_pdl<T_, C_, true>(g, plan, k, v, q, o, lse, scratch, (int *)NULL,
-                                                       grid, (cudaStream_t)stream, pdl)));
-    return rc;
-}
-
-extern "C" int cas_cuda_launch_attn_mid(const cas_cuda_geom *g, const void *plan, const void *k,
-                                        const void *v, const void *q, float *o, float *lse,
-                                        float *scratch, int grid, void *stream) {
-    int rc = (int)cudaErrorInvalidValue;
-    CAS_DISPATCH(g, 1,
-                 rc = (launch_one<T_, C_>(g, plan, k, v, q, o, lse, scratch, 2, grid,
-                                          (cudaStream_t)stream)));
-    return rc;
-}
-
 extern "C" int cas_cuda_attn_occupancy(const cas_cuda_geom *g, int wide, int *ctas_per_sm) {
-    if (wide >= 3) return cas_cuda_wgmma_occupancy(g, wide, ctas_per_sm);
+    if (wide == CAS_CUDA_WIDE_WGMMA) return cas_cuda_wgmma_occupancy(g, ctas_per_sm);
     int rc = (int)cudaErrorInvalidValue;
     *ctas_per_sm = 0;
     CAS_DISPATCH(g, wide, rc = (occ_one<T_, C_>(ctas_per_sm)));
     return rc;
-}
-
-template <int D>
-static int launch_merge_d(const void *plan, float *o, float *lse, const float *scratch, int Hq, int grid,
-                          int pdl, cudaStream_t st) {
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = cas_launch_cfg(&attr, grid, 256, 0, st, pdl);
-    return (int)cudaLaunchKernelEx(&cfg, merge_plan_kernel<D>, (const char *)plan, o, lse, scratch, Hq);
-}
-
-extern "C" int cas_cuda_launch_merge(const cas_cuda_geom *g, const void *plan, float *o,
-                                     float *lse, const float *scratch, int grid, int pdl, void *stream) {
-    cudaStream_t st = (cudaStream_t)stream;
-    switch (g->D) {
-    case 64: return launch_merge_d<64>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
-    case 96: return launch_merge_d<96>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
-    case 128: return launch_merge_d<128>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
-    case 256: return launch_merge_d<256>(plan, o, lse, scratch, g->Hq, grid, pdl, st);
-    default: return (int)cudaErrorInvalidValue;
-    }
-}
-
-static int merge_grid(int64_t rows) {
-    int64_t b = (rows + 7) / 8;
-    if (b > 4096) b = 4096;
-    return b < 1 ? 1 : (int)b;
-}
-
-extern "C" int cas_cuda_launch_merge_states(float *o_out, float *lse_out, const float *o_in,
-                                            const float *lse_in, int n, int64_t rows, int32_t D,
-                                            void *stream) {
-    if (rows <= 0) return 0;
-    merge_states_kernel<<<merge_grid(rows), 256, 0, (cudaStream_t)stream>>>(o_out, lse_out, o_in,
-                                                                            lse_in, n, rows, D);
-    return (int)cudaGetLastError();
-}
-
-extern "C" int cas_cuda_launch_merge2(float *o_out, float *lse_out, const float *o_a,
-                                      const float *lse_a, const float *o_b, const float *lse_b,
-                                      int64_t rows, int32_t D, void *stream) {
-    if (rows <= 0) return 0;
-    merge2_kernel<<<merge_grid(rows), 256, 0, (cudaStream_t)stream>>>(o_out, lse_out, o_a, lse_a,
-                                                                      o_b, lse_b, rows, D);
-    return (int)cudaGetLastError();
 }
 
 extern "C" const char *cas_cuda_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
