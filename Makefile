@@ -123,9 +123,9 @@ clean:
 # `make CUDA=1 cuda-bench` builds bench/cuda/attn_bench_cuda; `make CUDA=1`
 # builds `cascade` with `attn-bench --backend cuda` (cuda-build-check compiles
 # that command's object too, which needs none of the higher layers' libraries).
+# tools/sass_diff.py compares the kernels' machine code of two builds.
 CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_attn
 CUDA_BENCH_BIN := $(BUILD)/bench/cuda/attn_bench_cuda
-CUDA_PLANNER_DEF := $(if $(wildcard src/attn/attn_plan.c),-DCAS_HAVE_CPU_PLANNER=1,)
 # The attention backend's own archive (core + attn + cuda): its test and
 # benchmark need nothing of the higher layers (and their libraries).
 ATTN_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/% $(BUILD)/src/cuda/%,$(LIB_OBJ))
@@ -135,9 +135,9 @@ $(BUILD)/libcascade_attn.a: $(ATTN_OBJ)
 
 $(CUDA_TEST_BIN): tests/cuda/test_cuda_attn.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade_attn.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
+	$(CC) $(ALL_FLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
-# The planner's test: cuda_attn.c's host code on the CPU against the runtime
+# The planner's test: the backend's host code on the CPU against the runtime
 # stand-ins of tests/cuda/cuda_stub.c (no libcudart, no kernels, no GPU)
 CUDA_PLAN_TEST := $(BUILD)/tests/cuda/test_cuda_plan
 PLAN_TEST_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/%,$(LIB_OBJ)) $(BUILD)/src/cuda/cuda_attn.o $(BUILD)/src/cuda/cuda_attn_plan.o
@@ -147,7 +147,7 @@ $(CUDA_PLAN_TEST): tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c tests/cuda
 
 $(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_FLAGS) $(CUDA_PLANNER_DEF) -o $@ $< $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
+	$(CC) $(ALL_FLAGS) -o $@ $< $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
 ifeq ($(CUDA),1)
 test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST)

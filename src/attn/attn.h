@@ -148,6 +148,33 @@ cas_status cas_attn_reference(const cas_attn_shape *shape, const cas_kv_pool *po
                               const cas_attn_batch *batch, const cas_attn_params *params,
                               const float *q, double *o_ref, double *lse_ref);
 
+/* A computed output against the reference, row by row (a row: one query
+ * token and q head, D elements). A row passes when |o - o_ref|_2 <= tol_rel
+ * * |o_ref|_2 and |lse - lse_ref| <= tol_lse, everything finite; a row the
+ * reference leaves empty (lse_ref -inf: no visible key) passes only with o
+ * all zero and lse -inf. The error is scaled to each row, so a wrong key
+ * range shows at any key count: at 32k keys an output element is about 0.01,
+ * under any useful absolute tolerance. Tolerances for f32 P V products:
+ * CAS_ATTN_TOL_F32; probabilities rounded to f16 or bf16 for the tensor
+ * cores (unit roundoff 2^-11, 2^-8, so a row's relative error is about
+ * u / sqrt(3), measured in tests/cuda): CAS_ATTN_TOL_F16, CAS_ATTN_TOL_BF16. */
+typedef struct {
+    int64_t rows;      /* rows compared */
+    int64_t bad_rows;  /* rows that failed */
+    int64_t worst_row; /* the row of max_rel (-1: none) */
+    double max_rel;    /* largest relative error of a row's o (inf: not finite) */
+    double max_lse;    /* largest |lse - lse_ref| (inf: not finite or an empty row's lse wrong) */
+} cas_attn_check;
+#define CAS_ATTN_TOL_F32 1e-4
+#define CAS_ATTN_TOL_F16 2e-3
+#define CAS_ATTN_TOL_BF16 1e-2
+#define CAS_ATTN_TOL_LSE 2e-3
+/* o [rows][head_dim], lse [rows] (NULL: not compared) against o_ref,
+ * lse_ref (lse_ref NULL: empty rows are known by o_ref alone, all zero);
+ * fills *out and returns 1 when every row passes. */
+int cas_attn_check_rows(const float *o, const float *lse, const double *o_ref, const double *lse_ref,
+                        int64_t rows, int32_t head_dim, double tol_rel, double tol_lse, cas_attn_check *out);
+
 /* ---- cascade plan and run (CPU backend) --------------------------------- */
 
 typedef enum {

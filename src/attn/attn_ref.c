@@ -312,3 +312,35 @@ void cas_attn_merge_n(float *o_out, float *lse_out, const float *const *o_in,
         lse_out[r] = m + logf(s);
     }
 }
+
+int cas_attn_check_rows(const float *o, const float *lse, const double *o_ref, const double *lse_ref,
+                        int64_t rows, int32_t D, double tol_rel, double tol_lse, cas_attn_check *out) {
+    cas_attn_check c = {rows, 0, -1, 0.0, 0.0};
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = o + r * D;
+        const double *y = o_ref + r * D;
+        double num = 0, den = 0;
+        int finite = 1;
+        for (int32_t d = 0; d < D; d++) {
+            const double e = (double)x[d] - y[d];
+            finite &= isfinite(x[d]) != 0;
+            num += e * e;
+            den += y[d] * y[d];
+        }
+        const int empty = lse_ref ? isinf(lse_ref[r]) && lse_ref[r] < 0 : den == 0;
+        double rel = !finite ? INFINITY : empty ? (num > 0 ? INFINITY : 0) : sqrt(num / den);
+        double el = 0;
+        if (lse && lse_ref) {
+            if (empty) el = isinf(lse[r]) && lse[r] < 0 ? 0 : INFINITY;
+            else el = isfinite(lse[r]) ? fabs((double)lse[r] - lse_ref[r]) : INFINITY;
+        }
+        if (!(rel <= c.max_rel)) {
+            c.max_rel = rel;
+            c.worst_row = r;
+        }
+        if (!(el <= c.max_lse)) c.max_lse = el;
+        c.bad_rows += !(rel <= tol_rel && el <= tol_lse);
+    }
+    if (out) *out = c;
+    return c.bad_rows == 0;
+}

@@ -1,15 +1,22 @@
 /*
  * test_cuda_attn.c: the CUDA attention backend against the float64
- * reference (cas_attn_reference): flat batches over a grid of dtypes, head
- * dims, GQA groups, page sizes, ragged queries, causal/window/soft-cap; a
+ * reference (cas_attn_reference), every row of every output gated by
+ * cas_attn_check_rows (the error over the norm of the row's reference): flat
+ * batches over a grid of dtypes, head dims, GQA groups, page sizes, ragged
+ * queries, causal/window/soft-cap; page ids in runs (the TMA row boxes); a
  * two-level cascade built from explicit passes (also with a window that
- * empties the shared states, so the merge sees -inf); the CPU planner's plan
- * when it is linked in; GPU merges against the CPU merges; and a CUDA graph
- * captured once and replayed after re-plans of other batches.
+ * empties the shared states, so the merge sees -inf); the CPU planner's
+ * plan; GPU merges against the CPU merges; a CUDA graph captured once and
+ * replayed after re-plans of other batches; the device's float64 reference
+ * (cas_cuda_attn_reference) against the CPU's on every case; and the gates
+ * themselves: at 1k and at 32k keys a run that misses one 64-key tile, or
+ * reads one page one id off, must fail them (test_gates).
  *
- * Outputs are poisoned (NaN) before each run. Built only by `make test-cuda`
- * (CUDA=1); needs a GPU. CASCADE_TEST_QUICK=1 runs a subset (for
- * compute-sanitizer memcheck), 2 a smaller one (racecheck).
+ * Every case runs with each many-rows kernel the device has (the default:
+ * wgmma on Hopper with head_dim 128; and mma.sync, forced by the options).
+ * Outputs are poisoned (NaN) before each run. Built only by `make CUDA=1
+ * test-cuda`; needs a GPU. `test_cuda_attn --quick 1` runs a subset (for
+ * compute-sanitizer memcheck), `--quick 2` a smaller one (racecheck).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -18,13 +25,9 @@
 #include "check.h"
 #include "../../src/cuda/cuda_attn.h"
 
-/* The CPU planner (src/attn/attn_plan.c) is linked in when the Makefile
- * finds it (CAS_HAVE_CPU_PLANNER); before that this test skips it. */
-#ifndef CAS_HAVE_CPU_PLANNER
-#define CAS_HAVE_CPU_PLANNER 0
-#endif
-
 static int quick;
+/* the kernel the cases run on (the options of every context they create) */
+static cas_cuda_kernel kernel = CAS_CUDA_KERNEL_AUTO;
 /* 1: page ids in runs of consecutive ids (a fresh pool), broken every few
  * pages, instead of a random permutation: the TMA kernel's run boxes */
 static int page_runs;
@@ -67,6 +70,40 @@ static void tcase_free(tcase *c) {
     if (c->dO) cudaFree(c->dO);
     if (c->dL) cudaFree(c->dL);
     memset(c, 0, sizeof *c);
+}
+
+static cas_attn_batch tcase_batch(const tcase *c) {
+    cas_attn_batch b = {c->B, c->qo, c->kvp, c->idx, c->last};
+    return b;
+}
+
+/* the device's float64 reference of c against the CPU's: the same function
+ * up to double rounding */
+static void check_device_reference(const tcase *c) {
+    const size_t nq = (size_t)c->total_q * c->shape.num_qo_heads * c->shape.head_dim;
+    const size_t nl = (size_t)c->total_q * c->shape.num_qo_heads;
+    double *dor = NULL, *dlr = NULL, *ho = malloc(nq * 8 + 8), *hl = malloc(nl * 8 + 8);
+    cas_attn_batch b = tcase_batch(c);
+    int ok = ho && hl && !cudaMalloc((void **)&dor, nq * 8 + 8) && !cudaMalloc((void **)&dlr, nl * 8 + 8);
+    cas_status st = ok ? cas_cuda_attn_reference(&c->shape, c->dk, c->dv, c->num_pages, &b, &c->params, c->dq, dor, dlr)
+                       : CAS_ERR_NOMEM;
+    CHECKF(st == CAS_OK, "device reference: %s", cas_last_error());
+    if (st == CAS_OK && !cudaMemcpy(ho, dor, nq * 8, cudaMemcpyDeviceToHost) &&
+        !cudaMemcpy(hl, dlr, nl * 8, cudaMemcpyDeviceToHost)) {
+        double eo = 0, el = 0;
+        for (size_t i = 0; i < nq; i++) eo = fmax(eo, fabs(ho[i] - c->oref[i]));
+        int bad = 0;
+        for (size_t i = 0; i < nl; i++) {
+            if (isinf(c->lref[i])) bad += hl[i] != c->lref[i];
+            else el = fmax(el, fabs(hl[i] - c->lref[i]));
+        }
+        CHECKF(bad == 0 && eo < 1e-9 && el < 1e-9, "device reference: %d empty rows differ, max |do| %.3g |dlse| %.3g",
+               bad, eo, el);
+    }
+    if (dor) cudaFree(dor);
+    if (dlr) cudaFree(dlr);
+    free(ho);
+    free(hl);
 }
 
 /* qlen[r], kvlen[r]; npre pages shared by all requests (0: none). */
@@ -136,12 +173,8 @@ static int tcase_make(tcase *c, cas_rng *rng, cas_dtype dt, int D, int Hq, int H
         cudaMemcpy(c->dv, c->v, pool * 2, cudaMemcpyHostToDevice) ||
         cudaMemcpy(c->dq, c->q16, nq * 2, cudaMemcpyHostToDevice))
         return -1;
+    check_device_reference(c);
     return 0;
-}
-
-static cas_attn_batch tcase_batch(const tcase *c) {
-    cas_attn_batch b = {c->B, c->qo, c->kvp, c->idx, c->last};
-    return b;
 }
 
 static void poison(tcase *c) {
@@ -150,8 +183,11 @@ static void poison(tcase *c) {
     cudaMemset(c->dL, 0xff, (size_t)c->total_q * c->shape.num_qo_heads * 4);
 }
 
-/* Compares the device output with the reference; returns max abs error of o. */
-static double compare(tcase *c, const char *what, double tol_o, double tol_l) {
+static double tol_rel(cas_dtype t) { return t == CAS_BF16 ? CAS_ATTN_TOL_BF16 : CAS_ATTN_TOL_F16; }
+
+/* Gates the device output against the reference, every row; returns 1 when
+ * it passes (want: whether it should) */
+static int gate(tcase *c, const char *what, int want) {
     size_t nq = (size_t)c->total_q * c->shape.num_qo_heads * c->shape.head_dim;
     size_t nl = (size_t)c->total_q * c->shape.num_qo_heads;
     if (cudaDeviceSynchronize() != cudaSuccess ||
@@ -159,35 +195,18 @@ static double compare(tcase *c, const char *what, double tol_o, double tol_l) {
         cudaMemcpy(c->l, c->dL, nl * 4, cudaMemcpyDeviceToHost)) {
         printf("%s: CUDA error %s\n", what, cudaGetErrorString(cudaGetLastError()));
         CHECK(0);
-        return 1e30;
+        return 0;
     }
-    double eo = 0, el = 0, num = 0, den = 0;
-    int bad = 0;
-    for (size_t i = 0; i < nq; i++) {
-        if (!isfinite(c->o[i])) { bad++; continue; }
-        double d = fabs(c->o[i] - c->oref[i]);
-        if (d > eo) eo = d;
-        num += d * d;
-        den += c->oref[i] * c->oref[i];
-    }
-    for (size_t i = 0; i < nl; i++) {
-        if (isinf(c->lref[i]) && c->lref[i] < 0) {
-            if (!(isinf(c->l[i]) && c->l[i] < 0)) bad++;
-            continue;
-        }
-        if (!isfinite(c->l[i])) { bad++; continue; }
-        double d = fabs(c->l[i] - c->lref[i]);
-        if (d > el) el = d;
-    }
-    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    CHECKF(bad == 0 && eo <= tol_o && el <= tol_l,
-           "%s: %d non-finite/mismatched, max|do| %.3g (tol %.3g), rel %.3g, max|dlse| %.3g", what, bad,
-           eo, tol_o, rel, el);
-    printf("  %-48s max|do| %.2e rel %.2e max|dlse| %.2e\n", what, eo, rel, el);
-    return eo;
+    cas_attn_check ck;
+    const int pass = cas_attn_check_rows(c->o, c->l, c->oref, c->lref, (int64_t)nl, c->shape.head_dim,
+                                         tol_rel(c->shape.kv_dtype), CAS_ATTN_TOL_LSE, &ck);
+    CHECKF(pass == want, "%s: %lld of %lld rows over the gate (want %s), worst row %lld: rel %.3g (tol %.3g), "
+           "|dlse| %.3g", what, (long long)ck.bad_rows, (long long)ck.rows, want ? "none" : "some",
+           (long long)ck.worst_row, ck.max_rel, tol_rel(c->shape.kv_dtype), ck.max_lse);
+    printf("  %-56s rows %7lld  max rel %.2e  max |dlse| %.2e%s\n", what, (long long)ck.rows, ck.max_rel, ck.max_lse,
+           want ? "" : (pass ? "  (fault NOT caught)" : "  (fault caught)"));
+    return pass;
 }
-
-static double tol_o(cas_dtype t) { return t == CAS_BF16 ? 4e-2 : 8e-3; }
 
 static cas_cuda_attn *ctx_for(const cas_attn_shape *s, int maxq, int maxp, int64_t maxids) {
     cas_cuda_attn_caps caps = {0};
@@ -195,12 +214,23 @@ static cas_cuda_attn *ctx_for(const cas_attn_shape *s, int maxq, int maxp, int64
     caps.max_passes = maxp;
     caps.max_tok_rows = 2 * maxq;
     caps.max_page_ids = maxids;
+    cas_cuda_attn_opts o = cas_cuda_attn_opts_default();
+    o.kernel = kernel;
     cas_cuda_attn *a = NULL;
-    if (cas_cuda_attn_create(&a, s, &caps) != CAS_OK) {
+    if (cas_cuda_attn_create(&a, s, &caps, &o) != CAS_OK) {
         printf("create failed: %s\n", cas_last_error());
         return NULL;
     }
     return a;
+}
+
+/* plans l on a, uploads, runs on c's buffers (poisoned first) */
+static cas_status run_list(cas_cuda_attn *a, tcase *c, const cas_attn_pass_list *l) {
+    cas_status st = cas_cuda_attn_plan_passes(a, l);
+    if (st) return st;
+    poison(c);
+    if ((st = cas_cuda_attn_upload(a, 0))) return st;
+    return cas_cuda_attn_run(a, c->dk, c->dv, c->dq, c->dO, c->dL, 0);
 }
 
 /* ---- flat grid ---------------------------------------------------------- */
@@ -212,6 +242,33 @@ typedef struct {
     int causal, window;
     float cap;
 } flat_cfg;
+
+static void run_flat(const flat_cfg *f, cas_rng *rng, const char *label) {
+    cas_attn_params pr = cas_attn_params_default();
+    pr.causal = f->causal;
+    pr.window_left = f->window;
+    pr.logits_soft_cap = f->cap;
+    tcase c;
+    REQUIRE(tcase_make(&c, rng, f->dt, f->D, f->Hq, f->Hkv, f->P, f->B, f->qlen, f->kvlen, 0, pr) == 0);
+    cas_cuda_attn *a = ctx_for(&c.shape, c.total_q, c.B, c.kvp[c.B]);
+    REQUIRE(a);
+    cas_attn_batch b = tcase_batch(&c);
+    cas_status st = cas_cuda_attn_plan_flat(a, &b, c.num_pages, &pr);
+    CHECKF(st == CAS_OK, "plan: %s", cas_last_error());
+    poison(&c);
+    CHECK(cas_cuda_attn_upload(a, 0) == CAS_OK);
+    st = cas_cuda_attn_run(a, c.dk, c.dv, c.dq, c.dO, c.dL, 0);
+    CHECKF(st == CAS_OK, "run: %s", cas_last_error());
+    char what[160];
+    cas_cuda_attn_info info;
+    cas_cuda_attn_get_info(a, &info);
+    snprintf(what, sizeof what, "%s %s D%d %d:%d P%d B%d c%d w%d cap%g (tasks %d+%d)", label,
+             cas_dtype_name(f->dt), f->D, f->Hq, f->Hkv, f->P, f->B, f->causal, f->window, (double)f->cap,
+             info.tasks_wide, info.tasks_narrow);
+    gate(&c, what, 1);
+    cas_cuda_attn_destroy(a);
+    tcase_free(&c);
+}
 
 static void test_flat_grid(void) {
     static const flat_cfg cfgs[] = {
@@ -231,7 +288,7 @@ static void test_flat_grid(void) {
         {CAS_F16, 128, 32, 4, 16, 2, {70, 19}, {333, 1000}, 1, 40, 20.0f},
         {CAS_BF16, 128, 16, 8, 1, 2, {130, 9}, {130, 77}, 0, -1, 0},
         /* group 6: a token's rows straddle row blocks and the 64-row halves
-         * of a many-rows task (kind 18 counts each half as a writer) */
+         * of a many-rows task */
         {CAS_BF16, 128, 24, 4, 16, 3, {40, 3, 1}, {700, 2000, 3000}, 1, -1, 0},
     };
     int n = (int)(sizeof cfgs / sizeof cfgs[0]);
@@ -239,39 +296,35 @@ static void test_flat_grid(void) {
     cas_rng_seed(&rng, 1234);
     for (int i = 0; i < n; i++) {
         if ((quick == 1 && i > 3) || (quick >= 2 && i > 1)) break;
-        const flat_cfg *f = &cfgs[i];
-        cas_attn_params pr = cas_attn_params_default();
-        pr.causal = f->causal;
-        pr.window_left = f->window;
-        pr.logits_soft_cap = f->cap;
-        tcase c;
-        REQUIRE(tcase_make(&c, &rng, f->dt, f->D, f->Hq, f->Hkv, f->P, f->B, f->qlen, f->kvlen, 0, pr) == 0);
-        cas_cuda_attn *a = ctx_for(&c.shape, c.total_q, c.B, c.kvp[c.B]);
-        REQUIRE(a);
-        cas_attn_batch b = tcase_batch(&c);
-        cas_status st = cas_cuda_attn_plan_flat(a, &b, c.num_pages, &pr);
-        CHECKF(st == CAS_OK, "plan: %s", cas_last_error());
-        poison(&c);
-        CHECK(cas_cuda_attn_upload(a, 0) == CAS_OK);
-        st = cas_cuda_attn_run(a, c.dk, c.dv, c.dq, c.dO, c.dL, 0);
-        CHECKF(st == CAS_OK, "run: %s", cas_last_error());
-        char what[128];
-        cas_cuda_attn_info info;
-        cas_cuda_attn_get_info(a, &info);
-        snprintf(what, sizeof what, "flat %s D%d %d:%d P%d B%d c%d w%d cap%g (tasks %d+%d+%d)",
-                 cas_dtype_name(f->dt), f->D, f->Hq, f->Hkv, f->P, f->B, f->causal, f->window,
-                 (double)f->cap, info.tasks_wide, info.tasks_mid, info.tasks_narrow);
-        compare(&c, what, tol_o(f->dt), 2e-2);
-        cas_cuda_attn_destroy(a);
-        tcase_free(&c);
+        run_flat(&cfgs[i], &rng, "flat");
     }
+}
+
+/* Page ids in runs: the TMA kernel loads 64 keys of consecutive pages as one
+ * box; pages of 8, 16 and 32, prefill rows and decode rows, causal, a
+ * window that starts tasks off the box grid. */
+static void test_page_runs(void) {
+    static const flat_cfg cfgs[] = {
+        {CAS_BF16, 128, 32, 8, 16, 3, {300, 1, 40}, {1200, 2000, 700}, 1, -1, 0},
+        {CAS_F16, 128, 16, 4, 8, 2, {200, 9}, {900, 1500}, 1, -1, 0},
+        {CAS_BF16, 128, 16, 2, 32, 2, {150, 70}, {1000, 333}, 1, 100, 0},
+    };
+    int n = (int)(sizeof cfgs / sizeof cfgs[0]);
+    cas_rng rng;
+    cas_rng_seed(&rng, 4321);
+    page_runs = 1;
+    for (int i = 0; i < n; i++) {
+        if (quick >= 2 && i > 0) break;
+        run_flat(&cfgs[i], &rng, "page runs");
+    }
+    page_runs = 0;
 }
 
 /* ---- cascade from explicit passes --------------------------------------- */
 
 /* Pass 0: every token over the npre shared pages; pass 1+r: request r's
  * tokens over its own pages. Arrays sized by the caller. */
-static int32_t cascade_passes(const tcase *c, cas_attn_pass *ps, int32_t *ids, int32_t *pos) {
+static cas_attn_pass_list cascade_passes(const tcase *c, cas_attn_pass *ps, int32_t *ids, int32_t *pos) {
     const int P = c->shape.page_size;
     int32_t n = 0, rows = 0;
     ps[n++] = (cas_attn_pass){c->kvp[0], 0, c->npre * P, 0, c->total_q, 0};
@@ -294,7 +347,19 @@ static int32_t cascade_passes(const tcase *c, cas_attn_pass *ps, int32_t *ids, i
             rows++;
         }
     }
-    return n;
+    cas_attn_pass_list l;
+    memset(&l, 0, sizeof l);
+    l.params = c->params;
+    l.num_pages = c->num_pages;
+    l.total_q = c->total_q;
+    l.n_passes = n;
+    l.passes = ps;
+    l.pages = c->idx;
+    l.n_page_ids = c->kvp[c->B];
+    l.tok_ids = ids;
+    l.tok_pos = pos;
+    l.n_tok_rows = rows;
+    return l;
 }
 
 static void run_cascade_case(cas_dtype dt, int D, int Hq, int Hkv, int P, int window, int npre,
@@ -311,57 +376,12 @@ static void run_cascade_case(cas_dtype dt, int D, int Hq, int Hkv, int P, int wi
     REQUIRE(a);
     cas_attn_pass ps[8];
     int32_t ids[64], pos[64];
-    int32_t np = cascade_passes(&c, ps, ids, pos);
-    cas_status st = cas_cuda_attn_plan_passes(a, &pr, c.num_pages, np, ps, c.idx, c.kvp[c.B], ids,
-                                              pos, 2 * c.total_q, c.total_q);
-    CHECKF(st == CAS_OK, "plan: %s", cas_last_error());
-    poison(&c);
-    CHECK(cas_cuda_attn_upload(a, 0) == CAS_OK);
-    CHECK(cas_cuda_attn_run(a, c.dk, c.dv, c.dq, c.dO, c.dL, 0) == CAS_OK);
-    compare(&c, label, tol_o(dt), 2e-2);
+    const cas_attn_pass_list l = cascade_passes(&c, ps, ids, pos);
+    cas_status st = run_list(a, &c, &l);
+    CHECKF(st == CAS_OK, "plan and run: %s", cas_last_error());
+    gate(&c, label, 1);
     cas_cuda_attn_destroy(a);
     tcase_free(&c);
-}
-
-/* Page ids in runs: the TMA kernel loads 64 keys of consecutive pages as one
- * box; pages of 8, 16 and 32, prefill rows and decode rows, causal, a
- * window that starts tasks off the box grid. */
-static void test_page_runs(void) {
-    static const flat_cfg cfgs[] = {
-        {CAS_BF16, 128, 32, 8, 16, 3, {300, 1, 40}, {1200, 2000, 700}, 1, -1, 0},
-        {CAS_F16, 128, 16, 4, 8, 2, {200, 9}, {900, 1500}, 1, -1, 0},
-        {CAS_BF16, 128, 16, 2, 32, 2, {150, 70}, {1000, 333}, 1, 100, 0},
-    };
-    int n = (int)(sizeof cfgs / sizeof cfgs[0]);
-    cas_rng rng;
-    cas_rng_seed(&rng, 4321);
-    page_runs = 1;
-    for (int i = 0; i < n; i++) {
-        if (quick >= 2 && i > 0) break;
-        const flat_cfg *f = &cfgs[i];
-        cas_attn_params pr = cas_attn_params_default();
-        pr.causal = f->causal;
-        pr.window_left = f->window;
-        pr.logits_soft_cap = f->cap;
-        tcase c;
-        REQUIRE(tcase_make(&c, &rng, f->dt, f->D, f->Hq, f->Hkv, f->P, f->B, f->qlen, f->kvlen, 0, pr) == 0);
-        cas_cuda_attn *a = ctx_for(&c.shape, c.total_q, c.B, c.kvp[c.B]);
-        REQUIRE(a);
-        cas_attn_batch b = tcase_batch(&c);
-        cas_status st = cas_cuda_attn_plan_flat(a, &b, c.num_pages, &pr);
-        CHECKF(st == CAS_OK, "plan: %s", cas_last_error());
-        poison(&c);
-        CHECK(cas_cuda_attn_upload(a, 0) == CAS_OK);
-        st = cas_cuda_attn_run(a, c.dk, c.dv, c.dq, c.dO, c.dL, 0);
-        CHECKF(st == CAS_OK, "run: %s", cas_last_error());
-        char what[128];
-        snprintf(what, sizeof what, "page runs %s D%d %d:%d P%d B%d c%d w%d", cas_dtype_name(f->dt), f->D,
-                 f->Hq, f->Hkv, f->P, f->B, f->causal, f->window);
-        compare(&c, what, tol_o(f->dt), 2e-2);
-        cas_cuda_attn_destroy(a);
-        tcase_free(&c);
-    }
-    page_runs = 0;
 }
 
 static void test_cascade_passes(void) {
@@ -376,13 +396,98 @@ static void test_cascade_passes(void) {
     }
 }
 
+/* ---- the gates catch a wrong run ------------------------------------------ */
+
+/* At 1k and at 32k keys, flat decode rows and a cascade (a shared prefix
+ * under 8 decode tails) each run three times: as planned (the gate passes),
+ * with one 64-key tile of the longest pass missing (its pass split in two
+ * around the hole: what a kernel that skipped a tile computes), and with one
+ * page id of the longest pass one off (what a kernel that read the wrong
+ * page computes); the reference is the correct batch's, and the gate must
+ * fail both faults. */
+static void fault_runs(tcase *c, cas_cuda_attn *a, cas_attn_pass_list l, const char *label) {
+    char what[160];
+    snprintf(what, sizeof what, "%s as planned", label);
+    CHECKF(run_list(a, c, &l) == CAS_OK, "%s: %s", what, cas_last_error());
+    gate(c, what, 1);
+    /* the longest pass, and a tile in its middle (64 keys on a page boundary) */
+    int32_t li = 0;
+    for (int32_t i = 1; i < l.n_passes; i++)
+        if (l.passes[i].len > l.passes[li].len) li = i;
+    const cas_attn_pass p = l.passes[li];
+    const int32_t P = c->shape.page_size, hole = (p.len / 2) / 64 * 64;
+    cas_attn_pass *ps = malloc(sizeof *ps * (size_t)(l.n_passes + 1));
+    memcpy(ps, l.passes, sizeof *ps * (size_t)l.n_passes);
+    ps[li].len = hole;
+    ps[l.n_passes] = (cas_attn_pass){p.page_off + (hole + 64) / P, p.pos0 + hole + 64, p.len - hole - 64,
+                                     p.tok_off, p.n_tok, p.node};
+    cas_attn_pass_list skip = l;
+    skip.passes = ps;
+    skip.n_passes = l.n_passes + 1;
+    snprintf(what, sizeof what, "%s, keys %d..%d skipped", label, p.pos0 + hole, p.pos0 + hole + 63);
+    CHECKF(run_list(a, c, &skip) == CAS_OK, "%s: %s", what, cas_last_error());
+    gate(c, what, 0);
+    free(ps);
+    int32_t *pg = malloc(sizeof(int32_t) * (size_t)l.n_page_ids);
+    memcpy(pg, l.pages, sizeof(int32_t) * (size_t)l.n_page_ids);
+    const int64_t at = p.page_off + (p.len / P) / 2;
+    pg[at] = (pg[at] + 1) % c->num_pages;
+    cas_attn_pass_list off = l;
+    off.pages = pg;
+    snprintf(what, sizeof what, "%s, page %lld one id off", label, (long long)(at - p.page_off));
+    CHECKF(run_list(a, c, &off) == CAS_OK, "%s: %s", what, cas_last_error());
+    gate(c, what, 0);
+    free(pg);
+}
+
+static void test_gates(void) {
+    const int keys[2] = {1024, 32768};
+    for (int ki = 0; ki < 2; ki++) {
+        if (quick && ki) break;
+        cas_rng rng;
+        cas_rng_seed(&rng, 777 + (uint64_t)ki);
+        const int K = keys[ki], P = 16;
+        cas_attn_params pr = cas_attn_params_default();
+        char label[96];
+        /* flat: 4 decode rows over K keys each */
+        {
+            int qlen[4] = {1, 1, 1, 1}, kvlen[4] = {K, K - 5, K + 9, K - 100};
+            tcase c;
+            REQUIRE(tcase_make(&c, &rng, CAS_BF16, 128, 16, 4, P, 4, qlen, kvlen, 0, pr) == 0);
+            cas_cuda_attn *a = ctx_for(&c.shape, c.total_q, 2 * c.B, c.kvp[c.B]);
+            REQUIRE(a);
+            cas_attn_pass ps[8];
+            int32_t ids[16], pos[16];
+            cas_attn_pass_list l = cascade_passes(&c, ps, ids, pos); /* npre 0: pass 0 is empty */
+            l.passes = ps + 1;
+            l.n_passes = c.B;
+            snprintf(label, sizeof label, "gate flat %dk keys", K / 1024);
+            fault_runs(&c, a, l, label);
+            cas_cuda_attn_destroy(a);
+            tcase_free(&c);
+        }
+        /* cascade: a K-key prefix under 8 decode tails of 40-300 keys */
+        {
+            int qlen[8], kvlen[8];
+            for (int r = 0; r < 8; r++) qlen[r] = 1, kvlen[r] = K + 40 + (int)cas_rng_range(&rng, 0, 260);
+            tcase c;
+            REQUIRE(tcase_make(&c, &rng, CAS_BF16, 128, 16, 4, P, 8, qlen, kvlen, K / P, pr) == 0);
+            cas_cuda_attn *a = ctx_for(&c.shape, c.total_q, c.B + 2, c.kvp[c.B]);
+            REQUIRE(a);
+            cas_attn_pass ps[12];
+            int32_t ids[32], pos[32];
+            const cas_attn_pass_list l = cascade_passes(&c, ps, ids, pos);
+            snprintf(label, sizeof label, "gate cascade %dk-key prefix", K / 1024);
+            fault_runs(&c, a, l, label);
+            cas_cuda_attn_destroy(a);
+            tcase_free(&c);
+        }
+    }
+}
+
 /* ---- the CPU planner's plan --------------------------------------------- */
 
 static void test_cpu_plan(void) {
-#if !CAS_HAVE_CPU_PLANNER
-    printf("skip test_cpu_plan: the CPU planner is not in this build\n");
-    return;
-#else
     int qlen[6] = {1, 1, 8, 1, 3, 1}, kvlen[6];
     cas_rng rng;
     cas_rng_seed(&rng, 7);
@@ -398,14 +503,17 @@ static void test_cpu_plan(void) {
     cas_attn_batch b = tcase_batch(&c);
     if (st == CAS_OK) st = cas_attn_plan_build(plan, &b, c.num_pages, &pr);
     CHECKF(st == CAS_OK, "cpu plan build: %s", cas_last_error());
-    if (st == CAS_OK && plan->n_passes > 0) {
+    cas_attn_pass_list l;
+    memset(&l, 0, sizeof l);
+    if (st == CAS_OK) cas_attn_plan_passes(plan, &l);
+    CHECK(l.n_passes > c.B); /* the shared run is a pass of its own */
+    if (st == CAS_OK && l.n_passes > 0) {
         cas_cuda_attn_caps caps = {0};
-        caps.max_total_q = c.total_q;
-        caps.max_passes = plan->n_passes;
-        caps.max_tok_rows = plan->n_tok_rows;
-        caps.max_page_ids = c.kvp[c.B];
+        cas_cuda_attn_caps_fit(&caps, plan);
+        cas_cuda_attn_opts o = cas_cuda_attn_opts_default();
+        o.kernel = kernel;
         cas_cuda_attn *a = NULL;
-        st = cas_cuda_attn_create(&a, &c.shape, &caps);
+        st = cas_cuda_attn_create(&a, &c.shape, &caps, &o);
         CHECKF(st == CAS_OK, "create: %s", cas_last_error());
         if (a) {
             st = cas_cuda_attn_plan_from_cpu(a, plan);
@@ -414,14 +522,13 @@ static void test_cpu_plan(void) {
             cas_cuda_attn_upload(a, 0);
             CHECK(cas_cuda_attn_run(a, c.dk, c.dv, c.dq, c.dO, c.dL, 0) == CAS_OK);
             char what[96];
-            snprintf(what, sizeof what, "CPU planner's plan (%d passes)", plan->n_passes);
-            compare(&c, what, tol_o(CAS_BF16), 2e-2);
+            snprintf(what, sizeof what, "CPU planner's plan (%d passes)", l.n_passes);
+            gate(&c, what, 1);
             cas_cuda_attn_destroy(a);
         }
     }
     if (plan) cas_attn_plan_destroy(plan);
     tcase_free(&c);
-#endif
 }
 
 /* ---- merges ------------------------------------------------------------- */
@@ -522,8 +629,10 @@ static void test_graph_replan(void) {
     caps.max_passes = 16;
     caps.max_tok_rows = 2 * maxq;
     caps.max_page_ids = 4096;
+    cas_cuda_attn_opts o = cas_cuda_attn_opts_default();
+    o.kernel = kernel;
     cas_cuda_attn *a = NULL;
-    REQUIRE(cas_cuda_attn_create(&a, &A.shape, &caps) == CAS_OK);
+    REQUIRE(cas_cuda_attn_create(&a, &A.shape, &caps, &o) == CAS_OK);
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaGraph_t graph = NULL;
@@ -535,9 +644,8 @@ static void test_graph_replan(void) {
         if (c->npre) {
             cas_attn_pass ps[8];
             int32_t ids[64], pos[64];
-            int32_t np = cascade_passes(c, ps, ids, pos);
-            st = cas_cuda_attn_plan_passes(a, &pr, c->num_pages, np, ps, c->idx, c->kvp[c->B], ids,
-                                           pos, 2 * c->total_q, c->total_q);
+            const cas_attn_pass_list l = cascade_passes(c, ps, ids, pos);
+            st = cas_cuda_attn_plan_passes(a, &l);
         } else {
             st = cas_cuda_attn_plan_flat(a, &b, c->num_pages, &pr);
         }
@@ -562,7 +670,7 @@ static void test_graph_replan(void) {
         CU(cudaMemcpy(c->dL, gL, (size_t)c->total_q * Hq * 4, cudaMemcpyDeviceToDevice));
         char what[64];
         snprintf(what, sizeof what, "graph replay %d (%s, B=%d)", i, c->npre ? "cascade" : "flat", c->B);
-        compare(c, what, tol_o(dt), 2e-2);
+        gate(c, what, 1);
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -580,12 +688,12 @@ static void test_rejects(void) {
     caps.max_total_q = caps.max_passes = caps.max_tok_rows = 4;
     caps.max_page_ids = 4;
     cas_cuda_attn *a = NULL;
-    CHECK(cas_cuda_attn_create(&a, &s, &caps) == CAS_ERR_UNSUPPORTED);
+    CHECK(cas_cuda_attn_create(&a, &s, &caps, NULL) == CAS_ERR_UNSUPPORTED);
     s.kv_dtype = CAS_BF16;
     s.head_dim = 80;
-    CHECK(cas_cuda_attn_create(&a, &s, &caps) == CAS_ERR_UNSUPPORTED);
+    CHECK(cas_cuda_attn_create(&a, &s, &caps, NULL) == CAS_ERR_UNSUPPORTED);
     s.head_dim = 128;
-    REQUIRE(cas_cuda_attn_create(&a, &s, &caps) == CAS_OK);
+    REQUIRE(cas_cuda_attn_create(&a, &s, &caps, NULL) == CAS_OK);
     int32_t qo[3] = {0, 1, 2}, kvp[3] = {0, 1, 2}, idx[2] = {0, 9}, last[2] = {16, 16};
     cas_attn_batch b = {2, qo, kvp, idx, last};
     cas_attn_params pr = cas_attn_params_default();
@@ -596,9 +704,10 @@ static void test_rejects(void) {
     cas_cuda_attn_destroy(a);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     int ndev = 0;
-    quick = getenv("CASCADE_TEST_QUICK") ? atoi(getenv("CASCADE_TEST_QUICK")) : 0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--quick") && i + 1 < argc) quick = atoi(argv[++i]);
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("skip: no CUDA device\n");
         return check_summary();
@@ -608,56 +717,32 @@ int main(void) {
     printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
     RUN(test_rejects);
     RUN(test_merge);
-    /* every many-rows kernel kind the device has (CASCADE_CUDA_WIDE, see
-     * cuda_attn.h): 18 kind 17 merging the split states in the attention
-     * kernels, 17 warp-specialized wgmma with TMA page loads running
-     * the decode tails too (Hopper, the default), 9 it without the tails,
-     * 6 kind 9 with cp.async, 3 wgmma
-     * (v4), 5 kind 3 with passes of <= 64 rows per KV head on the 64-row
-     * mma.sync kernel (CASCADE_CUDA_MID_ROWS=64), 1 mma.sync;
-     * CASCADE_TEST_KINDS=11,10,9,6,8,7,3,5,4,1,2 picks others (9: kind 6 with
-     * TMA, 10: kind 9 in clusters of two with multicast, 11: kind 9 with the
-     * decode tails on its spare producer warps). A kind the device
-     * lacks falls back to 1 (then skipped). */
-    const char *kinds = getenv("CASCADE_TEST_KINDS") ? getenv("CASCADE_TEST_KINDS") : "18,17,11,9,6,3,5,1";
-    for (const char *k = kinds; *k;) {
-        char *end = NULL;
-        long kind = strtol(k, &end, 10);
-        if (end == k) { /* a separator */
-            k++;
-            continue;
-        }
-        k = end;
-        if (kind != 5 && !cas_cuda_attn_kind_known((int)kind)) continue; /* 5: kind 3 with the mid list */
-        char env[8];
-        snprintf(env, sizeof env, "%ld", kind == 5 ? 3L : kind);
-        setenv("CASCADE_CUDA_WIDE", env, 1);
-        if (kind == 5) setenv("CASCADE_CUDA_MID_ROWS", "64", 1);
-        else unsetenv("CASCADE_CUDA_MID_ROWS");
+    /* the default many-rows kernel (wgmma on Hopper), then mma.sync forced
+     * where the default is another */
+    const cas_cuda_kernel kernels[2] = {CAS_CUDA_KERNEL_AUTO, CAS_CUDA_KERNEL_MMA_SYNC};
+    cas_cuda_kernel first = CAS_CUDA_KERNEL_AUTO;
+    for (int k = 0; k < 2; k++) {
+        kernel = kernels[k];
         cas_attn_shape probe = {32, 8, 128, 16, CAS_BF16};
         cas_cuda_attn *a = ctx_for(&probe, 4, 4, 64);
         if (!a) {
-            printf("FAIL: context for kind %s\n", env);
+            printf("FAIL: context for kernel %d\n", (int)kernel);
             return 1;
         }
+        const cas_cuda_kernel got = cas_cuda_attn_kernel(a);
         const char *name = cas_cuda_attn_kernel_name(a);
-        int fell_back = kind != 1 && !strcmp(name, "mma.sync");
         cas_cuda_attn_destroy(a);
-        if (fell_back) {
-            printf("skip kind %s: not on this device\n", env);
-            continue;
-        }
-        printf("== many-rows kernel %s (CASCADE_CUDA_WIDE=%s%s)\n", name, env,
-               kind == 5 ? ", CASCADE_CUDA_MID_ROWS=64" : "");
+        if (k == 0) first = got;
+        else if (got == first) break; /* no wgmma here: the default was mma.sync already */
+        printf("== many-rows kernel %s (head_dim 128; other head_dims run mma.sync)\n", name);
         RUN(test_flat_grid);
         RUN(test_cascade_passes);
         RUN(test_page_runs);
+        RUN(test_gates);
         if (quick < 2) {
             RUN(test_cpu_plan);
             RUN(test_graph_replan);
         }
     }
-    unsetenv("CASCADE_CUDA_WIDE");
-    unsetenv("CASCADE_CUDA_MID_ROWS");
     return check_summary();
 }
