@@ -101,8 +101,10 @@ struct cas_model {
     size_t work_bytes;
     /* single-token forward: per-thread normed x and its quantized form */
     int nt;          /* threads of every parallel region */
+    cas_simd_level simd; /* opts.simd resolved on this CPU (attention and matrix kernels) */
     int avx2;        /* kernels' instruction set (1 AVX2, 0 portable) */
     int avx512;      /* batched SwiGLU on AVX-512; only with avx2 */
+    int amx;         /* batched products on AMX-INT8, from packed copies of the weights */
     float *tx;       /* [nt][tx_stride] */
     uint8_t *tq;     /* [nt][tq_stride] */
     size_t tx_stride, tq_stride;
@@ -127,6 +129,8 @@ cas_model_opts cas_model_opts_default(void) {
     o.threads = 0;
     o.cascade = CAS_CASCADE_AUTO;
     o.portable_kernels = 0;
+    o.simd = CAS_SIMD_AUTO;
+    o.amx_off = 0;
     return o;
 }
 
@@ -327,6 +331,9 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         return cas_error(CAS_ERR_INVALID, "model: invalid options (max_batch_tokens %d, max_seqs %d, "
                          "max_logits %d, threads %d)", o.max_batch_tokens, o.max_seqs, o.max_logits,
                          o.threads);
+    cas_simd_level simd;
+    cas_status st = cas_simd_resolve(o.simd, "model", &simd);
+    if (st) return st;
     if (o.max_logits == 0) o.max_logits = o.max_seqs;
     if (o.max_seqs > o.max_batch_tokens) o.max_seqs = o.max_batch_tokens;
     if (o.max_logits > o.max_batch_tokens) o.max_logits = o.max_batch_tokens;
@@ -335,7 +342,10 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     if (!m) return cas_error(CAS_ERR_NOMEM, "model");
     m->g = g;
     m->opts = o;
-    cas_status st = read_config(g, &m->cfg);
+    m->simd = simd;
+    /* AMX-INT8 needs AVX-512 for its scaling: a lower level turns it off too */
+    m->amx = !o.portable_kernels && !o.amx_off && simd == CAS_SIMD_AVX512 && cas_q_amx_available();
+    st = read_config(g, &m->cfg);
     if (st) goto fail;
     cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, F = c->n_ff, QD = (int64_t)c->n_head * c->head_dim,
@@ -366,7 +376,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     }
     int64_t wbytes = (int64_t)m->output.bytes;
     /* packed copies for the AMX kernels of batched forwards, only where they will run */
-    const int pack = !o.portable_kernels && strcmp(cas_q_batch_simd_name(), "amx") == 0;
+    const int pack = m->amx;
     for (int32_t l = 0; l < c->n_layers; l++) {
         cas_layer *L = &m->layers[l];
         char name[96];
@@ -485,8 +495,9 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         goto fail;
     }
     m->nt = nt;
-    m->avx2 = cas_q_resolve_avx2(o.portable_kernels ? CAS_Q_SIMD_GENERIC : CAS_Q_SIMD_AUTO);
-    m->avx512 = m->avx2 && cas_q_avx512_ok();
+    m->avx2 = cas_q_resolve_avx2(o.portable_kernels || simd == CAS_SIMD_GENERIC ? CAS_Q_SIMD_GENERIC
+                                                                                : CAS_Q_SIMD_AUTO);
+    m->avx512 = m->avx2 && simd == CAS_SIMD_AVX512;
     {
         int64_t mx = E > QD ? E : QD;
         if (F > mx) mx = F;
@@ -637,7 +648,8 @@ static cas_status matmul_prep(const cas_model *m, const cas_mat *w, const float 
     o.prep = prep;
     o.prep_ctx = prep_ctx;
     o.nthreads = m->opts.threads;
-    if (m->opts.portable_kernels) o.simd = CAS_Q_SIMD_GENERIC;
+    /* AUTO takes AMX for a batched call given the packed copy, which exists only where m->amx */
+    o.simd = !m->avx2 ? CAS_Q_SIMD_GENERIC : m->amx ? CAS_Q_SIMD_AUTO : CAS_Q_SIMD_AVX2;
     o.work = m->work;
     o.work_bytes = m->work_bytes;
     o.packed = w->packed;
@@ -856,6 +868,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         cas_attn_plan_opts po = cas_attn_plan_opts_default();
         po.cascade = m->opts.cascade;
         po.threads = m->opts.threads;
+        po.simd = m->simd;
+        po.amx_off = m->opts.amx_off;
         if ((st = cas_attn_plan_create(&m->plan, &kv->shape, &po, m->opts.max_seqs,
                                        m->opts.max_batch_tokens, 0)))
             return st;
@@ -895,7 +909,6 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
 
     const size_t es = cas_dtype_size(kv->dtype);
     const size_t pbytes = (size_t)ps * (size_t)KD * es;
-    const int amx_now = !m->opts.portable_kernels && strcmp(cas_q_batch_simd_name(), "amx") == 0;
     int residual_due = 0; /* m->proj still to be added to m->x (the last down projection's) */
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
@@ -918,8 +931,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         float *kr = m->k, *vr = m->v; /* K and V rows of token 0, kw floats apart */
         int64_t kw = KD;
         /* the fused matrices, where they can run now (a packed-only one needs the AMX path) */
-        const int fq = L->wqkv.rows && (L->wqkv.data || (L->wqkv.packed && amx_now));
-        const int fg = L->w_gu.rows && (L->w_gu.data || (L->w_gu.packed && amx_now));
+        const int fq = L->wqkv.rows && (L->wqkv.data || (L->wqkv.packed && m->amx));
+        const int fg = L->w_gu.rows && (L->w_gu.data || (L->w_gu.packed && m->amx));
         if (fq) {
             const int64_t W = QD + 2 * KD;
             if ((st = matmul_prep(m, &L->wqkv, m->xb, T, m->fout, prep_residual_norm, &in_prep))) return st;

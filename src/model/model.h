@@ -344,6 +344,15 @@ typedef struct {
     cas_cascade_mode cascade; /* attention planner mode; default CAS_CASCADE_AUTO */
     int32_t portable_kernels; /* 1: portable (non-SIMD) matrix kernels, whose result for a
                                  token does not depend on the batch around it (tests) */
+    cas_simd_level simd;      /* the widest vector instructions of the matrix, elementwise and
+                                 attention kernels (core.h): CAS_SIMD_AUTO (default) the CPU's
+                                 widest; GENERIC, AVX2 or AVX512 lower it to compare kernels
+                                 (the results agree to f32 rounding); below AVX512 also no AMX.
+                                 A level this CPU lacks fails creation with CAS_ERR_UNSUPPORTED */
+    int32_t amx_off;          /* 1: never the AMX tile unit (the batched AMX-INT8 products and
+                                 their packed weight copies; AMX-BF16 attention), for A/B runs
+                                 and tests: the AVX2 products give the same bits. 0 (default):
+                                 AMX where the CPU has it and Linux grants the tile state */
 } cas_model_opts;
 
 cas_model_opts cas_model_opts_default(void);
