@@ -217,6 +217,8 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     mo.max_logits = o->max_seqs;
     mo.threads = o->threads;
     mo.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    mo.simd = o->simd;
+    mo.amx_off = o->amx_off;
     {
         load_job job = {.path = o->model_path, .mo = &mo, .model = &e->model, .st = CAS_OK, .err = ""};
         pthread_t loader;
@@ -263,12 +265,14 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     ko.max_seqs = o->max_seqs * 2 + 16;
     ko.max_blocks_per_seq = per_seq + 1;
     ko.enable_prefix_cache = o->prefix_cache;
+    ko.debug_checks = o->debug_checks;
     if ((st = cas_kv_create(&ko, &e->kv))) goto fail;
     cas_sched_opts so = cas_sched_opts_default();
     so.max_tokens_per_step = o->max_batch_tokens;
     so.max_seqs = o->max_seqs;
     so.max_context = e->max_context;
     so.use_priority = 1;
+    so.debug_checks = o->debug_checks;
     if ((st = cas_sched_create(e->kv, &so, &e->sched))) goto fail;
 
     int32_t V = e->cfg->n_vocab;
