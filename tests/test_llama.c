@@ -66,7 +66,7 @@ static void seq_reserve(pager_t *pg, seq_t *s, int32_t add) {
 
 /* Builds a model batch of nseq sequences, each adding counts[i] tokens from toks[i]. The
  * sequences' len advance. Arrays are static scratch (tests are single-threaded). */
-static cas_status step(cas_kv_cache *kv, pager_t *pg, seq_t **seqs, const int32_t *const *toks,
+static cas_status step(cas_model_kv *kv, pager_t *pg, seq_t **seqs, const int32_t *const *toks,
                        const int32_t *counts, int nseq, int all_logits, float *logits) {
     static int32_t tokens[4096], qo[65], kvp[65], idx[8192], last[64], rows[4096];
     int32_t T = 0, P = 0;
@@ -177,8 +177,8 @@ static void test_reference_logits(void) {
     REQUIRE(root);
     json_t *prompts = json_object_get(root, "prompts");
     REQUIRE(json_array_size(prompts) >= 3);
-    cas_kv_cache *kv = NULL;
-    REQUIRE(cas_kv_cache_create(g_model, 64, PAGE, CAS_F16, &kv) == CAS_OK);
+    cas_model_kv *kv = NULL;
+    REQUIRE(cas_model_kv_create(g_model, 64, PAGE, CAS_F16, &kv) == CAS_OK);
     float *logits = malloc(sizeof(float) * (size_t)g_vocab * 128);
     float worst_all = 0;
     int greedy_ok = 0, greedy_n = 0;
@@ -246,7 +246,7 @@ static void test_reference_logits(void) {
            "max after removing each row's mean offset %.4f; greedy %d/%d\n",
            (double)worst_all, (double)LOGIT_TOL, g_sum_diff / (double)g_n_diff, g_worst_centered, greedy_ok, greedy_n);
     free(logits);
-    cas_kv_cache_destroy(kv);
+    cas_model_kv_destroy(kv);
     json_decref(root);
 }
 
@@ -292,8 +292,8 @@ static void test_amx_vs_avx2(void) {
         lg[v] = malloc(sizeof(float) * (size_t)g_vocab * 2 * NP);
         REQUIRE(lg[v]);
         g_model = v == 0 ? g_fast : no_amx;
-        cas_kv_cache *kv = NULL;
-        REQUIRE(cas_kv_cache_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
+        cas_model_kv *kv = NULL;
+        REQUIRE(cas_model_kv_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
         pager_t pg = {0};
         seq_t s[NP];
         seq_t *sp[NP];
@@ -304,7 +304,7 @@ static void test_amx_vs_avx2(void) {
         int32_t t = 42, ones[NP] = {1, 1, 1, 1};
         const int32_t *t1[NP] = {&t, &t, &t, &t};
         CHECK(step(kv, &pg, sp, t1, ones, NP, 0, lg[v] + (size_t)g_vocab * NP) == CAS_OK);
-        cas_kv_cache_destroy(kv);
+        cas_model_kv_destroy(kv);
     }
     g_model = g_fast;
     cas_model_destroy(no_amx);
@@ -337,8 +337,8 @@ static void test_simd_levels(void) {
         REQUIRE(cas_model_load(MODEL_PATH, &o, &lowered) == CAS_OK);
         for (int v = 0; v < 2; v++) {
             g_model = v == 0 ? g_fast : lowered;
-            cas_kv_cache *kv = NULL;
-            REQUIRE(cas_kv_cache_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
+            cas_model_kv *kv = NULL;
+            REQUIRE(cas_model_kv_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
             pager_t pg = {0};
             seq_t s[NP];
             seq_t *sp[NP];
@@ -349,7 +349,7 @@ static void test_simd_levels(void) {
             int32_t t = 42, ones[NP] = {1, 1, 1, 1};
             const int32_t *t1[NP] = {&t, &t, &t, &t};
             CHECK(step(kv, &pg, sp, t1, ones, NP, 0, lg[v] + (size_t)g_vocab * NP) == CAS_OK);
-            cas_kv_cache_destroy(kv);
+            cas_model_kv_destroy(kv);
         }
         g_model = g_fast;
         cas_model_destroy(lowered);
@@ -369,8 +369,8 @@ static void test_simd_levels(void) {
 static void test_batched_equals_alone(void) {
     int32_t ids[NP][200], n[NP];
     for (int i = 0; i < NP; i++) n[i] = enc(k_prompts[i], ids[i]);
-    cas_kv_cache *kv = NULL;
-    REQUIRE(cas_kv_cache_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
+    cas_model_kv *kv = NULL;
+    REQUIRE(cas_model_kv_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
     float *alone = malloc(sizeof(float) * (size_t)g_vocab * NP);
     float *tog = malloc(sizeof(float) * (size_t)g_vocab * NP);
     float *dec_alone = malloc(sizeof(float) * (size_t)g_vocab * NP);
@@ -460,7 +460,7 @@ static void test_batched_equals_alone(void) {
     free(alone);
     free(tog);
     free(dec_alone);
-    cas_kv_cache_destroy(kv);
+    cas_model_kv_destroy(kv);
 }
 
 /* f32 and bf16 KV storage give (nearly) the same logits as f16. */
@@ -470,14 +470,14 @@ static void test_kv_dtypes(void) {
     float *a = malloc(sizeof(float) * (size_t)g_vocab * 3);
     cas_dtype dts[3] = {CAS_F16, CAS_F32, CAS_BF16};
     for (int k = 0; k < 3; k++) {
-        cas_kv_cache *kv = NULL;
-        REQUIRE(cas_kv_cache_create(g_model, 8, PAGE, dts[k], &kv) == CAS_OK);
+        cas_model_kv *kv = NULL;
+        REQUIRE(cas_model_kv_create(g_model, 8, PAGE, dts[k], &kv) == CAS_OK);
         pager_t pg = {0};
         seq_t s = {{0}, 0, 0};
         seq_t *sp = &s;
         const int32_t *tp = ids;
         CHECK(step(kv, &pg, &sp, &tp, &n, 1, 0, a + (size_t)k * g_vocab) == CAS_OK);
-        cas_kv_cache_destroy(kv);
+        cas_model_kv_destroy(kv);
     }
     /* the model is sensitive: f16 rounding of K/V alone moves logits by ~0.8 */
     check_same_tol(a, a + g_vocab, 1, "f32 vs f16 KV", 1.5f, 0.5);
@@ -486,8 +486,8 @@ static void test_kv_dtypes(void) {
 }
 
 static void test_bad_batches(void) {
-    cas_kv_cache *kv = NULL;
-    REQUIRE(cas_kv_cache_create(g_model, 4, PAGE, CAS_F16, &kv) == CAS_OK);
+    cas_model_kv *kv = NULL;
+    REQUIRE(cas_model_kv_create(g_model, 4, PAGE, CAS_F16, &kv) == CAS_OK);
     float *lg = malloc(sizeof(float) * (size_t)g_vocab);
     int32_t tok = 1, qo[2] = {0, 1}, kvp[2] = {0, 1}, idx[1] = {0}, last[1] = {1};
     cas_model_batch b = {1, &tok, qo, kvp, idx, last, 0, NULL};
@@ -502,11 +502,11 @@ static void test_bad_batches(void) {
     b.qo_indptr = many_qo;
     CHECK(cas_model_forward(g_model, kv, &b, lg) == CAS_ERR_NOMEM);
     CHECK(strstr(cas_last_error(), "capacity") != NULL);
-    cas_kv_cache *bad = NULL;
-    CHECK(cas_kv_cache_create(g_model, 4, 0, CAS_F16, &bad) == CAS_ERR_INVALID);
-    CHECK(cas_kv_cache_create(g_model, 0, 16, CAS_F16, &bad) == CAS_ERR_INVALID);
+    cas_model_kv *bad = NULL;
+    CHECK(cas_model_kv_create(g_model, 4, 0, CAS_F16, &bad) == CAS_ERR_INVALID);
+    CHECK(cas_model_kv_create(g_model, 0, 16, CAS_F16, &bad) == CAS_ERR_INVALID);
     free(lg);
-    cas_kv_cache_destroy(kv);
+    cas_model_kv_destroy(kv);
 }
 
 /* ---- a tiny GGUF writer for the malformed-model cases -------------------------------- */

@@ -53,7 +53,7 @@ struct cas_engine {
     cas_tok *tok;
     cas_chat_template chat;
     int has_chat;
-    cas_kv_cache *cache;
+    cas_model_kv *cache;
     cas_kv *kv;
     cas_sched *sched;
     const cas_model_config *cfg;
@@ -249,7 +249,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->max_context = o->max_context > 0 ? o->max_context : e->cfg->n_ctx_train;
     if (e->max_context <= 0) e->max_context = 2048;
 
-    int32_t pages = cas_kv_cache_pages_for_budget(e->model, o->page_size, CAS_F16, (size_t)o->kv_cache_bytes);
+    int32_t pages = cas_model_kv_pages_for_budget(e->model, o->page_size, CAS_F16, (size_t)o->kv_cache_bytes);
     int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
     if (pages < per_seq) {
         st = cas_error(CAS_ERR_INVALID,
@@ -258,7 +258,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
                        (long long)o->kv_cache_bytes, pages, o->page_size, per_seq);
         goto fail;
     }
-    if ((st = cas_kv_cache_create(e->model, pages, o->page_size, CAS_F16, &e->cache))) goto fail;
+    if ((st = cas_model_kv_create(e->model, pages, o->page_size, CAS_F16, &e->cache))) goto fail;
     cas_kv_opts ko = cas_kv_opts_default();
     ko.num_blocks = pages;
     ko.page_size = o->page_size;
@@ -295,7 +295,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->stats.kv_blocks_total = pages;
     *out = e;
     cas_log(CAS_LOG_INFO, "engine: %s, %d KV pages of %d tokens (%.1f MiB), context %d, %d seqs x %d tokens per step",
-            e->model_name, pages, o->page_size, (double)cas_kv_cache_bytes(e->cache) / (1 << 20), e->max_context,
+            e->model_name, pages, o->page_size, (double)cas_model_kv_bytes(e->cache) / (1 << 20), e->max_context,
             o->max_seqs, o->max_batch_tokens);
     return CAS_OK;
 fail:
@@ -318,7 +318,7 @@ void cas_engine_destroy(cas_engine *e) {
     }
     cas_sched_destroy(e->sched);
     cas_kv_destroy(e->kv);
-    cas_kv_cache_destroy(e->cache);
+    cas_model_kv_destroy(e->cache);
     if (e->has_chat) cas_chat_template_free(&e->chat);
     cas_tok_destroy(e->tok);
     cas_model_destroy(e->model);

@@ -2,7 +2,7 @@
  * llama.c: the Llama-family forward pass on the CPU.
  *
  * The file reads top to bottom like the model: hyper-parameters and weights
- * from the GGUF file, the paged KV cache, then one forward pass over a
+ * from the GGUF file, the paged K/V store, then one forward pass over a
  * ragged batch (embeddings; per layer RMSNorm, Q/K/V projections, RoPE, K/V
  * written into their pages, attention through the cascade plan, output
  * projection, SwiGLU MLP; final norm and logits for the wanted rows).
@@ -112,7 +112,7 @@ struct cas_model {
     cas_attn_shape plan_shape; /* the KV geometry the plan was created for */
 };
 
-struct cas_kv_cache {
+struct cas_model_kv {
     int32_t num_pages, page_size, n_layers;
     cas_dtype dtype;
     size_t layer_bytes; /* bytes of one pool of one layer */
@@ -543,14 +543,14 @@ void cas_model_set_cascade(cas_model *m, cas_cascade_mode mode) {
     }
 }
 
-/* ---- KV cache -------------------------------------------------------------- */
+/* ---- paged K/V store (cas_model_kv) --------------------------------------- */
 
 static size_t page_bytes(const cas_model *m, int32_t page_size, cas_dtype dtype) {
     return (size_t)page_size * (size_t)m->cfg.n_head_kv * (size_t)m->cfg.head_dim *
            cas_dtype_size(dtype);
 }
 
-int32_t cas_kv_cache_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
+int32_t cas_model_kv_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
                                       size_t budget_bytes) {
     if (page_size <= 0) return 0;
     size_t per = page_bytes(m, page_size, dtype) * 2 * (size_t)m->cfg.n_layers;
@@ -558,17 +558,17 @@ int32_t cas_kv_cache_pages_for_budget(const cas_model *m, int32_t page_size, cas
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
-cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t page_size,
-                               cas_dtype dtype, cas_kv_cache **out) {
+cas_status cas_model_kv_create(const cas_model *m, int32_t num_pages, int32_t page_size,
+                               cas_dtype dtype, cas_model_kv **out) {
     *out = NULL;
     if (page_size < 1 || page_size > CAS_ATTN_MAX_PAGE_SIZE)
-        return cas_error(CAS_ERR_INVALID, "kv cache: page size %d is outside 1..%d", page_size,
+        return cas_error(CAS_ERR_INVALID, "model kv: page size %d is outside 1..%d", page_size,
                          CAS_ATTN_MAX_PAGE_SIZE);
-    if (num_pages < 1) return cas_error(CAS_ERR_INVALID, "kv cache: %d pages", num_pages);
+    if (num_pages < 1) return cas_error(CAS_ERR_INVALID, "model kv: %d pages", num_pages);
     if (dtype != CAS_F32 && dtype != CAS_F16 && dtype != CAS_BF16)
-        return cas_error(CAS_ERR_INVALID, "kv cache: unknown storage type %d", (int)dtype);
-    cas_kv_cache *kv = calloc(1, sizeof *kv);
-    if (!kv) return cas_error(CAS_ERR_NOMEM, "kv cache");
+        return cas_error(CAS_ERR_INVALID, "model kv: unknown storage type %d", (int)dtype);
+    cas_model_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return cas_error(CAS_ERR_NOMEM, "model kv");
     kv->num_pages = num_pages;
     kv->page_size = page_size;
     kv->n_layers = m->cfg.n_layers;
@@ -577,14 +577,14 @@ cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t pa
     size_t total = kv->layer_bytes * (size_t)kv->n_layers;
     if (total / kv->n_layers != kv->layer_bytes) {
         free(kv);
-        return cas_error(CAS_ERR_NOMEM, "kv cache: size overflows");
+        return cas_error(CAS_ERR_NOMEM, "model kv: size overflows");
     }
     /* huge pages too: attention reads each sequence's pages wherever they are */
     kv->k = alloc_huge(total);
     kv->v = alloc_huge(total);
     if (!kv->k || !kv->v) {
-        cas_kv_cache_destroy(kv);
-        return cas_error(CAS_ERR_NOMEM, "kv cache: 2 x %zu bytes for %d pages", total, num_pages);
+        cas_model_kv_destroy(kv);
+        return cas_error(CAS_ERR_NOMEM, "model kv: 2 x %zu bytes for %d pages", total, num_pages);
     }
     memset(kv->k, 0, total);
     memset(kv->v, 0, total);
@@ -597,16 +597,16 @@ cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t pa
     return CAS_OK;
 }
 
-void cas_kv_cache_destroy(cas_kv_cache *kv) {
+void cas_model_kv_destroy(cas_model_kv *kv) {
     if (!kv) return;
     free(kv->k); /* aligned_alloc */
     free(kv->v);
     free(kv);
 }
 
-int32_t cas_kv_cache_num_pages(const cas_kv_cache *kv) { return kv->num_pages; }
-int32_t cas_kv_cache_page_size(const cas_kv_cache *kv) { return kv->page_size; }
-size_t cas_kv_cache_bytes(const cas_kv_cache *kv) { return 2 * kv->layer_bytes * (size_t)kv->n_layers; }
+int32_t cas_model_kv_num_pages(const cas_model_kv *kv) { return kv->num_pages; }
+int32_t cas_model_kv_page_size(const cas_model_kv *kv) { return kv->page_size; }
+size_t cas_model_kv_bytes(const cas_model_kv *kv) { return 2 * kv->layer_bytes * (size_t)kv->n_layers; }
 
 /* ---- forward ----------------------------------------------------------------- */
 
@@ -749,7 +749,7 @@ static void rope_token(const cas_model *m, float *x, int32_t heads, const float 
  * needed next. Bit-identical to the batched path with T = 1 (same kernels,
  * same per-row arithmetic). Needs wq, wk, wv of one type, and w_gate, w_up
  * of one type (x is quantized once for each group). */
-static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache *kv, int32_t l,
+static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv *kv, int32_t l,
                                   size_t kv_at) {
     const cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
@@ -815,7 +815,7 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
     return CAS_OK;
 }
 
-cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_batch *b,
+cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_batch *b,
                              float *logits) {
     const cas_model_config *c = &m->cfg;
     if (!b || b->n_seqs <= 0 || !b->tokens || !b->qo_indptr || !b->kv_indptr || !b->kv_indices ||
@@ -823,7 +823,7 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         return cas_error(CAS_ERR_INVALID, "forward: empty batch or NULL array");
     if (kv->n_layers != c->n_layers || kv->shape.num_kv_heads != c->n_head_kv ||
         kv->shape.head_dim != c->head_dim)
-        return cas_error(CAS_ERR_INVALID, "forward: the KV cache was made for another model");
+        return cas_error(CAS_ERR_INVALID, "forward: the K/V store was made for another model");
     const int32_t B = b->n_seqs;
     if (B > m->opts.max_seqs)
         return cas_error(CAS_ERR_NOMEM, "forward: %d sequences, capacity %d", B, m->opts.max_seqs);
