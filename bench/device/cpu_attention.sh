@@ -27,9 +27,9 @@ gcc $CF /tmp/cb/main.c src/tools/cmd_attn_bench.c /tmp/cb/*.o -lm -o /tmp/cb/att
 /tmp/cb/test_attn | tail -12 | tee "$OUT/cpu-test.txt"
 B=/tmp/cb/attn-bench
 common="--heads 32:8 --head-dim 128 --page-size 16 --repeats 5 --check 4 --json"
-# The library reads no CASCADE_SIMD any more: the kernels are the CPU's
-# widest (cas_attn_plan_opts.simd = AUTO). Timing the AVX2 kernel on this
-# host again needs attn-bench to set that option (a --simd flag).
+# The kernels are the CPU's widest (cas_attn_plan_opts.simd = AUTO; the
+# library reads no environment for it): timing the AVX2 kernel on this host
+# needs attn-bench to set that option (a --simd flag).
 {
   taskset -c 0,1 $B --threads 2 $common --batch 32 --prefix 8192 --suffix 256 --dtype f32
   taskset -c 0,1 $B --threads 2 $common --batch 32 --prefix 8192 --suffix 256 --dtype bf16
