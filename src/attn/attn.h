@@ -197,8 +197,9 @@ typedef struct {
      * cas_attn_plan_create with CAS_ERR_UNSUPPORTED. */
     cas_simd_level simd;
     /* 1: the bf16 dot-product kernel (bf16_dot) never uses AMX-BF16 tiles,
-     * only AVX512_BF16 (tests compare the two; the outputs differ in the
-     * last bits of the f32 sums). 0 (default): tiles where the CPU has
+     * only AVX512_BF16 (tests compare the two: the same function, its f32
+     * sums in another order, which can move a probability to the
+     * neighbouring bf16 value). 0 (default): tiles where the CPU has
      * AMX-BF16 and Linux grants the tile state (cas_cpu_amx_ready). */
     int32_t amx_off;
 } cas_attn_plan_opts;

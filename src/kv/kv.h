@@ -52,9 +52,9 @@
  * Debug checks. cas_kv_check verifies every invariant (O(blocks + table
  * entries)). With opts.debug_checks (the engine's debug_checks sets it)
  * every mutating call runs it afterwards and returns CAS_ERR_INTERNAL (with
- * the message) if it fails. It is not tied to NDEBUG
- * because the Makefile never defines NDEBUG and an O(pool) check per call would
- * dominate a step of a large pool.
+ * the message) if it fails. It is not tied to NDEBUG because the Makefile
+ * never defines NDEBUG and an O(pool) check per call would dominate a step
+ * of a large pool.
  *
  * Threads. A cas_kv is not thread-safe: one thread (the engine loop) makes
  * every call; different pools are independent.
