@@ -36,8 +36,8 @@ static void die(const char *what) {
 static void run(cas_model *m, int nseq, int plen, int reps, double *pre_tps, double *dec_tps) {
     const cas_model_config *c = cas_model_config_of(m);
     int32_t per = (plen + DECODE + PAGE - 1) / PAGE;
-    cas_kv_cache *kv = NULL;
-    if (cas_kv_cache_create(m, per * nseq, PAGE, CAS_F16, &kv)) die("kv cache");
+    cas_model_kv *kv = NULL;
+    if (cas_model_kv_create(m, per * nseq, PAGE, CAS_F16, &kv)) die("model kv");
     int32_t *tok = malloc(sizeof(int32_t) * 4096), *qo = malloc(sizeof(int32_t) * (nseq + 1)),
             *kvp = malloc(sizeof(int32_t) * (nseq + 1)), *idx = malloc(sizeof(int32_t) * per * nseq),
             *last = malloc(sizeof(int32_t) * nseq), *len = calloc((size_t)nseq, sizeof(int32_t));
@@ -95,7 +95,7 @@ static void run(cas_model *m, int nseq, int plen, int reps, double *pre_tps, dou
     free(last);
     free(len);
     free(logits);
-    cas_kv_cache_destroy(kv);
+    cas_model_kv_destroy(kv);
 }
 
 int main(int argc, char **argv) {

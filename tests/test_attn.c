@@ -47,7 +47,7 @@ typedef struct {
     char desc[1024];
 } case_t;
 
-static const char *simds[] = {"generic", "avx2", "avx512"};
+static const cas_simd_level simd_levels[] = {CAS_SIMD_GENERIC, CAS_SIMD_AVX2, CAS_SIMD_AVX512};
 
 /* Runs one case in every mode and kernel; returns the number of failures. */
 static int run_case(const case_t *c, uint64_t seed) {
@@ -75,12 +75,14 @@ static int run_case(const case_t *c, uint64_t seed) {
     const double tol = 2e-5 * sqrt((double)D) + 1e-5;
     cas_cascade_mode modes[3] = {CAS_CASCADE_OFF, CAS_CASCADE_ALL, CAS_CASCADE_AUTO};
     for (int k = 0; k < 3; k++) {
-        if (cas_attn_simd_override(simds[k])) continue;
+        if (simd_levels[k] > cas_cpu_features_get()->simd) continue; /* plan_create would refuse it */
+        const char *simd = cas_simd_name(simd_levels[k]);
         for (int m = 0; m < 3; m++) {
             for (int threads = 1; threads <= 3; threads += 2) {
                 cas_attn_plan_opts opts = cas_attn_plan_opts_default();
                 opts.cascade = modes[m];
                 opts.threads = threads;
+                opts.simd = simd_levels[k];
                 cas_attn_plan *plan = NULL;
                 st = cas_attn_plan_create(&plan, &c->shape, &opts, 0, 0, 0);
                 if (!st) st = cas_attn_plan_build(plan, &b, s.num_pages, &c->params);
@@ -88,39 +90,39 @@ static int run_case(const case_t *c, uint64_t seed) {
                 poison(lse, nl);
                 if (!st) st = cas_attn_plan_run(plan, &pool, s.q, o, lse);
                 if (st) {
-                    printf("  %s [%s mode %d]: %s\n", c->desc, simds[k], m, cas_last_error());
+                    printf("  %s [%s mode %d]: %s\n", c->desc, simd, m, cas_last_error());
                     fails++;
                 } else {
                     double eo = rel_err(o, oref, no), el = rel_err(lse, lref, nl);
                     if (!(eo <= tol && el <= tol)) {
                         printf("  %s [%s, mode %d, %d threads]: o err %.3g lse err %.3g (tol %.3g)\n", c->desc,
-                               simds[k], m, threads, eo, el, tol);
+                               simd, m, threads, eo, el, tol);
                         if (fails == 0) cas_attn_plan_print(plan, stdout);
                         fails++;
                     }
                     if (k > 0) {
                         /* the decode path computes the blocked kernel's bits */
-                        int keep = cas_attn_decode_rows;
-                        cas_attn_decode_rows = 0;
+                        int keep = plan->decode_rows;
+                        plan->decode_rows = 0;
                         poison(o2, no);
                         poison(lse2, nl);
                         cas_status st2 = cas_attn_plan_run(plan, &pool, s.q, o2, lse2);
-                        cas_attn_decode_rows = keep;
+                        plan->decode_rows = keep;
                         if (st2 || memcmp(o, o2, sizeof(float) * no) || memcmp(lse, lse2, sizeof(float) * nl)) {
                             printf("  %s [%s, mode %d, %d threads]: decode path and blocked kernel differ\n",
-                                   c->desc, simds[k], m, threads);
+                                   c->desc, simd, m, threads);
                             fails++;
                         }
                         /* so does the transposed-score path (AVX-512, many rows per KV head) */
-                        keep = cas_attn_stile_rows;
-                        cas_attn_stile_rows = INT_MAX;
+                        keep = plan->stile_rows;
+                        plan->stile_rows = INT_MAX;
                         poison(o2, no);
                         poison(lse2, nl);
                         st2 = cas_attn_plan_run(plan, &pool, s.q, o2, lse2);
-                        cas_attn_stile_rows = keep;
+                        plan->stile_rows = keep;
                         if (st2 || memcmp(o, o2, sizeof(float) * no) || memcmp(lse, lse2, sizeof(float) * nl)) {
                             printf("  %s [%s, mode %d, %d threads]: transposed-score and row-layout kernels differ\n",
-                                   c->desc, simds[k], m, threads);
+                                   c->desc, simd, m, threads);
                             fails++;
                         }
                     }
@@ -137,7 +139,6 @@ static int run_case(const case_t *c, uint64_t seed) {
             }
         }
     }
-    cas_attn_simd_override(NULL);
 done:
     free(oref), free(lref), free(o), free(lse), free(o2), free(lse2);
     cas_attn_synth_destroy(&s);
@@ -241,12 +242,12 @@ static void test_bf16_dot(void) {
         for (int m = 0; m < 3; m++)
             for (int threads = 1; threads <= 3; threads += 2) {
                 for (int a = 0; a < 2; a++) { /* a = 0: AMX where present; 1: AVX512_BF16 only */
-                    cas_attn_amx_off = a;
                     amx_runs += a == 0 && cas_attn_amx_bf16_available();
                     cas_attn_plan_opts opts = cas_attn_plan_opts_default();
                     opts.cascade = modes[m];
                     opts.threads = threads;
                     opts.bf16_dot = 1;
+                    opts.amx_off = a;
                     cas_attn_plan *plan = NULL;
                     cas_status st = cas_attn_plan_create(&plan, &sh, &opts, 0, 0, 0);
                     if (!st) st = cas_attn_plan_build(plan, &b, s.num_pages, &prm);
@@ -262,7 +263,6 @@ static void test_bf16_dot(void) {
                         fails++;
                     }
                 }
-                cas_attn_amx_off = 0;
                 /* the two instruction paths compute the same function: their scores differ
                  * in the last f32 bits (sums in another order), which can move a
                  * probability to the neighbouring bf16 value (2^-8 relative) */
@@ -689,6 +689,28 @@ static void test_bad_input(void) {
     CHECK(cas_attn_plan_build(plan, &ok, 4, &prm) == CAS_OK);
     CHECK(cas_attn_plan_run(plan, &pool, q, o, lse) == CAS_OK);
     cas_attn_plan_destroy(plan);
+
+    /* a SIMD level outside the enum, or one this CPU lacks, is refused (never
+     * replaced by another kernel); each level the CPU has runs its own kernel */
+    cas_attn_plan_opts po = cas_attn_plan_opts_default();
+    po.simd = (cas_simd_level)9;
+    plan = NULL;
+    CHECK(cas_attn_plan_create(&plan, &shape, &po, 0, 0, 0) == CAS_ERR_INVALID && plan == NULL);
+    const cas_simd_level have = cas_cpu_features_get()->simd;
+    CHECK(strcmp(cas_attn_simd_name(), cas_simd_name(have)) == 0);
+    if (have < CAS_SIMD_AVX512) {
+        po.simd = CAS_SIMD_AVX512;
+        CHECK(cas_attn_plan_create(&plan, &shape, &po, 0, 0, 0) == CAS_ERR_UNSUPPORTED && plan == NULL);
+        CHECK(strstr(cas_last_error(), "avx512") != NULL);
+    }
+    const cas_attn_item_fn kernels[] = {cas_attn_item_generic, cas_attn_item_avx2, cas_attn_item_avx512};
+    for (int lvl = CAS_SIMD_AUTO; lvl <= (int)have; lvl++) {
+        po.simd = (cas_simd_level)lvl;
+        REQUIRE(cas_attn_plan_create(&plan, &shape, &po, 0, 0, 0) == CAS_OK);
+        CHECK(plan->simd == (lvl == CAS_SIMD_AUTO ? have : (cas_simd_level)lvl));
+        CHECK(plan->kernel == kernels[plan->simd - CAS_SIMD_GENERIC]);
+        cas_attn_plan_destroy(plan);
+    }
 
     /* the synthetic generator rejects bad tree specs */
     cas_attn_synth s;

@@ -76,6 +76,7 @@ static cas_engine *make_engine(int cascade, int prefix_cache, int64_t kv_bytes, 
     o.kv_cache_bytes = kv_bytes;
     o.max_batch_tokens = batch_tokens;
     o.max_seqs = 16;
+    o.debug_checks = 1; /* every kv and scheduler invariant after every change */
     cas_engine *e = NULL;
     if (cas_engine_create(&e, &o)) printf("engine: %s\n", cas_last_error());
     return e;
@@ -329,6 +330,11 @@ static void test_load_progress(void) {
     CHECK(p.first == 0);
     CHECKF(p.total == bytes && p.last == bytes, "progress ended at %lld of %lld, file has %lld tensor bytes",
            (long long)p.last, (long long)p.total, (long long)bytes);
+    /* the kernel options reach the model: one it cannot honour fails the create */
+    o.load_progress = NULL;
+    o.simd = (cas_simd_level)9;
+    CHECK(cas_engine_create(&e, &o) == CAS_ERR_INVALID && e == NULL);
+    CHECK(strstr(cas_last_error(), "simd") != NULL);
 }
 
 int main(void) {

@@ -188,7 +188,7 @@ typedef enum {
  * (KV bytes converted into tiles over pack_bytes_per_s, plus its FLOPs over
  * flops_per_s); an extra pass adds pass_overhead_s and a merge of its rows.
  * Defaults were measured on the 2-core development machine with
- * `cascade attn-bench --calibrate` (bench/NOTES.md). */
+ * `cascade attn-bench --calibrate` (bench/HISTORY.md). */
 typedef struct {
     double bytes_per_s;      /* KV streaming rate from memory */
     double pack_bytes_per_s; /* rate of turning KV (already in cache) into tiles */
@@ -216,9 +216,21 @@ typedef struct {
      * bf16 dot-product instruction, about twice the multiply-add rate of the
      * f32 path on shared-prefix passes, at bf16 precision (outputs differ
      * from the default by ~1e-3 relative). With AMX-BF16 the products run
-     * on the tile unit. 0 (default) or no AVX512_BF16: K and V are widened
-     * to f32 and Q stays f32. */
+     * on the tile unit. 0 (default) or no AVX512_BF16 (or simd below
+     * AVX512): K and V are widened to f32 and Q stays f32. */
     int32_t bf16_dot;
+    /* The vector instructions of the CPU kernels (core.h): CAS_SIMD_AUTO
+     * (default) the widest this CPU has (cas_attn_simd_name); GENERIC, AVX2
+     * or AVX512 run that kernel, to compare them (tests, benchmarks). Every
+     * level computes the same function; a level this CPU lacks fails
+     * cas_attn_plan_create with CAS_ERR_UNSUPPORTED. */
+    cas_simd_level simd;
+    /* 1: the bf16 dot-product kernel (bf16_dot) never uses AMX-BF16 tiles,
+     * only AVX512_BF16 (tests compare the two: the same function, its f32
+     * sums in another order, which can move a probability to the
+     * neighbouring bf16 value). 0 (default): tiles where the CPU has
+     * AMX-BF16 and Linux grants the tile state (cas_cpu_amx_ready). */
+    int32_t amx_off;
 } cas_attn_plan_opts;
 
 cas_attn_plan_opts cas_attn_plan_opts_default(void);
@@ -305,18 +317,15 @@ cas_status cas_attn_forward(const cas_attn_shape *shape, const cas_kv_pool *pool
                             const cas_attn_plan_opts *opts, const float *q, float *o,
                             float *lse);
 
-/* ---- machine measurements ----------------------------------------------- */
+/* ---- what the CPU backend runs here ------------------------------------- */
 
-/* Streaming read bandwidth (bytes/s) over `bytes` with `threads` threads, and
- * the f32 FMA rate (FLOP/s, two per FMA) of the widest vector unit present.
- * Each returns the best of a few repeats. */
-double cas_measure_read_bandwidth(size_t bytes, int threads);
-double cas_measure_fma_flops(int threads);
-
-/* The SIMD level the CPU kernels use: "avx512", "avx2" or "generic". The
- * environment variable CASCADE_SIMD (same names) can lower it. */
+/* The SIMD level a plan with opts.simd = CAS_SIMD_AUTO runs: "avx512", "avx2"
+ * or "generic" (cas_simd_name of the CPU's widest level). The machine
+ * ceilings benchmarks compare against (cas_measure_read_bandwidth,
+ * cas_measure_fma_flops) are in core.h. */
 const char *cas_attn_simd_name(void);
-/* 1 if the CPU (and CASCADE_SIMD) allows cas_attn_plan_opts.bf16_dot. */
+/* 1 if this CPU runs cas_attn_plan_opts.bf16_dot (AVX-512 and AVX512_BF16);
+ * a plan asks for it with simd AUTO or AVX512. */
 int cas_attn_bf16_dot_available(void);
 
 

@@ -1,7 +1,12 @@
 /*
- * attn_cpu.c: the portable CPU work-item kernel, the workspace layout shared
- * with the SIMD kernels (attn_kern.inc), and the machine measurements the
- * benchmarks report as ceilings (read bandwidth, f32 FMA rate).
+ * attn_cpu.c: running a plan on the CPU. The choice of work-item kernel
+ * (made once, when a plan is created, from its options and the CPU features
+ * that src/core detects), the workspace layout shared with the SIMD kernels
+ * (attn_kern.inc), the portable kernel, and the run itself: every work item
+ * in parallel, then the per-token merge of their states.
+ *
+ * The planner (attn_plan.c) calls into this file; nothing here calls the
+ * planner, and the SIMD kernels read only the plan they are given.
  *
  * The portable kernel is the fallback for CPUs without AVX2 and the second
  * opinion in tests: one query row at a time, online softmax over the keys of
@@ -80,78 +85,95 @@ void cas_attn_item_generic(const cas_attn_plan *p, const cas_attn_item *it, cons
     }
 }
 
-/* ---- machine measurements ------------------------------------------------ */
+/* ---- kernel choice -------------------------------------------------------- */
 
-double cas_measure_read_bw_avx2(const float *buf, size_t n, int threads);
-double cas_measure_read_bw_avx512(const float *buf, size_t n, int threads);
+const char *cas_attn_simd_name(void) { return cas_simd_name(cas_cpu_features_get()->simd); }
 
-double cas_measure_read_bandwidth(size_t bytes, int threads) {
-    if (threads <= 0) threads = omp_get_max_threads();
-    size_t n = bytes / sizeof(float);
-    float *buf = cas_alloc_array(n, sizeof(float));
-    if (!buf) return 0.0;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * 0.5f;
-    double best = 0.0;
-    const char *simd = cas_attn_simd_name();
-    if (!strcmp(simd, "avx512")) best = cas_measure_read_bw_avx512(buf, n, threads);
-    else if (!strcmp(simd, "avx2")) best = cas_measure_read_bw_avx2(buf, n, threads);
-    else {
-        volatile float sink = 0.0f;
-        for (int rep = 0; rep < 5; rep++) {
-            double t0 = cas_now_s();
-            float total = 0.0f;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-            {
-                float s[16] = {0};
+int cas_attn_bf16_dot_available(void) {
+    const cas_cpu_features *f = cas_cpu_features_get();
+    return f->simd == CAS_SIMD_AVX512 && f->avx512_bf16;
+}
+
+int cas_attn_amx_bf16_available(void) {
+    return cas_cpu_features_get()->amx_bf16 && cas_cpu_amx_ready();
+}
+
+cas_status cas_attn_cpu_select(cas_attn_plan *p) {
+    cas_simd_level lvl;
+    cas_status st = cas_simd_resolve(p->opts.simd, "attn plan", &lvl);
+    if (st) return st;
+    p->simd = lvl;
+    p->amx_bf16 = 0;
+    p->decode_rows = 8;
+    p->stile_rows = 32;
+    if (p->opts.bf16_dot && p->shape.kv_dtype == CAS_BF16 && lvl == CAS_SIMD_AVX512 &&
+        cas_cpu_features_get()->avx512_bf16) {
+        p->kernel = cas_attn_item_avx512bf16;
+        p->amx_bf16 = !p->opts.amx_off && cas_attn_amx_bf16_available();
+    } else if (lvl == CAS_SIMD_AVX512) {
+        p->kernel = cas_attn_item_avx512;
+    } else if (lvl == CAS_SIMD_AVX2) {
+        p->kernel = cas_attn_item_avx2;
+    } else {
+        p->kernel = cas_attn_item_generic;
+    }
+    return CAS_OK;
+}
+
+/* ---- run ------------------------------------------------------------------ */
+
+static void merge_token(const cas_attn_plan *p, int32_t t, float *o, float *lse) {
+    const int32_t Hq = p->shape.num_qo_heads, D = p->shape.head_dim;
+    const int32_t c0 = p->contrib_indptr[t], c1 = p->contrib_indptr[t + 1];
+    const float *S = p->scratch;
+    for (int32_t h = 0; h < Hq; h++) {
+        float m = -INFINITY;
+        for (int32_t c = c0; c < c1; c++) {
+            float l = S[p->contrib_lse[c] + h];
+            if (l > m) m = l;
+        }
+        float *out = o + ((size_t)t * Hq + h) * D;
+        for (int32_t d = 0; d < D; d++) out[d] = 0.0f;
+        if (m == -INFINITY) {
+            if (lse) lse[(size_t)t * Hq + h] = -INFINITY;
+            continue;
+        }
+        float sum = 0.0f;
+        for (int32_t c = c0; c < c1; c++) {
+            float l = S[p->contrib_lse[c] + h];
+            if (l == -INFINITY) continue;
+            float w = expf(l - m);
+            sum += w;
+            const float *src = S + p->contrib_o[c] + (int64_t)h * D;
+            for (int32_t d = 0; d < D; d++) out[d] += w * src[d];
+        }
+        float inv = 1.0f / sum;
+        for (int32_t d = 0; d < D; d++) out[d] *= inv;
+        if (lse) lse[(size_t)t * Hq + h] = m + logf(sum);
+    }
+}
+
+cas_status cas_attn_plan_run(cas_attn_plan *p, const cas_kv_pool *pool, const float *q, float *o,
+                             float *lse) {
+    if (!p || !pool || (!q && p->total_q) || (!o && p->total_q))
+        return cas_error(CAS_ERR_INVALID, "attn run: NULL argument");
+    if (pool->num_pages != p->num_pages)
+        return cas_error(CAS_ERR_INVALID, "attn run: pool has %d pages, plan was built for %d",
+                         pool->num_pages, p->num_pages);
+    if (p->n_items && (!pool->k || !pool->v)) return cas_error(CAS_ERR_INVALID, "attn run: NULL K or V pool");
+    const cas_attn_item_fn fn = p->kernel;
+    const int32_t n_items = p->n_items, total_q = p->total_q;
+    const int need_merge = p->n_contrib > 0;
+#pragma omp parallel num_threads(p->threads)
+    {
+        float *work = p->work + (size_t)omp_get_thread_num() * (size_t)p->work_floats;
+#pragma omp for schedule(dynamic, 1)
+        for (int32_t i = 0; i < n_items; i++) fn(p, &p->items[i], pool, q, o, lse, work);
+        if (need_merge) {
 #pragma omp for schedule(static)
-                for (size_t i = 0; i < n / 16; i++)
-                    for (int k = 0; k < 16; k++) s[k] += buf[i * 16 + k];
-                for (int k = 0; k < 16; k++) total += s[k];
-            }
-            double dt = cas_now_s() - t0;
-            sink += total;
-            double bw = (double)(n / 16 * 16) * sizeof(float) / dt;
-            if (bw > best) best = bw;
+            for (int32_t t = 0; t < total_q; t++)
+                if (!p->direct_tok[t]) merge_token(p, t, o, lse);
         }
-        (void)sink;
     }
-    cas_free(buf);
-    return best;
-}
-
-/* The FMA loops are in the SIMD files; this portable one is the fallback. */
-double cas_measure_fma_flops_generic(int threads);
-double cas_measure_fma_flops_avx2(int threads);
-double cas_measure_fma_flops_avx512(int threads);
-
-double cas_measure_fma_flops_generic(int threads) {
-    const long iters = 20000000;
-    double best = 0;
-    for (int rep = 0; rep < 3; rep++) {
-        double t0 = cas_now_s();
-        float total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-        {
-            float a[8] = {1.0f, 1.01f, 1.02f, 1.03f, 1.04f, 1.05f, 1.06f, 1.07f}; /* distinct: no merged chains */
-            volatile float mv = 0.9999999f, cv = 1e-7f; /* opaque: no folding at compile time */
-            const float m = mv, c = cv;
-            for (long i = 0; i < iters; i++)
-                for (int k = 0; k < 8; k++) a[k] = a[k] * m + c;
-            for (int k = 0; k < 8; k++) total += a[k];
-        }
-        double dt = cas_now_s() - t0;
-        double f = 2.0 * 8 * iters * threads / dt;
-        if (total == 12345.0f) f += 1; /* keep the loop alive */
-        if (f > best) best = f;
-    }
-    return best;
-}
-
-double cas_measure_fma_flops(int threads) {
-    if (threads <= 0) threads = omp_get_max_threads();
-    const char *s = cas_attn_simd_name();
-    if (!strcmp(s, "avx512")) return cas_measure_fma_flops_avx512(threads);
-    if (!strcmp(s, "avx2")) return cas_measure_fma_flops_avx2(threads);
-    return cas_measure_fma_flops_generic(threads);
+    return CAS_OK;
 }

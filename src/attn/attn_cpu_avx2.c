@@ -1,7 +1,7 @@
 /*
  * attn_cpu_avx2.c: the blocked attention kernel (attn_kern.inc) with 8-wide
  * AVX2 + FMA vectors, and F16C for f16 KV. Compiled with -mavx2 -mfma -mf16c;
- * attn_plan.c calls it only when the CPU reports those features.
+ * attn_cpu.c picks it only when the CPU reports those features.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -62,10 +62,5 @@ static inline __m256 exp8(__m256 x) {
 #define HSUM(v) hsum8(v)
 #define HMAX(v) hmax8(v)
 #define KERNEL_NAME cas_attn_item_avx2
-#define FMA_FLOPS_NAME cas_measure_fma_flops_avx2
-#define READ_BW_NAME cas_measure_read_bw_avx2
-double cas_measure_read_bw_avx2(const float *buf, size_t n, int threads);
-
-double cas_measure_fma_flops_avx2(int threads);
 
 #include "attn_kern.inc"

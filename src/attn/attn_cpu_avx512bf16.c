@@ -6,8 +6,8 @@
  * per instruction of the f32 FMA kernel. Opt-in (cas_attn_plan_opts.bf16_dot)
  * because of that rounding; every item takes the blocked path (no decode
  * path), so a row's output still does not depend on the batch around it.
- * Compiled with AVX-512 + BF16 flags; attn_plan.c calls it only when the CPU
- * has AVX512_BF16.
+ * Compiled with AVX-512 + BF16 flags; attn_cpu.c picks it only when the CPU
+ * has AVX-512 and AVX512_BF16.
  */
 #include <immintrin.h>
 #include <math.h>

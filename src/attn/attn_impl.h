@@ -64,6 +64,11 @@ typedef struct {
     int64_t rows;             /* query tokens below it */
 } cas_attn_node;
 
+/* The CPU work item kernel, one per SIMD level; writes the item's states. */
+typedef void (*cas_attn_item_fn)(const struct cas_attn_plan *plan, const cas_attn_item *item,
+                                 const cas_kv_pool *pool, const float *q, float *o, float *lse,
+                                 float *work);
+
 struct cas_attn_plan {
     cas_attn_shape shape;
     cas_attn_plan_opts opts;
@@ -71,6 +76,18 @@ struct cas_attn_plan {
     float scale;
     int32_t threads;
     int32_t num_pages;
+
+    /* the CPU kernel, chosen at create from opts and the CPU (cas_attn_cpu_select) */
+    cas_attn_item_fn kernel;
+    cas_simd_level simd;       /* the level opts.simd resolved to */
+    int32_t amx_bf16;          /* 1: the bf16 dot-product kernel multiplies on AMX-BF16 tiles */
+    /* Most query rows per KV head for which the SIMD kernels take their decode
+     * path (8, its maximum; 0 turns it off), and fewest for which the AVX-512
+     * f32 kernel computes scores transposed (32; INT32_MAX turns it off). Either
+     * path computes the bits of the blocked kernel, so these change speed only;
+     * tests set them on a created plan to compare the paths. */
+    int32_t decode_rows;
+    int32_t stile_rows;
 
     /* the batch, copied */
     int32_t batch;
@@ -122,10 +139,8 @@ struct cas_attn_plan {
     int64_t cap_sort_work; /* bytes */
 };
 
-/* The CPU work item kernel, one per SIMD level; writes the item's states. */
-typedef void (*cas_attn_item_fn)(const struct cas_attn_plan *plan, const cas_attn_item *item,
-                                 const cas_kv_pool *pool, const float *q, float *o, float *lse,
-                                 float *work);
+/* The kernels (attn_cpu.c, attn_cpu_avx2.c, attn_cpu_avx512.c,
+ * attn_cpu_avx512bf16.c); each runs only where cas_attn_cpu_select picked it. */
 void cas_attn_item_generic(const struct cas_attn_plan *plan, const cas_attn_item *item,
                            const cas_kv_pool *pool, const float *q, float *o, float *lse,
                            float *work);
@@ -138,27 +153,14 @@ void cas_attn_item_avx512(const struct cas_attn_plan *plan, const cas_attn_item 
 void cas_attn_item_avx512bf16(const struct cas_attn_plan *plan, const cas_attn_item *item,
                               const cas_kv_pool *pool, const float *q, float *o, float *lse,
                               float *work);
-/* 1 if the bf16 dot-product kernel may use AMX-BF16 tiles in this process
- * (the CPU check is cached after the first call; CASCADE_AMX=0 at that call
- * or cas_attn_amx_off != 0 turns it off). */
+/* Sets the plan's kernel, simd, amx_bf16, decode_rows and stile_rows from
+ * its shape and options and the CPU (attn_cpu.c; plan create calls it).
+ * CAS_ERR_UNSUPPORTED when opts.simd names a level this CPU lacks. */
+cas_status cas_attn_cpu_select(cas_attn_plan *plan);
+/* 1 if the bf16 dot-product kernel may use AMX-BF16 tiles in this process:
+ * the CPU has AMX-BF16 and cas_cpu_amx_ready() (which asks Linux for the tile
+ * state on its first call). */
 int cas_attn_amx_bf16_available(void);
-/* Tests: non-zero runs the bf16 dot-product kernel with AVX512_BF16 only. */
-extern int cas_attn_amx_off;
-/* Forces a SIMD level ("avx512", "avx2", "generic") for the following runs;
- * NULL restores the detected one. A level the CPU lacks is refused (-1).
- * For tests; not thread-safe against concurrent runs. */
-int cas_attn_simd_override(const char *name);
-
-/* Most query rows per KV head for which the SIMD kernels take their decode
- * path (default 8, its maximum; 0 turns it off). The decode path computes the
- * blocked kernel's bits, so this changes speed only; for tests and benchmarks,
- * not thread-safe against concurrent runs. */
-extern int cas_attn_decode_rows;
-/* Fewest query rows per KV head for which the AVX-512 f32 kernel computes
- * scores transposed (default 32; a large value turns it off). The same bits
- * either way; for tests and benchmarks, not thread-safe against concurrent
- * runs. */
-extern int cas_attn_stile_rows;
 
 /* floats of per-thread workspace the kernels need for a head_dim */
 int64_t cas_attn_work_floats(int32_t head_dim);

@@ -1,5 +1,5 @@
 /*
- * attn_plan.c: cascade planning and the CPU run.
+ * attn_plan.c: cascade planning.
  *
  * Planning turns a batch into passes (attn_impl.h). With cascade on, the
  * requests are sorted by their page lists; the longest common prefixes of
@@ -13,10 +13,12 @@
  * blocked multi-query attention over its KV: one tile of keys is loaded and
  * used by all its rows before the next tile is read.
  *
- * Running the plan is two phases in one OpenMP region: all items in parallel
- * (each writes attention states), then a per-token merge of the states by
- * their log-sum-exp. A build grows its buffers when a batch needs more than
- * any before it; a run allocates nothing.
+ * Running the plan (attn_cpu.c) is two phases in one OpenMP region: all
+ * items in parallel (each writes attention states), then a per-token merge of
+ * the states by their log-sum-exp. A build grows its buffers when a batch
+ * needs more than any before it; a run allocates nothing. This file calls the
+ * run's (kernel choice at create, workspace size, cas_attn_forward); the run
+ * does not call back.
  */
 #include <math.h>
 #include <omp.h>
@@ -25,14 +27,11 @@
 
 #include "attn.h"
 #include "attn_impl.h"
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 /* ---- options and cost model ---------------------------------------------- */
 
 cas_attn_cost cas_attn_cost_default(void) {
-    /* measured on the 2-core development machine: bench/NOTES.md */
+    /* measured on the 2-core development machine: bench/HISTORY.md */
     cas_attn_cost c;
     c.bytes_per_s = 18e9;
     c.pack_bytes_per_s = 20e9;
@@ -50,6 +49,8 @@ cas_attn_plan_opts cas_attn_plan_opts_default(void) {
     o.min_shared_tokens = 0;
     o.cost = cas_attn_cost_default();
     o.bf16_dot = 0;
+    o.simd = CAS_SIMD_AUTO;
+    o.amx_off = 0;
     return o;
 }
 
@@ -105,6 +106,10 @@ cas_status cas_attn_plan_create(cas_attn_plan **out, const cas_attn_shape *shape
     if (!p) return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory");
     p->shape = *shape;
     p->opts = opts ? *opts : cas_attn_plan_opts_default();
+    if ((st = cas_attn_cpu_select(p))) {
+        free(p);
+        return st;
+    }
     int32_t nt = p->opts.threads > 0 ? p->opts.threads : omp_get_max_threads();
     if (nt < 1) nt = 1;
     p->threads = nt;
@@ -727,141 +732,6 @@ void cas_attn_plan_print(const cas_attn_plan *p, FILE *f) {
         fprintf(f, "  pass %d: %d query tokens x keys [%d, %d)%s\n", i, ps->n_tok, ps->pos0,
                 ps->pos0 + ps->len, ps->node >= 0 ? " (shared)" : "");
     }
-}
-
-/* ---- run ------------------------------------------------------------------ */
-
-static const char *simd_forced;
-int cas_attn_decode_rows = 8;
-int cas_attn_stile_rows = 32;
-
-int cas_attn_simd_override(const char *name) {
-    if (!name) {
-        simd_forced = NULL;
-        return 0;
-    }
-    const char *have = cas_attn_simd_name();
-    int rank_have = !strcmp(have, "avx512") ? 2 : !strcmp(have, "avx2") ? 1 : 0;
-    int rank_want = !strcmp(name, "avx512") ? 2 : !strcmp(name, "avx2") ? 1 : !strcmp(name, "generic") ? 0 : 9;
-    if (rank_want > rank_have) return -1;
-    simd_forced = rank_want == 2 ? "avx512" : rank_want == 1 ? "avx2" : "generic";
-    return 0;
-}
-
-int cas_attn_bf16_dot_available(void) {
-    const char *s = simd_forced ? simd_forced : cas_attn_simd_name();
-    if (strcmp(s, "avx512")) return 0;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16");
-#else
-    return 0;
-#endif
-}
-
-int cas_attn_amx_off;
-
-int cas_attn_amx_bf16_available(void) {
-    static int state; /* 0 unknown, 1 yes, -1 no */
-    if (cas_attn_amx_off) return 0;
-    int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (!st) {
-        st = -1;
-#if defined(__x86_64__) || defined(__i386__)
-        unsigned a, b, c, d;
-        const char *env = getenv("CASCADE_AMX");
-        if (!(env && !strcmp(env, "0")) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) &&
-            cas_cpu_amx_ready())
-            st = 1; /* AMX-BF16 */
-#endif
-        __atomic_store_n(&state, st, __ATOMIC_RELEASE);
-    }
-    return st > 0;
-}
-
-static cas_attn_item_fn pick_kernel(const cas_attn_plan *p) {
-    const char *s = simd_forced ? simd_forced : cas_attn_simd_name();
-    if (p->opts.bf16_dot && p->shape.kv_dtype == CAS_BF16 && cas_attn_bf16_dot_available())
-        return cas_attn_item_avx512bf16;
-    if (!strcmp(s, "avx512")) return cas_attn_item_avx512;
-    if (!strcmp(s, "avx2")) return cas_attn_item_avx2;
-    return cas_attn_item_generic;
-}
-
-const char *cas_attn_simd_name(void) {
-    static const char *name;
-    const char *n = __atomic_load_n(&name, __ATOMIC_ACQUIRE);
-    if (n) return n;
-    n = "generic";
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    const char *env = getenv("CASCADE_SIMD");
-    if (avx512) n = "avx512";
-    else if (avx2) n = "avx2";
-    if (env && !strcmp(env, "avx2") && avx2) n = "avx2";
-    if (env && !strcmp(env, "generic")) n = "generic";
-#endif
-    __atomic_store_n(&name, n, __ATOMIC_RELEASE);
-    return n;
-}
-
-static void merge_token(const cas_attn_plan *p, int32_t t, float *o, float *lse) {
-    const int32_t Hq = p->shape.num_qo_heads, D = p->shape.head_dim;
-    const int32_t c0 = p->contrib_indptr[t], c1 = p->contrib_indptr[t + 1];
-    const float *S = p->scratch;
-    for (int32_t h = 0; h < Hq; h++) {
-        float m = -INFINITY;
-        for (int32_t c = c0; c < c1; c++) {
-            float l = S[p->contrib_lse[c] + h];
-            if (l > m) m = l;
-        }
-        float *out = o + ((size_t)t * Hq + h) * D;
-        for (int32_t d = 0; d < D; d++) out[d] = 0.0f;
-        if (m == -INFINITY) {
-            if (lse) lse[(size_t)t * Hq + h] = -INFINITY;
-            continue;
-        }
-        float sum = 0.0f;
-        for (int32_t c = c0; c < c1; c++) {
-            float l = S[p->contrib_lse[c] + h];
-            if (l == -INFINITY) continue;
-            float w = expf(l - m);
-            sum += w;
-            const float *src = S + p->contrib_o[c] + (int64_t)h * D;
-            for (int32_t d = 0; d < D; d++) out[d] += w * src[d];
-        }
-        float inv = 1.0f / sum;
-        for (int32_t d = 0; d < D; d++) out[d] *= inv;
-        if (lse) lse[(size_t)t * Hq + h] = m + logf(sum);
-    }
-}
-
-cas_status cas_attn_plan_run(cas_attn_plan *p, const cas_kv_pool *pool, const float *q, float *o,
-                             float *lse) {
-    if (!p || !pool || (!q && p->total_q) || (!o && p->total_q))
-        return cas_error(CAS_ERR_INVALID, "attn run: NULL argument");
-    if (pool->num_pages != p->num_pages)
-        return cas_error(CAS_ERR_INVALID, "attn run: pool has %d pages, plan was built for %d",
-                         pool->num_pages, p->num_pages);
-    if (p->n_items && (!pool->k || !pool->v)) return cas_error(CAS_ERR_INVALID, "attn run: NULL K or V pool");
-    cas_attn_item_fn fn = pick_kernel(p);
-    const int32_t n_items = p->n_items, total_q = p->total_q;
-    const int need_merge = p->n_contrib > 0;
-#pragma omp parallel num_threads(p->threads)
-    {
-        float *work = p->work + (size_t)omp_get_thread_num() * (size_t)p->work_floats;
-#pragma omp for schedule(dynamic, 1)
-        for (int32_t i = 0; i < n_items; i++) fn(p, &p->items[i], pool, q, o, lse, work);
-        if (need_merge) {
-#pragma omp for schedule(static)
-            for (int32_t t = 0; t < total_q; t++)
-                if (!p->direct_tok[t]) merge_token(p, t, o, lse);
-        }
-    }
-    return CAS_OK;
 }
 
 cas_status cas_attn_forward(const cas_attn_shape *shape, const cas_kv_pool *pool,

@@ -1,6 +1,8 @@
 /*
- * core.c: errors, logging, allocation, time, number formats, .npy output and
- * a small random generator. Nothing here knows about attention or models.
+ * core.c: errors, logging, allocation, time, number formats, .npy output, a
+ * small random generator and what this CPU can run (features, SIMD level, AMX
+ * permission). Nothing here knows about attention or models; the machine
+ * measurements, which need OpenMP and vector code, are in core_measure*.c.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "core.h"
@@ -11,8 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__x86_64__) && defined(__linux__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -252,6 +256,93 @@ double cas_rng_normal(cas_rng *r) {
     double u1 = cas_rng_uniform(r), u2 = cas_rng_uniform(r);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ---- CPU features --------------------------------------------------- */
+
+static cas_cpu_features cpu_features;
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+/* CPUID and XGETBV read the way libgcc's __builtin_cpu_supports reads them
+ * (a vector feature counts only where the OS saves its registers), so the
+ * kernels are picked as they were when each layer asked the compiler; done
+ * by hand because not every compiler that builds this file (clang for the
+ * fuzzers) knows every feature name. */
+static void cpu_probe(void) {
+    cas_cpu_features f;
+    memset(&f, 0, sizeof f);
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    const unsigned max_leaf = __get_cpuid_max(0, NULL);
+    if (max_leaf >= 1) {
+        __cpuid(1, a, b, c, d);
+        int os_avx = 0, os_avx512 = 0;
+        if (c & (1u << 27)) { /* OSXSAVE: XGETBV may be used */
+            unsigned lo, hi;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            (void)hi;
+            os_avx = (lo & 0x6u) == 0x6u;                    /* XMM, YMM */
+            os_avx512 = os_avx && (lo & 0xe0u) == 0xe0u;     /* opmask, ZMM0-15 upper, ZMM16-31 */
+        }
+        const int fma = os_avx && (c & (1u << 12)), f16c = os_avx && (c & (1u << 29));
+        if (max_leaf >= 7) {
+            __cpuid_count(7, 0, a, b, c, d);
+            const unsigned max_sub = a;
+            f.avx2 = os_avx && (b & (1u << 5)) && fma && f16c;
+            f.avx512 = os_avx512 && (b & (1u << 16)) /* F */ && (b & (1u << 17)) /* DQ */ &&
+                       (b & (1u << 30)) /* BW */ && (b & (1u << 31)) /* VL */;
+            f.amx_bf16 = (d >> 22) & 1;
+            f.amx_tile = (d >> 24) & 1;
+            f.amx_int8 = (d >> 25) & 1;
+            if (max_sub >= 1) {
+                __cpuid_count(7, 1, a, b, c, d);
+                f.avx512_bf16 = os_avx512 && (a & (1u << 5));
+            }
+        }
+    }
+#endif
+    f.simd = f.avx2 && f.avx512 ? CAS_SIMD_AVX512 : f.avx2 ? CAS_SIMD_AVX2 : CAS_SIMD_GENERIC;
+    cpu_features = f;
+}
+
+const cas_cpu_features *cas_cpu_features_get(void) {
+    pthread_once(&cpu_once, cpu_probe);
+    return &cpu_features;
+}
+
+const char *cas_simd_name(cas_simd_level level) {
+    switch (level) {
+    case CAS_SIMD_AUTO: return "auto";
+    case CAS_SIMD_GENERIC: return "generic";
+    case CAS_SIMD_AVX2: return "avx2";
+    case CAS_SIMD_AVX512: return "avx512";
+    }
+    return "?";
+}
+
+int cas_simd_parse(const char *name, cas_simd_level *out) {
+    static const cas_simd_level all[] = {CAS_SIMD_AUTO, CAS_SIMD_GENERIC, CAS_SIMD_AVX2, CAS_SIMD_AVX512};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(name, cas_simd_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return -1;
+}
+
+cas_status cas_simd_resolve(cas_simd_level want, const char *what, cas_simd_level *out) {
+    const cas_simd_level have = cas_cpu_features_get()->simd;
+    if (want == CAS_SIMD_AUTO) {
+        *out = have;
+        return CAS_OK;
+    }
+    if ((int)want < (int)CAS_SIMD_GENERIC || (int)want > (int)CAS_SIMD_AVX512)
+        return cas_error(CAS_ERR_INVALID, "%s: simd level %d is not a cas_simd_level", what, (int)want);
+    if (want > have)
+        return cas_error(CAS_ERR_UNSUPPORTED, "%s: %s kernels requested; this CPU has %s at most", what,
+                         cas_simd_name(want), cas_simd_name(have));
+    *out = want;
+    return CAS_OK;
 }
 
 static int amx_ready;

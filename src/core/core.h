@@ -1,7 +1,8 @@
 /*
  * core.h: the bottom layer of cascade. Status codes and error messages,
- * logging, aligned allocation, timing, float16/bfloat16 conversion and .npy
- * output. Every other layer includes this header and nothing below it.
+ * logging, aligned allocation, timing, CPU feature detection and machine
+ * measurements, float16/bfloat16 conversion and .npy output. Every other
+ * layer includes this header and nothing below it.
  *
  * Errors: library functions return a cas_status and record a message in a
  * thread-local buffer (cas_last_error()); they never exit or abort on bad
@@ -73,12 +74,69 @@ void cas_free(void *p);
 
 double cas_now_s(void); /* monotonic seconds */
 
+/* ---- CPU features and machine measurements ---------------------------- */
+
+/* What this CPU can run, detected once (CPUID and XGETBV) for every layer
+ * that picks kernels: the attention kernels (src/attn) and the matrix kernels
+ * (src/model) read it here, and their options (cas_attn_plan_opts.simd,
+ * cas_model_opts.simd) choose among what it allows. Nothing here reads the
+ * environment. */
+
+/* Vector instruction levels, ordered: a level includes those below it.
+ * In options, CAS_SIMD_AUTO (0) means the widest level this CPU has. */
+typedef enum {
+    CAS_SIMD_AUTO = 0,    /* options only: the widest level this CPU has */
+    CAS_SIMD_GENERIC = 1, /* portable C */
+    CAS_SIMD_AVX2 = 2,    /* AVX2, FMA and F16C */
+    CAS_SIMD_AVX512 = 3   /* AVX-512 F, BW, VL and DQ, plus the AVX2 level */
+} cas_simd_level;
+
+/* Each flag is 1 when the CPU reports the instructions and, for vector
+ * state, the OS saves their registers (XCR0: YMM for avx2, mask and ZMM
+ * for avx512 and avx512_bf16). The AMX flags are CPUID bits only: tiles
+ * can be used in this process only when cas_cpu_amx_ready() also says so. */
+typedef struct {
+    int32_t avx2;         /* AVX2, FMA and F16C */
+    int32_t avx512;       /* AVX-512 F, BW, VL and DQ */
+    int32_t avx512_bf16;  /* AVX512_BF16 (vdpbf16ps) */
+    int32_t amx_tile;     /* AMX-TILE */
+    int32_t amx_int8;     /* AMX-INT8 (tdpbssd and relatives) */
+    int32_t amx_bf16;     /* AMX-BF16 (tdpbf16ps) */
+    cas_simd_level simd;  /* the widest level: AVX512 (avx512 and avx2), AVX2 or GENERIC */
+} cas_cpu_features;
+
+/* The features of this CPU, detected on the first call. The struct is
+ * static and never changes: any thread may call this and read it. */
+const cas_cpu_features *cas_cpu_features_get(void);
+
+/* "auto", "generic", "avx2", "avx512" ("?" for a value outside the enum). */
+const char *cas_simd_name(cas_simd_level level);
+/* The inverse of cas_simd_name; 0 on success, -1 (nothing written) for an
+ * unknown name. */
+int cas_simd_parse(const char *name, cas_simd_level *out);
+
+/* The level an option asks for, on this CPU: CAS_SIMD_AUTO gives the CPU's
+ * widest; an explicit level the CPU has is kept; a level it lacks (or a value
+ * outside the enum) is refused with CAS_ERR_UNSUPPORTED (CAS_ERR_INVALID)
+ * and a message naming `what`, so a test or benchmark that asks for a kernel
+ * never silently measures another. */
+cas_status cas_simd_resolve(cas_simd_level want, const char *what, cas_simd_level *out);
+
 /* 1 if AMX tiles can be used in this process: the CPU has AMX-TILE, the OS
  * saves the tile state (XCR0 bits 17 and 18) and Linux granted this process
  * the tile data permission (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, on
  * the first call); else 0. Thread-safe. Callers check the AMX instruction
- * sets they use (AMX-BF16, AMX-INT8) themselves. */
+ * sets they use (cas_cpu_features: amx_bf16, amx_int8) themselves. */
 int cas_cpu_amx_ready(void);
+
+/* Machine ceilings that benchmarks print their results against
+ * (core_measure.c). Streaming read bandwidth (bytes/s) over `bytes` with
+ * `threads` threads, and the f32 FMA rate (FLOP/s, two per FMA) of the widest
+ * vector unit this CPU has (cas_cpu_features_get()->simd); threads <= 0 means
+ * all cores (omp_get_max_threads). Each returns the best of a few repeats;
+ * 0 if the buffer cannot be allocated. Each runs for a fraction of a second. */
+double cas_measure_read_bandwidth(size_t bytes, int threads);
+double cas_measure_fma_flops(int threads);
 
 /* ---- number formats --------------------------------------------------- */
 

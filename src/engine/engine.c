@@ -53,7 +53,7 @@ struct cas_engine {
     cas_tok *tok;
     cas_chat_template chat;
     int has_chat;
-    cas_kv_cache *cache;
+    cas_model_kv *cache;
     cas_kv *kv;
     cas_sched *sched;
     const cas_model_config *cfg;
@@ -217,6 +217,8 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     mo.max_logits = o->max_seqs;
     mo.threads = o->threads;
     mo.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    mo.simd = o->simd;
+    mo.amx_off = o->amx_off;
     {
         load_job job = {.path = o->model_path, .mo = &mo, .model = &e->model, .st = CAS_OK, .err = ""};
         pthread_t loader;
@@ -247,7 +249,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->max_context = o->max_context > 0 ? o->max_context : e->cfg->n_ctx_train;
     if (e->max_context <= 0) e->max_context = 2048;
 
-    int32_t pages = cas_kv_cache_pages_for_budget(e->model, o->page_size, CAS_F16, (size_t)o->kv_cache_bytes);
+    int32_t pages = cas_model_kv_pages_for_budget(e->model, o->page_size, CAS_F16, (size_t)o->kv_cache_bytes);
     int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
     if (pages < per_seq) {
         st = cas_error(CAS_ERR_INVALID,
@@ -256,19 +258,21 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
                        (long long)o->kv_cache_bytes, pages, o->page_size, per_seq);
         goto fail;
     }
-    if ((st = cas_kv_cache_create(e->model, pages, o->page_size, CAS_F16, &e->cache))) goto fail;
+    if ((st = cas_model_kv_create(e->model, pages, o->page_size, CAS_F16, &e->cache))) goto fail;
     cas_kv_opts ko = cas_kv_opts_default();
     ko.num_blocks = pages;
     ko.page_size = o->page_size;
     ko.max_seqs = o->max_seqs * 2 + 16;
     ko.max_blocks_per_seq = per_seq + 1;
     ko.enable_prefix_cache = o->prefix_cache;
+    ko.debug_checks = o->debug_checks;
     if ((st = cas_kv_create(&ko, &e->kv))) goto fail;
     cas_sched_opts so = cas_sched_opts_default();
     so.max_tokens_per_step = o->max_batch_tokens;
     so.max_seqs = o->max_seqs;
     so.max_context = e->max_context;
     so.use_priority = 1;
+    so.debug_checks = o->debug_checks;
     if ((st = cas_sched_create(e->kv, &so, &e->sched))) goto fail;
 
     int32_t V = e->cfg->n_vocab;
@@ -291,7 +295,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->stats.kv_blocks_total = pages;
     *out = e;
     cas_log(CAS_LOG_INFO, "engine: %s, %d KV pages of %d tokens (%.1f MiB), context %d, %d seqs x %d tokens per step",
-            e->model_name, pages, o->page_size, (double)cas_kv_cache_bytes(e->cache) / (1 << 20), e->max_context,
+            e->model_name, pages, o->page_size, (double)cas_model_kv_bytes(e->cache) / (1 << 20), e->max_context,
             o->max_seqs, o->max_batch_tokens);
     return CAS_OK;
 fail:
@@ -314,7 +318,7 @@ void cas_engine_destroy(cas_engine *e) {
     }
     cas_sched_destroy(e->sched);
     cas_kv_destroy(e->kv);
-    cas_kv_cache_destroy(e->cache);
+    cas_model_kv_destroy(e->cache);
     if (e->has_chat) cas_chat_template_free(&e->chat);
     cas_tok_destroy(e->tok);
     cas_model_destroy(e->model);

@@ -35,6 +35,14 @@ typedef struct {
     int32_t max_context;      /* tokens per sequence; 0 = the model's context length */
     int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat */
     int32_t prefix_cache;     /* 1: automatic prefix caching; 0: off */
+    cas_simd_level simd;      /* the kernels' vector instructions (cas_model_opts.simd): 0 =
+                                 CAS_SIMD_AUTO, the CPU's widest; a lower level to compare; a
+                                 level the CPU lacks fails create with CAS_ERR_UNSUPPORTED */
+    int32_t amx_off;          /* 1: never the AMX tile unit (cas_model_opts.amx_off); 0: where
+                                 the CPU and OS allow it */
+    int32_t debug_checks;     /* 1: the KV block pool and the scheduler check every invariant
+                                 after each change (cas_kv_opts / cas_sched_opts.debug_checks;
+                                 O(pool) per call: for tests and debugging); 0: off */
     /* Optional: called on the creating thread while cas_engine_create reads the
      * model's weights into memory (every page of the mapped file is touched once,
      * so the first requests do not pay the page faults), with bytes read so far

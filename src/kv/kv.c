@@ -71,11 +71,6 @@ struct cas_kv {
 
 /* ---- options ------------------------------------------------------------ */
 
-static int env_debug(void) {
-    const char *e = getenv("CASCADE_DEBUG");
-    return e && *e && strcmp(e, "0") != 0;
-}
-
 cas_kv_opts cas_kv_opts_default(void) {
     cas_kv_opts o;
     memset(&o, 0, sizeof o);
@@ -282,7 +277,7 @@ cas_status cas_kv_create(const cas_kv_opts *opts, cas_kv **out) {
     kv->max_seqs = opts->max_seqs;
     kv->max_bps = opts->max_blocks_per_seq;
     kv->prefix_cache = opts->enable_prefix_cache != 0;
-    kv->debug = opts->debug_checks || env_debug();
+    kv->debug = opts->debug_checks != 0;
     kv->seed = opts->hash_seed;
     kv->mask = opts->hash_mask ? opts->hash_mask : ~0ull;
 

@@ -50,11 +50,11 @@
  * Bad handles and arguments return CAS_ERR_INVALID. Nothing aborts.
  *
  * Debug checks. cas_kv_check verifies every invariant (O(blocks + table
- * entries)). With opts.debug_checks or the environment variable CASCADE_DEBUG
- * set (non-empty, not "0") every mutating call runs it afterwards and returns
- * CAS_ERR_INTERNAL (with the message) if it fails. It is not tied to NDEBUG
- * because the Makefile never defines NDEBUG and an O(pool) check per call would
- * dominate a step of a large pool.
+ * entries)). With opts.debug_checks (the engine's debug_checks sets it)
+ * every mutating call runs it afterwards and returns CAS_ERR_INTERNAL (with
+ * the message) if it fails. It is not tied to NDEBUG because the Makefile
+ * never defines NDEBUG and an O(pool) check per call would dominate a step
+ * of a large pool.
  *
  * Threads. A cas_kv is not thread-safe: one thread (the engine loop) makes
  * every call; different pools are independent.
@@ -83,7 +83,7 @@ typedef struct {
 } cas_kv_opts;
 
 /* 1024 blocks of 16 tokens, 256 sequences of up to 8192 tokens, prefix cache
- * on, no debug checks (unless CASCADE_DEBUG is set). */
+ * on, no debug checks. */
 cas_kv_opts cas_kv_opts_default(void);
 
 /* Creates a pool; every allocation this object will ever make happens here.

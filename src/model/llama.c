@@ -2,7 +2,7 @@
  * llama.c: the Llama-family forward pass on the CPU.
  *
  * The file reads top to bottom like the model: hyper-parameters and weights
- * from the GGUF file, the paged KV cache, then one forward pass over a
+ * from the GGUF file, the paged K/V store, then one forward pass over a
  * ragged batch (embeddings; per layer RMSNorm, Q/K/V projections, RoPE, K/V
  * written into their pages, attention through the cascade plan, output
  * projection, SwiGLU MLP; final norm and logits for the wanted rows).
@@ -101,8 +101,10 @@ struct cas_model {
     size_t work_bytes;
     /* single-token forward: per-thread normed x and its quantized form */
     int nt;          /* threads of every parallel region */
+    cas_simd_level simd; /* opts.simd resolved on this CPU (attention and matrix kernels) */
     int avx2;        /* kernels' instruction set (1 AVX2, 0 portable) */
     int avx512;      /* batched SwiGLU on AVX-512; only with avx2 */
+    int amx;         /* batched products on AMX-INT8, from packed copies of the weights */
     float *tx;       /* [nt][tx_stride] */
     uint8_t *tq;     /* [nt][tq_stride] */
     size_t tx_stride, tq_stride;
@@ -110,7 +112,7 @@ struct cas_model {
     cas_attn_shape plan_shape; /* the KV geometry the plan was created for */
 };
 
-struct cas_kv_cache {
+struct cas_model_kv {
     int32_t num_pages, page_size, n_layers;
     cas_dtype dtype;
     size_t layer_bytes; /* bytes of one pool of one layer */
@@ -127,6 +129,8 @@ cas_model_opts cas_model_opts_default(void) {
     o.threads = 0;
     o.cascade = CAS_CASCADE_AUTO;
     o.portable_kernels = 0;
+    o.simd = CAS_SIMD_AUTO;
+    o.amx_off = 0;
     return o;
 }
 
@@ -327,6 +331,9 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         return cas_error(CAS_ERR_INVALID, "model: invalid options (max_batch_tokens %d, max_seqs %d, "
                          "max_logits %d, threads %d)", o.max_batch_tokens, o.max_seqs, o.max_logits,
                          o.threads);
+    cas_simd_level simd;
+    cas_status st = cas_simd_resolve(o.simd, "model", &simd);
+    if (st) return st;
     if (o.max_logits == 0) o.max_logits = o.max_seqs;
     if (o.max_seqs > o.max_batch_tokens) o.max_seqs = o.max_batch_tokens;
     if (o.max_logits > o.max_batch_tokens) o.max_logits = o.max_batch_tokens;
@@ -335,7 +342,10 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     if (!m) return cas_error(CAS_ERR_NOMEM, "model");
     m->g = g;
     m->opts = o;
-    cas_status st = read_config(g, &m->cfg);
+    m->simd = simd;
+    /* AMX-INT8 needs AVX-512 for its scaling: a lower level turns it off too */
+    m->amx = !o.portable_kernels && !o.amx_off && simd == CAS_SIMD_AVX512 && cas_q_amx_available();
+    st = read_config(g, &m->cfg);
     if (st) goto fail;
     cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, F = c->n_ff, QD = (int64_t)c->n_head * c->head_dim,
@@ -366,7 +376,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     }
     int64_t wbytes = (int64_t)m->output.bytes;
     /* packed copies for the AMX kernels of batched forwards, only where they will run */
-    const int pack = !o.portable_kernels && strcmp(cas_q_batch_simd_name(), "amx") == 0;
+    const int pack = m->amx;
     for (int32_t l = 0; l < c->n_layers; l++) {
         cas_layer *L = &m->layers[l];
         char name[96];
@@ -485,8 +495,9 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         goto fail;
     }
     m->nt = nt;
-    m->avx2 = cas_q_resolve_avx2(o.portable_kernels ? CAS_Q_SIMD_GENERIC : CAS_Q_SIMD_AUTO);
-    m->avx512 = m->avx2 && cas_q_avx512_ok();
+    m->avx2 = cas_q_resolve_avx2(o.portable_kernels || simd == CAS_SIMD_GENERIC ? CAS_Q_SIMD_GENERIC
+                                                                                : CAS_Q_SIMD_AUTO);
+    m->avx512 = m->avx2 && simd == CAS_SIMD_AVX512;
     {
         int64_t mx = E > QD ? E : QD;
         if (F > mx) mx = F;
@@ -532,14 +543,14 @@ void cas_model_set_cascade(cas_model *m, cas_cascade_mode mode) {
     }
 }
 
-/* ---- KV cache -------------------------------------------------------------- */
+/* ---- paged K/V store (cas_model_kv) --------------------------------------- */
 
 static size_t page_bytes(const cas_model *m, int32_t page_size, cas_dtype dtype) {
     return (size_t)page_size * (size_t)m->cfg.n_head_kv * (size_t)m->cfg.head_dim *
            cas_dtype_size(dtype);
 }
 
-int32_t cas_kv_cache_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
+int32_t cas_model_kv_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
                                       size_t budget_bytes) {
     if (page_size <= 0) return 0;
     size_t per = page_bytes(m, page_size, dtype) * 2 * (size_t)m->cfg.n_layers;
@@ -547,17 +558,17 @@ int32_t cas_kv_cache_pages_for_budget(const cas_model *m, int32_t page_size, cas
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
-cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t page_size,
-                               cas_dtype dtype, cas_kv_cache **out) {
+cas_status cas_model_kv_create(const cas_model *m, int32_t num_pages, int32_t page_size,
+                               cas_dtype dtype, cas_model_kv **out) {
     *out = NULL;
     if (page_size < 1 || page_size > CAS_ATTN_MAX_PAGE_SIZE)
-        return cas_error(CAS_ERR_INVALID, "kv cache: page size %d is outside 1..%d", page_size,
+        return cas_error(CAS_ERR_INVALID, "model kv: page size %d is outside 1..%d", page_size,
                          CAS_ATTN_MAX_PAGE_SIZE);
-    if (num_pages < 1) return cas_error(CAS_ERR_INVALID, "kv cache: %d pages", num_pages);
+    if (num_pages < 1) return cas_error(CAS_ERR_INVALID, "model kv: %d pages", num_pages);
     if (dtype != CAS_F32 && dtype != CAS_F16 && dtype != CAS_BF16)
-        return cas_error(CAS_ERR_INVALID, "kv cache: unknown storage type %d", (int)dtype);
-    cas_kv_cache *kv = calloc(1, sizeof *kv);
-    if (!kv) return cas_error(CAS_ERR_NOMEM, "kv cache");
+        return cas_error(CAS_ERR_INVALID, "model kv: unknown storage type %d", (int)dtype);
+    cas_model_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return cas_error(CAS_ERR_NOMEM, "model kv");
     kv->num_pages = num_pages;
     kv->page_size = page_size;
     kv->n_layers = m->cfg.n_layers;
@@ -566,14 +577,14 @@ cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t pa
     size_t total = kv->layer_bytes * (size_t)kv->n_layers;
     if (total / kv->n_layers != kv->layer_bytes) {
         free(kv);
-        return cas_error(CAS_ERR_NOMEM, "kv cache: size overflows");
+        return cas_error(CAS_ERR_NOMEM, "model kv: size overflows");
     }
     /* huge pages too: attention reads each sequence's pages wherever they are */
     kv->k = alloc_huge(total);
     kv->v = alloc_huge(total);
     if (!kv->k || !kv->v) {
-        cas_kv_cache_destroy(kv);
-        return cas_error(CAS_ERR_NOMEM, "kv cache: 2 x %zu bytes for %d pages", total, num_pages);
+        cas_model_kv_destroy(kv);
+        return cas_error(CAS_ERR_NOMEM, "model kv: 2 x %zu bytes for %d pages", total, num_pages);
     }
     memset(kv->k, 0, total);
     memset(kv->v, 0, total);
@@ -586,16 +597,16 @@ cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t pa
     return CAS_OK;
 }
 
-void cas_kv_cache_destroy(cas_kv_cache *kv) {
+void cas_model_kv_destroy(cas_model_kv *kv) {
     if (!kv) return;
     free(kv->k); /* aligned_alloc */
     free(kv->v);
     free(kv);
 }
 
-int32_t cas_kv_cache_num_pages(const cas_kv_cache *kv) { return kv->num_pages; }
-int32_t cas_kv_cache_page_size(const cas_kv_cache *kv) { return kv->page_size; }
-size_t cas_kv_cache_bytes(const cas_kv_cache *kv) { return 2 * kv->layer_bytes * (size_t)kv->n_layers; }
+int32_t cas_model_kv_num_pages(const cas_model_kv *kv) { return kv->num_pages; }
+int32_t cas_model_kv_page_size(const cas_model_kv *kv) { return kv->page_size; }
+size_t cas_model_kv_bytes(const cas_model_kv *kv) { return 2 * kv->layer_bytes * (size_t)kv->n_layers; }
 
 /* ---- forward ----------------------------------------------------------------- */
 
@@ -637,7 +648,8 @@ static cas_status matmul_prep(const cas_model *m, const cas_mat *w, const float 
     o.prep = prep;
     o.prep_ctx = prep_ctx;
     o.nthreads = m->opts.threads;
-    if (m->opts.portable_kernels) o.simd = CAS_Q_SIMD_GENERIC;
+    /* AUTO takes AMX for a batched call given the packed copy, which exists only where m->amx */
+    o.simd = !m->avx2 ? CAS_Q_SIMD_GENERIC : m->amx ? CAS_Q_SIMD_AUTO : CAS_Q_SIMD_AVX2;
     o.work = m->work;
     o.work_bytes = m->work_bytes;
     o.packed = w->packed;
@@ -737,7 +749,7 @@ static void rope_token(const cas_model *m, float *x, int32_t heads, const float 
  * needed next. Bit-identical to the batched path with T = 1 (same kernels,
  * same per-row arithmetic). Needs wq, wk, wv of one type, and w_gate, w_up
  * of one type (x is quantized once for each group). */
-static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache *kv, int32_t l,
+static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv *kv, int32_t l,
                                   size_t kv_at) {
     const cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
@@ -803,7 +815,7 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_kv_cache
     return CAS_OK;
 }
 
-cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_batch *b,
+cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_batch *b,
                              float *logits) {
     const cas_model_config *c = &m->cfg;
     if (!b || b->n_seqs <= 0 || !b->tokens || !b->qo_indptr || !b->kv_indptr || !b->kv_indices ||
@@ -811,7 +823,7 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         return cas_error(CAS_ERR_INVALID, "forward: empty batch or NULL array");
     if (kv->n_layers != c->n_layers || kv->shape.num_kv_heads != c->n_head_kv ||
         kv->shape.head_dim != c->head_dim)
-        return cas_error(CAS_ERR_INVALID, "forward: the KV cache was made for another model");
+        return cas_error(CAS_ERR_INVALID, "forward: the K/V store was made for another model");
     const int32_t B = b->n_seqs;
     if (B > m->opts.max_seqs)
         return cas_error(CAS_ERR_NOMEM, "forward: %d sequences, capacity %d", B, m->opts.max_seqs);
@@ -856,6 +868,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         cas_attn_plan_opts po = cas_attn_plan_opts_default();
         po.cascade = m->opts.cascade;
         po.threads = m->opts.threads;
+        po.simd = m->simd;
+        po.amx_off = m->opts.amx_off;
         if ((st = cas_attn_plan_create(&m->plan, &kv->shape, &po, m->opts.max_seqs,
                                        m->opts.max_batch_tokens, 0)))
             return st;
@@ -895,7 +909,6 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
 
     const size_t es = cas_dtype_size(kv->dtype);
     const size_t pbytes = (size_t)ps * (size_t)KD * es;
-    const int amx_now = !m->opts.portable_kernels && strcmp(cas_q_batch_simd_name(), "amx") == 0;
     int residual_due = 0; /* m->proj still to be added to m->x (the last down projection's) */
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
@@ -918,8 +931,8 @@ cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_bat
         float *kr = m->k, *vr = m->v; /* K and V rows of token 0, kw floats apart */
         int64_t kw = KD;
         /* the fused matrices, where they can run now (a packed-only one needs the AMX path) */
-        const int fq = L->wqkv.rows && (L->wqkv.data || (L->wqkv.packed && amx_now));
-        const int fg = L->w_gu.rows && (L->w_gu.data || (L->w_gu.packed && amx_now));
+        const int fq = L->wqkv.rows && (L->wqkv.data || (L->wqkv.packed && m->amx));
+        const int fg = L->w_gu.rows && (L->w_gu.data || (L->w_gu.packed && m->amx));
         if (fq) {
             const int64_t W = QD + 2 * KD;
             if ((st = matmul_prep(m, &L->wqkv, m->xb, T, m->fout, prep_residual_norm, &in_prep))) return st;

@@ -299,10 +299,11 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
  * their file types inside the mapping, plus the scratch of one forward pass
  * sized at creation from the largest batch: nothing is allocated per step.
  *
- * A cas_kv_cache is the paged K/V store of the attention contract (attn.h):
- * per layer a K pool and a V pool of num_pages pages of
- * [page_size][n_head_kv][head_dim]. Page ids belong to the caller (the
- * engine's block manager, or `cascade generate`): the cache only stores.
+ * A cas_model_kv is the model's paged K/V store, in the layout of the
+ * attention contract (attn.h): per layer a K pool and a V pool of num_pages
+ * pages of [page_size][n_head_kv][head_dim]. Page ids belong to the caller
+ * (the kv layer's block pool, cas_kv in src/kv, which the engine runs, or
+ * `cascade generate`): this store only holds the values.
  *
  * One forward call runs the new tokens of n sequences together (prefill
  * chunks and decode tokens side by side), described in compressed rows like
@@ -344,6 +345,15 @@ typedef struct {
     cas_cascade_mode cascade; /* attention planner mode; default CAS_CASCADE_AUTO */
     int32_t portable_kernels; /* 1: portable (non-SIMD) matrix kernels, whose result for a
                                  token does not depend on the batch around it (tests) */
+    cas_simd_level simd;      /* the widest vector instructions of the matrix, elementwise and
+                                 attention kernels (core.h): CAS_SIMD_AUTO (default) the CPU's
+                                 widest; GENERIC, AVX2 or AVX512 lower it to compare kernels
+                                 (the results agree to f32 rounding); below AVX512 also no AMX.
+                                 A level this CPU lacks fails creation with CAS_ERR_UNSUPPORTED */
+    int32_t amx_off;          /* 1: never the AMX tile unit (the batched AMX-INT8 products and
+                                 their packed weight copies; AMX-BF16 attention), for A/B runs
+                                 and tests: the AVX2 products give the same bits. 0 (default):
+                                 AMX where the CPU has it and Linux grants the tile state */
 } cas_model_opts;
 
 cas_model_opts cas_model_opts_default(void);
@@ -366,20 +376,20 @@ const cas_model_opts *cas_model_opts_of(const cas_model *m);
 /* Changes the planner mode for later forwards. */
 void cas_model_set_cascade(cas_model *m, cas_cascade_mode mode);
 
-typedef struct cas_kv_cache cas_kv_cache;
+typedef struct cas_model_kv cas_model_kv;
 
 /* Allocates the pools for num_pages pages of page_size tokens (1..256) in
  * dtype (f16 halves the bytes of f32 and is the default choice of
  * `cascade generate`; bf16 also works). Zero-filled. */
-cas_status cas_kv_cache_create(const cas_model *m, int32_t num_pages, int32_t page_size,
-                               cas_dtype dtype, cas_kv_cache **out);
+cas_status cas_model_kv_create(const cas_model *m, int32_t num_pages, int32_t page_size,
+                               cas_dtype dtype, cas_model_kv **out);
 /* The number of pages that fit in budget_bytes (all layers, K and V). */
-int32_t cas_kv_cache_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
+int32_t cas_model_kv_pages_for_budget(const cas_model *m, int32_t page_size, cas_dtype dtype,
                                       size_t budget_bytes);
-void cas_kv_cache_destroy(cas_kv_cache *kv);
-int32_t cas_kv_cache_num_pages(const cas_kv_cache *kv);
-int32_t cas_kv_cache_page_size(const cas_kv_cache *kv);
-size_t cas_kv_cache_bytes(const cas_kv_cache *kv);
+void cas_model_kv_destroy(cas_model_kv *kv);
+int32_t cas_model_kv_num_pages(const cas_model_kv *kv);
+int32_t cas_model_kv_page_size(const cas_model_kv *kv);
+size_t cas_model_kv_bytes(const cas_model_kv *kv);
 
 /* The new tokens of one forward. All arrays borrowed, read only. */
 typedef struct {
@@ -399,7 +409,7 @@ typedef struct {
  * shares with another must hold K/V already or be written by this same call
  * (by the sequence that owns them). Allocates nothing (CAS_ERR_NOMEM when the
  * batch exceeds the capacities of the model's options). */
-cas_status cas_model_forward(cas_model *m, cas_kv_cache *kv, const cas_model_batch *b,
+cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_batch *b,
                              float *logits);
 
 /* What the attention plan of the last forward did (tree nodes, shared passes,

@@ -6,7 +6,8 @@
  * The portable path is the same algorithm as the AVX2 path (x quantized to 8
  * bits per block, exact integer dot products per block, f32 accumulation),
  * so the two differ only by f32 summation order and the tests can compare
- * them tightly. It also serves CPUs without AVX2 and CASCADE_SIMD=generic.
+ * them tightly. It also serves CPUs without AVX2 and callers that ask for it
+ * (CAS_Q_SIMD_GENERIC; a model with simd GENERIC or portable_kernels).
  *
  * Threading is OpenMP inside each call: rows are split into contiguous
  * ranges, one per thread, so that each thread streams its own part of the
@@ -14,16 +15,10 @@
  */
 #include "quant_impl.h"
 
-#include "../attn/attn.h"
-
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 /* ---- type info ---------------------------------------------------------- */
 
@@ -292,54 +287,20 @@ static float dot_row_generic(int t, const uint8_t *w, int64_t n, const float *xf
 
 /* ---- dispatch ------------------------------------------------------------ */
 
-static int cpu_has_avx2(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    /* Cheap (reads flags libgcc filled in at start-up), so no cache and no
-     * shared state between threads. */
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-#else
-    return 0;
-#endif
-}
-
-static int env_forces_generic(void) {
-    const char *e = getenv("CASCADE_SIMD");
-    return e && strcmp(e, "generic") == 0;
-}
-
-static int env_forces_avx2(void) {
-    const char *e = getenv("CASCADE_SIMD");
-    return e && strcmp(e, "avx2") == 0;
-}
+/* The CPU's features come from src/core (cas_cpu_features_get), detected
+ * once for every layer. */
+static int cpu_has_avx2(void) { return cas_cpu_features_get()->avx2; }
 
 /* AMX-INT8 needs the CPU (AMX-INT8; AVX-512 for the scaling) and the tile
  * state granted to this process (cas_cpu_amx_ready in src/core: AMX-TILE,
  * XCR0 bits 17 and 18, the Linux permission asked once). Any refusal leaves
  * the AVX2 kernels in use. */
-static int amx_ok;
-static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
-
-static void amx_probe(void) {
-#if defined(__x86_64__)
-    unsigned a, b, c, d;
-    if (!cpu_has_avx2() || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
-        return;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 25))) return; /* AMX-INT8 */
-    amx_ok = cas_cpu_amx_ready();
-#endif
-}
-
 int cas_q_amx_available(void) {
-    pthread_once(&amx_once, amx_probe);
-    return amx_ok && !env_forces_generic() && !env_forces_avx2();
+    const cas_cpu_features *f = cas_cpu_features_get();
+    return f->avx2 && f->avx512 && f->amx_int8 && cas_cpu_amx_ready();
 }
 
-const char *cas_q_simd_name(void) {
-    return cpu_has_avx2() && !env_forces_generic() ? "avx2" : "generic";
-}
+const char *cas_q_simd_name(void) { return cpu_has_avx2() ? "avx2" : "generic"; }
 
 /* AMX for a batched call under AUTO */
 static int auto_amx(void) { return cas_q_amx_available(); }
@@ -358,7 +319,7 @@ static int pick_avx2(cas_q_simd s) {
             return -1;
         }
         return 1;
-    default: return cpu_has_avx2() && !env_forces_generic();
+    default: return cpu_has_avx2();
     }
 }
 

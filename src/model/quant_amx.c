@@ -23,7 +23,7 @@
  * straight from the packed weights. The panel after next is prefetched while one
  * computes. Two blocks go through the tile unit per step (two sets of
  * tiles); measured, the tile work and the vector work do not overlap on the
- * machine this was built on (Sapphire Rapids class, bench/NOTES.md), so a
+ * machine this was built on (Sapphire Rapids class, bench/HISTORY.md), so a
  * block costs their sum, about 65 TSC cycles.
  *
  * Numerics: x is quantized exactly as in the other paths (quant.c,

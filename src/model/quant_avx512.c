@@ -1,10 +1,11 @@
 /*
  * quant_avx512.c: SwiGLU on 16-wide AVX-512 vectors for the batched forward,
- * taken where the CPU has AVX-512 and the kernels are SIMD (cas_q_avx512_ok).
+ * taken where the model's kernels may use AVX-512 (cas_model_opts.simd) and
+ * the CPU has it.
  *
  * Why: in the many-sequence decode step SwiGLU runs on every token of the
  * batch, and its vector exp and division were about 2-3% of the 32-sequence
- * step (bench/NOTES.md). It is cas_q_avx2_silu_mul's computation lane for lane
+ * step (bench/HISTORY.md). It is cas_q_avx2_silu_mul's computation lane for lane
  * (the same exp polynomial, the same operations in the same order), so it
  * gives the same bits, 16 lanes at a time; the single-token path keeps the
  * AVX2 one (no 512-bit instructions between its AVX2 matrix-vector kernels:
@@ -13,10 +14,6 @@
 #include "quant_impl.h"
 
 #include <immintrin.h>
-
-int cas_q_avx512_ok(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-}
 
 /* exp8 of quant_avx2.c on 16 lanes: the same clamp, range reduction and
  * polynomial, each step the same IEEE operation. */

@@ -75,12 +75,12 @@ cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, i
 
 /* ---- matrix kernels ----------------------------------------------------- */
 
-/* Instruction set of the kernels: AUTO picks AVX2+FMA when the CPU has it,
- * unless the environment variable CASCADE_SIMD=generic forces the portable
- * path; for batched calls (m > 1) on quantized weights whose packed copy is
- * given (cas_q_opts.packed) it picks the AMX-INT8 kernels when
- * cas_q_amx_available() (which CASCADE_SIMD=avx2 turns off). GENERIC forces
- * the portable path. AVX2 asks for AVX2 and fails with CAS_ERR_UNSUPPORTED
+/* Instruction set of the kernels: AUTO picks AVX2+FMA+F16C when the CPU has
+ * it (cas_cpu_features_get in src/core); for batched calls (m > 1) on
+ * quantized weights whose packed copy is given (cas_q_opts.packed) it picks
+ * the AMX-INT8 kernels when cas_q_amx_available(): a caller that wants no
+ * AMX passes no packed copy or asks for AVX2. GENERIC forces the portable
+ * path. AVX2 asks for AVX2 and fails with CAS_ERR_UNSUPPORTED
  * when the CPU lacks it. AMX asks for the AMX kernels for m > 1 (AVX2 for
  * m = 1) and fails with CAS_ERR_UNSUPPORTED when they cannot run, or with
  * CAS_ERR_INVALID when a batched call on a quantized type has no packed
@@ -126,12 +126,10 @@ const char *cas_q_batch_simd_name(void);
 #define CAS_Q_PANEL 16
 
 /* 1 when the AMX-INT8 kernels can run in this process: the CPU has
- * AMX-TILE, AMX-INT8 and AVX-512 F/BW/VL/DQ, the OS enables the tile state
- * (XCR0) and grants this process its use (arch_prctl ARCH_REQ_XCOMP_PERM,
- * asked once, on the first call), and CASCADE_SIMD is not "avx2" or
- * "generic" (so that CASCADE_SIMD=avx2 runs this machine as one without
- * AMX, for A/B runs and tests); else 0 and the AVX2 kernels are used.
- * Thread-safe. */
+ * AMX-TILE, AMX-INT8, AVX-512 F/BW/VL/DQ and AVX2+FMA+F16C, the OS enables
+ * the tile state (XCR0) and grants this process its use (arch_prctl
+ * ARCH_REQ_XCOMP_PERM, asked once, on the first call); else 0 and the AVX2
+ * kernels are used. Thread-safe. */
 int cas_q_amx_available(void);
 
 /* Bytes of one packed panel block of type t; 0 for types without a packed
@@ -220,8 +218,8 @@ cas_status cas_q_bench_read_bw(int nthreads, size_t bytes, double min_seconds, d
 /* Instruction-throughput ceilings of this machine with nthreads threads
  * (each runs independent chains for about min_seconds in all): int8 GOP/s
  * (2 ops per multiply-add) of _mm256_maddubs_epi16, the instruction the
- * quantized kernels are built on, and f32 GFLOP/s of FMA (the attention
- * core's cas_measure_fma_flops, the same ceiling attn-bench reports).
+ * quantized kernels are built on, and f32 GFLOP/s of FMA (core's
+ * cas_measure_fma_flops, the same ceiling attn-bench reports).
  * CAS_ERR_UNSUPPORTED without AVX2. */
 cas_status cas_q_bench_peak(int nthreads, double min_seconds, double *int8_gops, double *f32_gflops);
 
@@ -313,9 +311,8 @@ void cas_q_avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, f
 /* RoPE of `heads` rows of head_dim floats: adjacent pairs of the first n_rot,
  * cs = (cos, sin) per pair (quant_avx2.c). */
 void cas_q_avx2_rope(float *x, int32_t heads, int32_t head_dim, int32_t n_rot, const float *cs);
-/* quant_avx512.c: SwiGLU on AVX-512 where cas_q_avx512_ok(), giving
- * cas_q_avx2_silu_mul's bits. */
-int cas_q_avx512_ok(void);
+/* quant_avx512.c: SwiGLU on AVX-512 (call it only where
+ * cas_cpu_features_get() reports avx512), giving cas_q_avx2_silu_mul's bits. */
 void cas_q_avx512_silu_mul(const float *g, const float *u, float *h, int64_t n);
 
 /* Instructions per second of one thread (quant_avx2.c). */

@@ -70,11 +70,6 @@ cas_sched_opts cas_sched_opts_default(void) {
     return o;
 }
 
-static int env_debug(void) {
-    const char *e = getenv("CASCADE_DEBUG");
-    return e && *e && strcmp(e, "0") != 0;
-}
-
 /* Does a come before b in service order? */
 static int req_before(const cas_sched *s, const sched_req *a, const sched_req *b) {
     if (s->o.use_priority && a->priority != b->priority) return a->priority > b->priority;
@@ -136,7 +131,7 @@ cas_status cas_sched_create(cas_kv *kv, const cas_sched_opts *opts, cas_sched **
     s->kv = kv;
     s->o = o;
     s->ps = cas_kv_page_size(kv);
-    s->debug = o.debug_checks || env_debug();
+    s->debug = o.debug_checks != 0;
     s->max_bps = cas_kv_blocks_for(kv, o.max_context);
     size_t ms = (size_t)o.max_seqs, bud = (size_t)o.max_tokens_per_step;
     s->cap_waiting = 64;

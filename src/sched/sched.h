@@ -63,8 +63,8 @@ typedef struct {
     int32_t max_context;         /* prompt + max_new_tokens at most (<= the block-table capacity) */
     int32_t max_prefill_chunk;   /* tokens of one request in one step; 0: the budget */
     int32_t use_priority;        /* 1: higher priority first, FCFS among equals; 0: FCFS */
-    int32_t debug_checks;        /* 1: check scheduler and kv invariants every step
-                                    (also when CASCADE_DEBUG is set) */
+    int32_t debug_checks;        /* 1: check scheduler and kv invariants every step (the
+                                    engine's debug_checks sets it) */
 } cas_sched_opts;
 
 /* 2048 tokens per step, 64 sequences, max_context from the pool, no chunk cap, FCFS. */

@@ -5,7 +5,8 @@
  * at --rate requests per second. Reports throughput, time to first token and
  * time per output token percentiles, prompt tokens the model actually computed
  * and the prefix-cache hit rate; --no-cascade and --no-prefix-cache switch
- * each feature off so its effect can be measured.
+ * each feature off so its effect can be measured, and --simd / --no-amx pick
+ * the kernels' instruction set to compare them.
  */
 #include <math.h>
 #include <pthread.h>
@@ -134,14 +135,18 @@ int cmd_bench(int argc, char **argv) {
             printf("usage: cascade bench [-m MODEL] [--requests N] [--prefix T] [--suffix T] [--output T]\n"
                    "                     [--tree SPEC] [--rate R] [--no-cascade] [--no-prefix-cache]\n"
                    "                     [--threads N] [--kv-cache-mb N] [--max-batch-tokens N] [--seed N] [--json]\n"
-                   "  --tree SPEC  multi-level sharing as in attn-bench: '40*1024(20*512)+10*768'\n"
-                   "  --rate R     Poisson arrivals at R requests/s (default: all at once)\n");
+                   "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
+                   "  --tree SPEC     multi-level sharing as in attn-bench: '40*1024(20*512)+10*768'\n"
+                   "  --rate R        Poisson arrivals at R requests/s (default: all at once)\n"
+                   "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
+                   "  --no-amx        never the AMX tile unit\n"
+                   "  --debug-checks  check the KV pool's and scheduler's invariants after every change\n");
             return 0;
         }
         int takes = !strcmp(a, "-m") || !strcmp(a, "--requests") || !strcmp(a, "--prefix") ||
                     !strcmp(a, "--suffix") || !strcmp(a, "--output") || !strcmp(a, "--tree") ||
                     !strcmp(a, "--rate") || !strcmp(a, "--seed") || !strcmp(a, "--threads") ||
-                    !strcmp(a, "--kv-cache-mb") || !strcmp(a, "--max-batch-tokens");
+                    !strcmp(a, "--kv-cache-mb") || !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--simd");
         if (takes) {
             if (!v) {
                 fprintf(stderr, "bench: %s needs a value\n", a);
@@ -163,7 +168,14 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--no-prefix-cache")) eo.prefix_cache = 0;
         else if (!strcmp(a, "--json")) json = 1;
-        else {
+        else if (!strcmp(a, "--no-amx")) eo.amx_off = 1;
+        else if (!strcmp(a, "--debug-checks")) eo.debug_checks = 1;
+        else if (!strcmp(a, "--simd")) {
+            if (cas_simd_parse(v, &eo.simd)) {
+                fprintf(stderr, "bench: --simd takes auto, generic, avx2 or avx512, not '%s'\n", v);
+                return 2;
+            }
+        } else {
             fprintf(stderr, "bench: unknown option '%s'\n", a);
             return 2;
         }

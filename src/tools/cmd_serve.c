@@ -40,7 +40,11 @@ static void usage(FILE *f) {
             "  --max-seqs N            sequences per step (default 256)\n"
             "  --max-context N         tokens per sequence (default the model's context length)\n"
             "  --no-cascade            flat attention only\n"
-            "  --no-prefix-cache       no automatic prefix caching\n");
+            "  --no-prefix-cache       no automatic prefix caching\n"
+            "  --simd LEVEL            kernels' instruction set: auto (default), generic, avx2, avx512\n"
+            "  --no-amx                never the AMX tile unit\n"
+            "  --debug-checks          check the KV pool's and scheduler's invariants after every\n"
+            "                          change (slow: for debugging)\n");
 }
 
 /* A one-line bar on stderr while the weights load (only on a terminal). */
@@ -131,6 +135,22 @@ int cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-prefix-cache")) {
             eo.prefix_cache = 0;
+            continue;
+        }
+        if (!strcmp(a, "--no-amx")) {
+            eo.amx_off = 1;
+            continue;
+        }
+        if (!strcmp(a, "--debug-checks")) {
+            eo.debug_checks = 1;
+            continue;
+        }
+        if (!strcmp(a, "--simd")) {
+            if (!val || cas_simd_parse(val, &eo.simd)) {
+                fprintf(stderr, "serve: --simd takes auto, generic, avx2 or avx512\n");
+                return 2;
+            }
+            i++;
             continue;
         }
 #undef INT_OPT
