@@ -27,14 +27,13 @@ gcc $CF /tmp/cb/main.c src/tools/cmd_attn_bench.c /tmp/cb/*.o -lm -o /tmp/cb/att
 /tmp/cb/test_attn | tail -12 | tee "$OUT/cpu-test.txt"
 B=/tmp/cb/attn-bench
 common="--heads 32:8 --head-dim 128 --page-size 16 --repeats 5 --check 4 --json"
-# The kernels are the CPU's widest (cas_attn_plan_opts.simd = AUTO; the
-# library reads no environment for it): timing the AVX2 kernel on this host
-# needs attn-bench to set that option (a --simd flag).
 {
-  taskset -c 0,1 $B --threads 2 $common --batch 32 --prefix 8192 --suffix 256 --dtype f32
-  taskset -c 0,1 $B --threads 2 $common --batch 32 --prefix 8192 --suffix 256 --dtype bf16
-  taskset -c 0,1 $B --threads 2 $common --batch 32 --prefix 0 --suffix 4096 --dtype f32
-  taskset -c 0,1 $B --threads 2 $common --batch 1 --prefix 0 --suffix 65536 --dtype f32
+for simd in avx512 avx2; do
+  taskset -c 0,1 $B --simd $simd --threads 2 $common --batch 32 --prefix 8192 --suffix 256 --dtype f32
+  taskset -c 0,1 $B --simd $simd --threads 2 $common --batch 32 --prefix 8192 --suffix 256 --dtype bf16
+  taskset -c 0,1 $B --simd $simd --threads 2 $common --batch 32 --prefix 0 --suffix 4096 --dtype f32
+  taskset -c 0,1 $B --simd $simd --threads 2 $common --batch 1 --prefix 0 --suffix 65536 --dtype f32
+done
 $B $common --batch 32 --prefix 8192 --suffix 256 --dtype f32
 $B $common --batch 32 --prefix 0 --suffix 4096 --dtype f32
 } | tee "$OUT/cpu-bench.jsonl"
@@ -44,5 +43,5 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     print(f"{r['simd']:7} t={r['threads']:2} B={r['batch']:3} P={r['prefix']:5} S={r['suffix']:5} {r['dtype']:5} "
           f"flat {r['flat_ms']:8.2f} ms {r['flat_GBps']:6.1f}/{r['peak_GBps']:6.1f} GB/s | cascade {r['cascade_ms']:8.2f} ms "
-          f"{r['cascade_GFLOPs']:7.1f}/{r['peak_GFLOPs']:7.1f} GF/s | x{r['speedup']:.2f} err {r['max_abs_err_cascade']:.1e}")
+          f"{r['cascade_GFLOPs']:7.1f}/{r['peak_GFLOPs']:7.1f} GF/s | x{r['speedup']:.2f} err {r['max_rel_err_cascade']:.1e}")
 PY

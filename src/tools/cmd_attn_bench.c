@@ -35,7 +35,8 @@ typedef struct {
     float soft_cap;
     cas_dtype dtype;
     const char *tree, *dump, *backend, *kernel;
-    int json, print_plan, calibrate, dtype_set, huge_pages, bf16_dot;
+    int json, print_plan, calibrate, dtype_set, huge_pages, bf16_dot, amx_off;
+    cas_simd_level simd;
     uint64_t seed;
 } bench_opts;
 
@@ -67,6 +68,9 @@ static void usage(FILE *f) {
             "                     each (default 8, 0 = none); cuda: 0 = none, else every row\n"
             "  --seed N           random seed (default 1)\n"
             "  --huge-pages       K and V pools in transparent huge pages (default: 4 KB pages)\n"
+            "  --simd LEVEL       cpu: the kernels' SIMD level, generic, avx2 or avx512 (default: the\n"
+            "                     widest this CPU has; a level it lacks is refused)\n"
+            "  --no-amx           cpu: no AMX-BF16 tiles for --bf16-dot (AVX512_BF16 instructions)\n"
             "  --bf16-dot         bf16 KV on CPUs with AVX512_BF16: Q and P rounded to bf16, the\n"
             "                     bf16 dot-product instruction (cas_attn_plan_opts.bf16_dot)\n"
             "  --plan             print the cascade plan\n"
@@ -183,6 +187,14 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
             o->huge_pages = 1;
         } else if (!strcmp(a, "--bf16-dot")) {
             o->bf16_dot = 1;
+        } else if (!strcmp(a, "--no-amx")) {
+            o->amx_off = 1;
+        } else if (!strcmp(a, "--simd")) {
+            NEEDV;
+            if (cas_simd_parse(v, &o->simd)) {
+                fprintf(stderr, "attn-bench: --simd is generic, avx2 or avx512 (got '%s')\n", v);
+                return -1;
+            }
         } else if (!strcmp(a, "--calibrate")) {
             o->calibrate = 1;
         } else if (!strcmp(a, "--plan")) {
@@ -700,6 +712,8 @@ int cmd_attn_bench(int argc, char **argv) {
     po.threads = o.threads;
     po.cascade = CAS_CASCADE_OFF;
     po.bf16_dot = o.bf16_dot;
+    po.simd = o.simd;
+    po.amx_off = o.amx_off;
     double t_plan_flat = cas_now_s();
     st = cas_attn_plan_create(&flat, &shape, &po, 0, 0, 0);
     if (!st) st = cas_attn_plan_build(flat, &b, s.num_pages, &prm);
@@ -777,7 +791,7 @@ int cmd_attn_bench(int argc, char **argv) {
                "\"work_items\": %d, \"est_cascade_ms\": %.6f, \"est_flat_ms\": %.6f, \"plan_ms\": %.4f, "
                "\"plan_flat_ms\": %.4f, \"checked_requests\": %d, \"flat_best_ms\": %.6f, "
                "\"cascade_best_ms\": %.6f}\n",
-               o.huge_pages, o.bf16_dot, cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
+               o.huge_pages, o.bf16_dot, o.simd ? cas_simd_name(o.simd) : cas_attn_simd_name(), threads, s.batch, o.tree ? 0 : o.prefix, o.suffix, o.qlen,
                o.tree ? o.tree : "", o.hq, o.hkv, o.head_dim, o.page_size, cas_dtype_name(o.dtype),
                s.total_q, t_flat * 1e3, t_casc * 1e3, t_flat / t_casc, num_or_null(ef, err_flat),
                num_or_null(ec, err_casc), bytes_flat, req_flat,
@@ -789,7 +803,7 @@ int cmd_attn_bench(int argc, char **argv) {
     } else {
         printf("batch %d (%d query tokens), %s, heads %d:%d, head_dim %d, page %d, %s KV, simd %s\n",
                s.batch, s.total_q, o.tree ? o.tree : "one shared prefix", o.hq, o.hkv, o.head_dim,
-               o.page_size, cas_dtype_name(o.dtype), cas_attn_simd_name());
+               o.page_size, cas_dtype_name(o.dtype), o.simd ? cas_simd_name(o.simd) : cas_attn_simd_name());
         printf("machine: read bandwidth %.1f GB/s, f32 FMA %.1f GFLOP/s (measured now)\n", peak_bw / 1e9,
                peak_flops / 1e9);
         printf("plan: %d tree nodes, %d shared passes, %d passes, %d work items (%.3f ms to plan)\n",
