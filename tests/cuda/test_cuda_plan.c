@@ -15,7 +15,7 @@
  * by field (not its byte layout): a change meant to keep the plans shows it
  * kept them by printing the same digest. Built with -DPLAN_TEST_OLD_API it
  * compiles against the planner as it was before the options replaced the
- * environment (commit 238b15e; bench/HISTORY.md, the clean-up of src/cuda).
+ * environment (bench/HISTORY.md, the clean-up of src/cuda, names the commit).
  *
  * Built and run by `make CUDA=1 cuda-build-check` (no GPU needed) and `make
  * test-cuda`; `test_cuda_plan --time [N [JSON]]` times the planners.
