@@ -101,7 +101,11 @@ fi
 
 # ---- the example, shared and static -------------------------------------------
 model_arg=()
-if [ -f "$MODEL" ]; then model_arg=("$root/$MODEL"); want=5; else want=3; fi
+if [ -f "$MODEL" ]; then
+  model_arg=("$root/$MODEL"); want=5
+else
+  echo "skip example's model tests: $MODEL missing (make model)"; want=3
+fi
 
 # run_example NAME BINARY: runs it, relays its lines tagged with NAME, and
 # passes when it exits 0 having passed all `want` of its tests.

@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
         RUN(test_model_tokenizer);
         RUN(test_engine_greedy);
     } else {
-        printf("skip example: model tests (no model given; `make model` fetches it)\n");
+        printf("skip example: model tests (no model path given)\n");
     }
     return check_summary();
 }
