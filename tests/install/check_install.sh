@@ -41,7 +41,7 @@ rm -rf "$scratch" && mkdir -p "$scratch" || { fail setup "cannot create $scratch
 # keep its command-line variables (BUILD, OPT, CFLAGS, ... under make asan).
 MAKEFLAGS=$(printf '%s' "${MAKEFLAGS:-}" | sed -E 's/(^| )(-j[0-9]*|--jobserver-(auth|fds)=[^ ]*)//g')
 export MAKEFLAGS
-mk() { make -s --no-print-directory -C "$root" BUILD="$BUILD" "$@"; }
+mk() { make -s --no-print-directory BUILD="$BUILD" "$@"; }
 
 # ---- install into the scratch prefix ----------------------------------------
 if ! mk install PREFIX="$prefix" >"$scratch/install.log" 2>&1; then
@@ -100,9 +100,9 @@ else
 fi
 
 # ---- the example, shared and static -------------------------------------------
-model_arg=()
+model_arg=""
 if [ -f "$MODEL" ]; then
-  model_arg=("$root/$MODEL"); want=5
+  model_arg="$root/$MODEL"; want=5
 else
   echo "skip example's model tests: $MODEL missing (make model)"; want=3
 fi
@@ -111,7 +111,7 @@ fi
 # passes when it exits 0 having passed all `want` of its tests.
 run_example() {
   local out rc line
-  out=$(cd "$scratch" && "$2" "${model_arg[@]}" 2>&1); rc=$?
+  out=$(cd "$scratch" && "$2" ${model_arg:+"$model_arg"} 2>&1); rc=$?
   printf '%s\n' "$out" | sed -E "s/^(ok|FAIL|skip) /\1 [$1] /; s/^([0-9]+ passed)/[$1] \1/"
   line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n1)
   check "example_$1" "exit $rc, summary '$line', want '$want passed, 0 failed'" \
@@ -132,7 +132,7 @@ else
   cat "$scratch/cc-shared.log"; fail build_shared "$CC ... \$(pkg-config --cflags --libs cascade) failed"
 fi
 
-# static: --static adds Libs.private and Requires.private; -l:libcascade.a
+# static: --static adds Libs.private (what the archive needs); -l:libcascade.a
 # makes the linker take the archive although the .so sits next to it
 libs=$(pkg-config --libs --static cascade)
 libs=${libs/-lcascade/-l:libcascade.a}
