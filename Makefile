@@ -189,8 +189,8 @@ endif
 # BINDIR, LIBDIR, INCLUDEDIR, PKGCONFIGDIR are PREFIX/bin, /lib, /include
 # and LIBDIR/pkgconfig unless given on the command line (e.g.
 # LIBDIR=/usr/lib/x86_64-linux-gnu). `make uninstall` (same variables)
-# removes exactly those files. Neither runs ldconfig: after a system-wide install
-# run it yourself (sudo ldconfig).
+# removes exactly those files. Neither runs ldconfig: after a system-wide
+# install, run it yourself (sudo ldconfig).
 #
 # The public headers are the layers' contracts a program needs to drive the
 # engine or the model and attention layers directly; not the *_impl.h
@@ -225,6 +225,7 @@ PUBLIC_HEADERS := src/core/core.h src/attn/attn.h src/model/tensor.h src/model/m
 # libraries (libmicrohttpd: gnutls, unistring, ...) for a fully static link,
 # which fails where their static archives are not installed, while the
 # archive only needs the libraries themselves, linked dynamically.
+#
 # A path under PREFIX is written relative to ${prefix}, so the file can be moved.
 pc_rel = $(patsubst $(PREFIX)/%,$${prefix}/%,$(patsubst $(PREFIX),$${prefix},$(1)))
 

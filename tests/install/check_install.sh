@@ -52,18 +52,19 @@ fi
 ok make_install
 
 lib="$prefix/lib"
+version=$(PKG_CONFIG_PATH="$lib/pkgconfig" pkg-config --modversion cascade 2>/dev/null)
 soname_of() { readelf -d "$1" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p'; }
 layout_ok() {
   [ -x "$prefix/bin/cascade" ] && [ -f "$lib/libcascade.a" ] &&
-  [ -f "$lib/libcascade.so.0.1.0" ] && [ ! -L "$lib/libcascade.so.0.1.0" ] &&
-  [ "$(readlink "$lib/$SONAME")" = libcascade.so.0.1.0 ] &&
+  [ -n "$version" ] && [ -f "$lib/libcascade.so.$version" ] && [ ! -L "$lib/libcascade.so.$version" ] &&
+  [ "$(readlink "$lib/$SONAME")" = "libcascade.so.$version" ] &&
   [ "$(readlink "$lib/libcascade.so")" = "$SONAME" ] &&
-  [ "$(soname_of "$lib/libcascade.so.0.1.0")" = "$SONAME" ] &&
+  [ "$(soname_of "$lib/libcascade.so.$version")" = "$SONAME" ] &&
   [ "$(soname_of "$BUILD/libcascade.so")" = "$SONAME" ] &&
   [ "$(readlink "$BUILD/$SONAME")" = libcascade.so ] &&
   [ -f "$lib/pkgconfig/cascade.pc" ]
 }
-check layout "bin/cascade, lib/libcascade.{a,so.0.1.0} with soname $SONAME and its links, cascade.pc" layout_ok
+check layout "bin/cascade, lib/libcascade.{a,so.$version} with soname $SONAME and its links, cascade.pc" layout_ok
 "$prefix/bin/cascade" >/dev/null 2>&1; rc=$?
 check command_runs "the installed cascade crashed (exit $rc)" test "$rc" -lt 128
 
