@@ -2,6 +2,9 @@
 # build/cascade; `make test` builds and runs every tests/test_*.c; `make asan`
 # does the same with AddressSanitizer and UndefinedBehaviorSanitizer in
 # build-asan/. `make CUDA=1` adds the CUDA backend (src/cuda, nvcc).
+# `make install PREFIX=... [DESTDIR=...]` installs the command, both libraries
+# (the shared one with a versioned soname), the public headers and cascade.pc
+# for pkg-config; `make uninstall` removes them (see the install section).
 #
 # Sources are found by wildcard: every src/<layer>/*.c goes into the library
 # (src/tools/*.c into the command), every tests/test_*.c is one test program.
@@ -58,9 +61,15 @@ $(BUILD)/libcascade.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/libcascade.so: $(LIB_OBJ)
+# Linked with the soname it is installed under (CAS_SONAME, see the install
+# section); the link named by the soname lets programs linked against
+# build/libcascade.so run from the build tree (LD_LIBRARY_PATH=build). It
+# depends on the Makefile so that a build tree from before the soname is
+# relinked rather than installed without one.
+$(BUILD)/libcascade.so: $(LIB_OBJ) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $^ $(LDLIBS) $(LDFLAGS)
+	$(CC) -shared -Wl,-soname,$(CAS_SONAME) -o $@ $(LIB_OBJ) $(LDLIBS) $(LDFLAGS)
+	ln -sf libcascade.so $(BUILD)/$(CAS_SONAME)
 
 $(BUILD)/cascade: $(TOOL_OBJ) $(BUILD)/libcascade.a
 	$(CC) $(ALL_FLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libcascade.a $(LDLIBS) $(LDFLAGS)
@@ -96,8 +105,10 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libcascade.a
 
 # Runs every test program; each prints "N passed, N failed"; the runner sums.
 # Python checks (tests/check_*.py) compare our outputs with independent
-# implementations (NumPy) and print the same summary line.
-TEST_SCRIPTS := $(wildcard tests/check_*.py)
+# implementations (NumPy) and print the same summary line; so does
+# tests/install/check_install.sh (`make install` into a scratch prefix, then
+# a program built against it through pkg-config).
+TEST_SCRIPTS := $(wildcard tests/check_*.py) tests/install/check_install.sh
 
 test: all $(TEST_BIN)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(TEST_BIN) $(TEST_SCRIPTS)
@@ -163,6 +174,87 @@ test-cuda cuda-build-check cuda-bench:
 endif
 
 -include $(LIB_OBJ:.o=.d) $(TOOL_OBJ:.o=.d)
+
+# ---- installing the library -------------------------------------------------
+# `make install` copies what `make` built into PREFIX (default /usr/local),
+# every path prefixed with DESTDIR (default empty) for staged installs:
+#   $(BINDIR)/cascade             the command
+#   $(LIBDIR)/libcascade.a        the static library
+#   $(LIBDIR)/libcascade.so.0.1.0 the shared library, soname libcascade.so.0
+#   $(LIBDIR)/libcascade.so.0     a link to it, the name the loader looks for
+#   $(LIBDIR)/libcascade.so       a link to that, the name -lcascade finds
+#   $(INCLUDEDIR)/cascade/*.h     the public headers: #include <cascade/engine.h>
+#   $(PKGCONFIGDIR)/cascade.pc    pkg-config --cflags --libs [--static] cascade
+# (0.1.0 and 0 are CAS_VERSION and CAS_SOVERSION below.)
+# BINDIR, LIBDIR, INCLUDEDIR, PKGCONFIGDIR are PREFIX/bin, /lib, /include
+# and LIBDIR/pkgconfig unless given on the command line (e.g.
+# LIBDIR=/usr/lib/x86_64-linux-gnu). `make uninstall` (same variables)
+# removes exactly those files. Neither runs ldconfig: after a system-wide
+# install, run it yourself (sudo ldconfig).
+#
+# The public headers are the layers' contracts a program needs to drive the
+# engine or the model and attention layers directly; not the *_impl.h
+# internals, not the server's header (cascade serve is the server), not
+# src/cuda/cuda_attn.h: it exposes attn_impl.h and needs the CUDA toolkit's
+# headers, and a CUDA=1 library is used through these same headers (its .pc
+# then lists cudart and cuBLAS for static links). In the tree the headers
+# include each other as "../core/core.h"; installed side by side they include
+# "core.h", which sed rewrites on the way.
+#
+# The soname's number (CAS_SOVERSION) changes when the ABI breaks; the
+# version names the release.
+CAS_VERSION   := 0.1.0
+CAS_SOVERSION := 0
+CAS_SONAME    := libcascade.so.$(CAS_SOVERSION)
+
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+BINDIR       := $(PREFIX)/bin
+LIBDIR       := $(PREFIX)/lib
+INCLUDEDIR   := $(PREFIX)/include
+PKGCONFIGDIR  = $(LIBDIR)/pkgconfig
+INSTALL      ?= install
+
+PUBLIC_HEADERS := src/core/core.h src/attn/attn.h src/model/tensor.h src/model/model.h \
+                  src/kv/kv.h src/sched/sched.h src/engine/engine.h
+
+# What the static library needs besides itself goes into cascade.pc's
+# Libs.private: LDLIBS as the library was linked (OpenMP, libm, pthread, the
+# packages PKGS found; CUDA's libraries with CUDA=1). Not Requires.private:
+# with it `pkg-config --static` also lists those packages' own private
+# libraries (libmicrohttpd: gnutls, unistring, ...) for a fully static link,
+# which fails where their static archives are not installed, while the
+# archive only needs the libraries themselves, linked dynamically.
+#
+# A path under PREFIX is written relative to ${prefix}, so the file can be moved.
+pc_rel = $(patsubst $(PREFIX)/%,$${prefix}/%,$(patsubst $(PREFIX),$${prefix},$(1)))
+
+.PHONY: install uninstall
+install: all
+	$(INSTALL) -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(INCLUDEDIR)/cascade" \
+	  "$(DESTDIR)$(PKGCONFIGDIR)"
+	$(INSTALL) -m 755 $(BUILD)/cascade "$(DESTDIR)$(BINDIR)/cascade"
+	$(INSTALL) -m 644 $(BUILD)/libcascade.a "$(DESTDIR)$(LIBDIR)/libcascade.a"
+	$(INSTALL) -m 755 $(BUILD)/libcascade.so "$(DESTDIR)$(LIBDIR)/libcascade.so.$(CAS_VERSION)"
+	ln -sf libcascade.so.$(CAS_VERSION) "$(DESTDIR)$(LIBDIR)/$(CAS_SONAME)"
+	ln -sf $(CAS_SONAME) "$(DESTDIR)$(LIBDIR)/libcascade.so"
+	for h in $(PUBLIC_HEADERS); do \
+	  sed -e 's|^#include "\.\./[a-z_]*/|#include "|' $$h > "$(DESTDIR)$(INCLUDEDIR)/cascade/$$(basename $$h)" && \
+	  chmod 644 "$(DESTDIR)$(INCLUDEDIR)/cascade/$$(basename $$h)" || exit 1; \
+	done
+	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' \
+	  'libdir=$(call pc_rel,$(LIBDIR))' 'includedir=$(call pc_rel,$(INCLUDEDIR))' '' \
+	  'Name: cascade' 'Description: LLM inference engine with cascade attention' \
+	  'Version: $(CAS_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lcascade' \
+	  'Libs.private: $(strip $(LDLIBS))' > "$(DESTDIR)$(PKGCONFIGDIR)/cascade.pc"
+	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/cascade.pc"
+
+uninstall:
+	rm -f "$(DESTDIR)$(BINDIR)/cascade" "$(DESTDIR)$(LIBDIR)/libcascade.a" \
+	  "$(DESTDIR)$(LIBDIR)/libcascade.so.$(CAS_VERSION)" "$(DESTDIR)$(LIBDIR)/$(CAS_SONAME)" \
+	  "$(DESTDIR)$(LIBDIR)/libcascade.so" "$(DESTDIR)$(PKGCONFIGDIR)/cascade.pc" \
+	  $(foreach h,$(notdir $(PUBLIC_HEADERS)),"$(DESTDIR)$(INCLUDEDIR)/cascade/$(h)")
+	rmdir "$(DESTDIR)$(INCLUDEDIR)/cascade" 2>/dev/null || true
 
 # ---- fuzzing the GGUF reader ------------------------------------------------
 # `make fuzz` builds fuzz/fuzz_gguf.c with clang's libFuzzer, ASan and UBSan
