@@ -194,10 +194,10 @@ endif
 #
 # The public headers are the layers' contracts a program needs to drive the
 # engine or the model and attention layers directly; not the *_impl.h
-# internals, not the server's header (cascade serve is the server), not
-# src/cuda/cuda_attn.h: it exposes attn_impl.h and needs the CUDA toolkit's
-# headers, and a CUDA=1 library is used through these same headers (its .pc
-# then lists cudart and cuBLAS for static links). In the tree the headers
+# internals, not the server's header (cascade serve is the server). A CUDA=1
+# library adds src/cuda/cuda_attn.h (the attention contract on the GPU), and
+# cascade.pc then gives the CUDA toolkit's include path (the header includes
+# cuda_runtime_api.h) and lists cudart and cuBLAS for static links. In the tree the headers
 # include each other as "../core/core.h"; installed side by side they include
 # "core.h", which sed rewrites on the way.
 #
@@ -217,6 +217,11 @@ INSTALL      ?= install
 
 PUBLIC_HEADERS := src/core/core.h src/attn/attn.h src/model/tensor.h src/model/model.h \
                   src/kv/kv.h src/sched/sched.h src/engine/engine.h
+PC_CFLAGS := -I$${includedir}
+ifeq ($(CUDA),1)
+PUBLIC_HEADERS += src/cuda/cuda_attn.h
+PC_CFLAGS += -I$(CUDA_HOME)/include
+endif
 
 # What the static library needs besides itself goes into cascade.pc's
 # Libs.private: LDLIBS as the library was linked (OpenMP, libm, pthread, the
@@ -245,7 +250,7 @@ install: all
 	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' \
 	  'libdir=$(call pc_rel,$(LIBDIR))' 'includedir=$(call pc_rel,$(INCLUDEDIR))' '' \
 	  'Name: cascade' 'Description: LLM inference engine with cascade attention' \
-	  'Version: $(CAS_VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lcascade' \
+	  'Version: $(CAS_VERSION)' 'Cflags: $(PC_CFLAGS)' 'Libs: -L$${libdir} -lcascade' \
 	  'Libs.private: $(strip $(LDLIBS))' > "$(DESTDIR)$(PKGCONFIGDIR)/cascade.pc"
 	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/cascade.pc"
 

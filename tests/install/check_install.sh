@@ -25,6 +25,9 @@ LDFLAGS=${LDFLAGS:-}
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 SONAME=libcascade.so.0
 HEADERS="attn.h core.h engine.h kv.h model.h sched.h tensor.h"
+# a CUDA=1 library installs the GPU attention contract too
+nm "$BUILD/libcascade.a" 2>/dev/null | grep -q ' T cas_cuda_attn_create$' &&
+  HEADERS="attn.h core.h cuda_attn.h engine.h kv.h model.h sched.h tensor.h"
 
 passed=0; failed=0
 ok()   { echo "ok $1"; passed=$((passed+1)); }
