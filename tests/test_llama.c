@@ -266,6 +266,26 @@ static int32_t enc(const char *s, int32_t *ids) {
     return (int32_t)n;
 }
 
+/* m's logits of a batched prefill of the NP prompts ids (n tokens each)
+ * into out[0, NP), then of one decode step of token 42 after each into
+ * out[NP, 2 NP) (vocab floats each); g_model is m while it runs. */
+static void prefill_decode(cas_model *m, int32_t ids[][200], const int32_t *n, float *out) {
+    g_model = m;
+    cas_model_kv *kv = NULL;
+    REQUIRE(cas_model_kv_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
+    pager_t pg = {0};
+    seq_t s[NP];
+    seq_t *sp[NP];
+    const int32_t *tp[NP];
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < NP; i++) sp[i] = &s[i], tp[i] = ids[i];
+    CHECK(step(kv, &pg, sp, tp, n, NP, 0, out) == CAS_OK);
+    int32_t t = 42, ones[NP] = {1, 1, 1, 1};
+    const int32_t *t1[NP] = {&t, &t, &t, &t};
+    CHECK(step(kv, &pg, sp, t1, ones, NP, 0, out + (size_t)g_vocab * NP) == CAS_OK);
+    cas_model_kv_destroy(kv);
+}
+
 /* The fast model's batched forward on the AMX kernels (packed weights, fused
  * matrices that exist only packed) against the same model loaded with
  * cas_model_opts.amx_off, which runs the AVX2 kernels on matrices in the file
@@ -291,20 +311,7 @@ static void test_amx_vs_avx2(void) {
     for (int v = 0; v < 2; v++) {
         lg[v] = malloc(sizeof(float) * (size_t)g_vocab * 2 * NP);
         REQUIRE(lg[v]);
-        g_model = v == 0 ? g_fast : no_amx;
-        cas_model_kv *kv = NULL;
-        REQUIRE(cas_model_kv_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
-        pager_t pg = {0};
-        seq_t s[NP];
-        seq_t *sp[NP];
-        const int32_t *tp[NP];
-        memset(s, 0, sizeof s);
-        for (int i = 0; i < NP; i++) sp[i] = &s[i], tp[i] = ids[i];
-        CHECK(step(kv, &pg, sp, tp, n, NP, 0, lg[v]) == CAS_OK);
-        int32_t t = 42, ones[NP] = {1, 1, 1, 1};
-        const int32_t *t1[NP] = {&t, &t, &t, &t};
-        CHECK(step(kv, &pg, sp, t1, ones, NP, 0, lg[v] + (size_t)g_vocab * NP) == CAS_OK);
-        cas_model_kv_destroy(kv);
+        prefill_decode(v == 0 ? g_fast : no_amx, ids, n, lg[v]);
     }
     g_model = g_fast;
     cas_model_destroy(no_amx);
@@ -336,20 +343,7 @@ static void test_simd_levels(void) {
         cas_model *lowered = NULL;
         REQUIRE(cas_model_load(MODEL_PATH, &o, &lowered) == CAS_OK);
         for (int v = 0; v < 2; v++) {
-            g_model = v == 0 ? g_fast : lowered;
-            cas_model_kv *kv = NULL;
-            REQUIRE(cas_model_kv_create(g_model, 128, PAGE, CAS_F16, &kv) == CAS_OK);
-            pager_t pg = {0};
-            seq_t s[NP];
-            seq_t *sp[NP];
-            const int32_t *tp[NP];
-            memset(s, 0, sizeof s);
-            for (int i = 0; i < NP; i++) sp[i] = &s[i], tp[i] = ids[i];
-            CHECK(step(kv, &pg, sp, tp, n, NP, 0, lg[v]) == CAS_OK);
-            int32_t t = 42, ones[NP] = {1, 1, 1, 1};
-            const int32_t *t1[NP] = {&t, &t, &t, &t};
-            CHECK(step(kv, &pg, sp, t1, ones, NP, 0, lg[v] + (size_t)g_vocab * NP) == CAS_OK);
-            cas_model_kv_destroy(kv);
+            prefill_decode(v == 0 ? g_fast : lowered, ids, n, lg[v]);
         }
         g_model = g_fast;
         cas_model_destroy(lowered);
