@@ -12,8 +12,11 @@
 #   .devcarry/{test_cuda_attn, test_cuda_plan, attn_bench_cuda, cascade,
 #   old_attn_bench_cuda (optional: the A/B), lib/}
 # Usage: bash bench/cuda/run_device.sh [steps...]
-#   steps: test faults ab grid cli sanitize (default: all of them, in that order)
-#   env: AB_CASES (P,B,U ...), AB_ROUNDS, GRID_RESERVE (seconds the grid leaves
+#   steps: test faults ab grid cli sanitize (default: all of them, in that order),
+#   and prefill (our 16k causal prefill and PyTorch's, bench/cuda/torch_prefill.py,
+#   alternating PF_ROUNDS times)
+#   env: AB_CASES (P,B,U ...), AB_ROUNDS, AB_ORDER (default "new old": which
+#   build runs first in each round), GRID_RESERVE (seconds the grid leaves
 #   for the steps after it), DEADLINE (seconds for the whole script, default 560)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -44,9 +47,9 @@ if has faults; then
 fi
 if has ab && [ -x "$OB" ]; then
   R=${AB_ROUNDS:-3}
-  echo "== A/B: new against old attn_bench_cuda, alternating, $R rounds, $(left) s left"
+  echo "== A/B: new against old attn_bench_cuda, alternating (${AB_ORDER:-new old}), $R rounds, $(left) s left"
   for r in $(seq 1 "$R"); do
-    for v in new old; do
+    for v in ${AB_ORDER:-new old}; do
       b=$BB; [ $v = old ] && b=$OB
       timeout 60 "$b" --cases "${AB_CASES:-32768,64,512;1024,8,128}" --json "$W/ab_${v}_$r.json" > /dev/null 2> "$W/ab_${v}_$r.err"
       timeout 60 "$b" --unshared --json "$W/ab_${v}_unshared_$r.json" > /dev/null 2>> "$W/ab_${v}_$r.err"
@@ -85,6 +88,13 @@ if has grid; then
   timeout $(( $(left) - ${GRID_RESERVE:-120} )) "$BB" --grid --unshared --prefill 16384 --json "$OUT/attention-grid.json" > "$OUT/grid.txt" 2> "$W/grid.err"
   echo "grid rc=$?"; grep -E "^device|unshared|prefill|runs" "$W/grid.err"
   tail -62 "$OUT/grid.txt" | awk 'NR==1 || NR%6==2'
+fi
+if has prefill; then
+  echo "== prefill 16k causal, ours and PyTorch's alternating, $(left) s left"
+  for r in $(seq 1 "${PF_ROUNDS:-3}"); do
+    timeout 60 "$BB" --prefill 16384 --json "$W/pf_$r.json" 2>&1 | grep -E "prefill" | sed "s/^/ours r$r /"
+    timeout 120 python3 bench/cuda/torch_prefill.py 16384 2>&1 | tee -a "$W/torch_prefill.jsonl" | sed "s/^/torch r$r /"
+  done
 fi
 if has cli && [ $(left) -gt 60 ]; then
   echo "== cascade attn-bench --backend cuda, $(left) s left"

@@ -1,5 +1,5 @@
 # PyTorch's causal prefill on this GPU, for the same-call comparison with
-# cascade's (bench/cuda/run_h200.sh step pf): one sequence of L tokens, Hq
+# cascade's (bench/cuda/run_device.sh step prefill): one sequence of L tokens, Hq
 # heads (K and V with Hq heads too, as in ../shared/anchors/torch_cascade_anchor.py),
 # head dim 128, bf16; SDPA's default choice and each backend on its own.
 # Medians of CUDA-event timings after warm-up (TORCH_PF_ITERS, default 20;
