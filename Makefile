@@ -32,7 +32,7 @@ endif
 
 ALL_FLAGS = $(BASEFLAGS) $(CFLAGS)
 
-LAYERS  := core attn model kv sched engine server
+LAYERS  := core attn model gpu kv sched engine server
 LIB_SRC := $(foreach l,$(LAYERS),$(wildcard src/$(l)/*.c))
 TOOL_SRC := $(wildcard src/tools/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -44,14 +44,14 @@ TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 TEST_SUPPORT_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(TEST_SUPPORT))
 
 ifeq ($(CUDA),1)
-CUDA_SRC := $(wildcard src/cuda/*.cu)
+CUDA_SRC := $(wildcard src/cuda/*.cu src/gpu/*.cu)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -lineinfo
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell which $(NVCC)))
 LIB_OBJ += $(CUDA_OBJ) $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/cuda/*.c))
-LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart -lcublas -lstdc++
-BASEFLAGS += -DCAS_WITH_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart -lcublasLt -lcublas -lstdc++
+BASEFLAGS += -DCAS_WITH_CUDA=1 -isystem $(CUDA_HOME)/include
 endif
 
 .PHONY: all test asan clean model bench fuzz test-cuda cuda-build-check cuda-bench
@@ -136,6 +136,8 @@ clean:
 # that command's object too, which needs none of the higher layers' libraries).
 # tools/sass_diff.py compares the kernels' machine code of two builds.
 CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_attn
+# the GPU forward against the CPU's (src/gpu; links the whole library)
+GPU_MODEL_TEST := $(BUILD)/tests/cuda/test_gpu_model
 CUDA_BENCH_BIN := $(BUILD)/bench/cuda/attn_bench_cuda
 # The attention backend's own archive (core + attn + cuda): its test and
 # benchmark need nothing of the higher layers (and their libraries).
@@ -161,9 +163,9 @@ $(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
 	$(CC) $(ALL_FLAGS) -o $@ $< $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
 ifeq ($(CUDA),1)
-test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST)
-	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST)
-cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST)
+test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST)
+	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST)
+cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_PLAN_TEST)
 	@bash tests/cuda/check_wgmma_serial.sh $(CUDA_OBJ:=.log)
 	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled; the planner's test ran"

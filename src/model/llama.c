@@ -191,7 +191,7 @@ static cas_status load_vec(const cas_gguf *g, const char *name, int64_t n, float
     return CAS_OK;
 }
 
-static cas_status read_config(const cas_gguf *g, cas_model_config *c) {
+cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
     const char *arch = NULL;
     cas_status st = cas_gguf_get_str(g, "general.architecture", &arch, NULL);
     if (st) return st;
@@ -233,6 +233,13 @@ static cas_status read_config(const cas_gguf *g, cas_model_config *c) {
         if (cas_gguf_get_str(g, "llama.rope.scaling.type", &sc, NULL) == CAS_OK && strcmp(sc, "none"))
             return cas_error(CAS_ERR_UNSUPPORTED, "model: rope scaling '%s' is not supported", sc);
     }
+    /* the vocabulary is the embedding's rows; without output.weight the logits use it too */
+    const cas_gguf_tensor *te = cas_gguf_find_tensor(g, "token_embd.weight");
+    if (!te) return cas_error(CAS_ERR_FORMAT, "model: tensor token_embd.weight is missing");
+    if (te->ne[1] <= 0 || te->ne[1] > INT32_MAX)
+        return cas_error(CAS_ERR_FORMAT, "model: token_embd.weight has %lld rows", (long long)te->ne[1]);
+    c->n_vocab = (int32_t)te->ne[1];
+    c->tied_embeddings = cas_gguf_find_tensor(g, "output.weight") == NULL;
     return CAS_OK;
 }
 
@@ -345,27 +352,16 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     m->simd = simd;
     /* AMX-INT8 needs AVX-512 for its scaling: a lower level turns it off too */
     m->amx = !o.portable_kernels && !o.amx_off && simd == CAS_SIMD_AVX512 && cas_q_amx_available();
-    st = read_config(g, &m->cfg);
+    st = cas_model_config_read(g, &m->cfg);
     if (st) goto fail;
     cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, F = c->n_ff, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim;
 
-    const cas_gguf_tensor *te = cas_gguf_find_tensor(g, "token_embd.weight");
-    if (!te) {
-        st = cas_error(CAS_ERR_FORMAT, "model: tensor token_embd.weight is missing");
-        goto fail;
-    }
-    if (te->ne[1] <= 0 || te->ne[1] > INT32_MAX) {
-        st = cas_error(CAS_ERR_FORMAT, "model: token_embd.weight has %lld rows", (long long)te->ne[1]);
-        goto fail;
-    }
-    c->n_vocab = (int32_t)te->ne[1];
     if ((st = find_mat(g, "token_embd.weight", c->n_vocab, E, &m->tok_embd))) goto fail;
-    if (cas_gguf_find_tensor(g, "output.weight")) {
+    if (!c->tied_embeddings) {
         if ((st = find_mat(g, "output.weight", c->n_vocab, E, &m->output))) goto fail;
     } else {
-        c->tied_embeddings = 1;
         m->output = m->tok_embd;
     }
     if ((st = load_vec(g, "output_norm.weight", E, &m->out_norm))) goto fail;

@@ -337,6 +337,11 @@ typedef struct {
     int64_t weight_bytes_per_token; /* matrix bytes one decode token reads (all layers + output) */
 } cas_model_config;
 
+/* The hyper-parameters of a file's model, checked (architecture llama, shapes
+ * the attention core runs, no rope scaling): what cas_model_create reads,
+ * for the other forward passes (src/gpu). weight_bytes_per_token is left 0. */
+cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c);
+
 typedef struct {
     int32_t max_batch_tokens; /* most new tokens in one forward (scratch size); default 512 */
     int32_t max_seqs;         /* most sequences in one forward; default 64 */

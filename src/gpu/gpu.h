@@ -1,0 +1,96 @@
+/*
+ * gpu.h: the Llama-family forward pass on an NVIDIA GPU, the same contract as
+ * the CPU's cas_model_forward (src/model/model.h): a ragged batch of new
+ * tokens (prefill chunks and decode tokens side by side) over paged K/V, the
+ * K/V of the new tokens written into their pages, logits for the wanted rows.
+ *
+ * A cas_gpu_model holds a GGUF file's weights on the device, converted once
+ * at load to bf16 by kernels (f32, f16, bf16, q8_0, q4_0 and q4_1 in the
+ * file; the query, key and value matrices side by side, and the gate and up
+ * matrices), the fixed-capacity device buffers of one forward (activations,
+ * the step's inputs, the attention plan) and the handles it runs with
+ * (cuBLASLt, the CUDA attention context, one stream). Matrix products run
+ * through cuBLASLt (bf16 operands, f32 accumulation; the residual adds are
+ * the products' beta = 1); the elementwise work is a few fused kernels
+ * (gather and norm, RoPE with the K/V store, SiLU times up, the logits rows'
+ * norm). One cascade plan per forward serves every layer.
+ *
+ * A cas_gpu_kv is the paged K/V store in device memory, per layer a K and a V
+ * pool of [num_pages][page_size][n_head_kv][head_dim] bf16, addressed by the
+ * page ids of the kv layer's block pool like the CPU's.
+ *
+ * A build without CUDA (make without CUDA=1) has these functions too: they
+ * return CAS_ERR_UNSUPPORTED with a message saying so, and
+ * cas_gpu_available() is 0.
+ *
+ * Threads: one forward at a time per model. Nothing here reads the
+ * environment.
+ */
+#ifndef CASCADE_GPU_H
+#define CASCADE_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int32_t device;           /* CUDA device ordinal (default 0) */
+    int32_t max_batch_tokens; /* most new tokens in one forward; default 512 */
+    int32_t max_seqs;         /* most sequences in one forward; default 64 */
+    int32_t max_logits;       /* most rows of logits one forward returns; default max_seqs */
+    int32_t max_pages_per_seq; /* page table entries of one sequence (its longest context over
+                                  the page size); default 8192 */
+    cas_cascade_mode cascade; /* attention planner mode; default CAS_CASCADE_AUTO */
+} cas_gpu_opts;
+
+cas_gpu_opts cas_gpu_opts_default(void);
+
+/* 1 when this build has the CUDA backend and a CUDA device is present. */
+int cas_gpu_available(void);
+
+typedef struct cas_gpu_model cas_gpu_model;
+
+/* Builds the model of an open GGUF file (borrowed: the weights are copied to
+ * the device, the file may be closed afterwards). CAS_ERR_UNSUPPORTED for an
+ * architecture, head_dim or tensor type the GPU path lacks, or no CUDA;
+ * CAS_ERR_NOMEM when the weights or buffers do not fit the device (the
+ * message says how much was asked and is free); CAS_ERR_FORMAT as
+ * cas_model_create. */
+cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts, cas_gpu_model **out);
+void cas_gpu_model_destroy(cas_gpu_model *m);
+const cas_model_config *cas_gpu_model_config(const cas_gpu_model *m);
+/* Device memory the model holds (weights and buffers), bytes. */
+size_t cas_gpu_model_bytes(const cas_gpu_model *m);
+/* The device's name ("none" without one). */
+const char *cas_gpu_model_device_name(const cas_gpu_model *m);
+void cas_gpu_model_set_cascade(cas_gpu_model *m, cas_cascade_mode mode);
+
+typedef struct cas_gpu_kv cas_gpu_kv;
+
+/* The pages of page_size tokens (1..256) that fit budget_bytes of device
+ * memory (all layers, K and V, bf16). */
+int32_t cas_gpu_kv_pages_for_budget(const cas_gpu_model *m, int32_t page_size, size_t budget_bytes);
+/* Device pools for num_pages pages, zero-filled. */
+cas_status cas_gpu_kv_create(const cas_gpu_model *m, int32_t num_pages, int32_t page_size, cas_gpu_kv **out);
+void cas_gpu_kv_destroy(cas_gpu_kv *kv);
+int32_t cas_gpu_kv_num_pages(const cas_gpu_kv *kv);
+size_t cas_gpu_kv_bytes(const cas_gpu_kv *kv);
+
+/* Runs the batch (model.h's cas_model_batch, the same checks): writes the
+ * new tokens' K/V into their pages and logits[n_logits][n_vocab] (f32, host
+ * memory) for the wanted rows. Allocates nothing; waits for the device. */
+cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b, float *logits);
+
+/* What the attention plan of the last forward did. */
+void cas_gpu_plan_info(const cas_gpu_model *m, cas_attn_plan_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

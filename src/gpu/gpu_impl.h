@@ -1,0 +1,48 @@
+/*
+ * gpu_impl.h: what the GPU forward's host code (gpu_model.c, C11) and its
+ * kernels (gpu_kernels.cu) share: the kernels' launchers. Private to
+ * src/gpu. Every launcher runs asynchronously on the stream it is given and
+ * returns a cudaError_t as int.
+ */
+#ifndef CASCADE_GPU_IMPL_H
+#define CASCADE_GPU_IMPL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Weights: rows x cols of the file's type t (cas_ttype; each row whole
+ * blocks, rows back to back) into bf16 at dst, row r at dst + r * ld. */
+int cas_gpu_dequant_bf16(int t, const void *src, void *dst, int64_t rows, int64_t cols, int64_t ld,
+                         void *stream);
+/* f32 values (a norm weight) n of them, f32 or f16 or bf16 in the file, to f32. */
+int cas_gpu_to_f32(int t, const void *src, float *dst, int64_t n, void *stream);
+
+/* The cos and sin of each new token's RoPE angles: cs[t][i] = (cos, sin) of
+ * pos[t] * inv_freq[i] for i < half, in double precision before rounding
+ * (the CPU's). */
+int cas_gpu_rope_table(const int32_t *pos, const float *inv_freq, float *cs, int32_t T, int32_t half,
+                       void *stream);
+/* x[t][:] = the bf16 embedding row of token tokens[t], as f32. */
+int cas_gpu_embed(const void *table, const int32_t *tokens, float *x, int32_t T, int32_t E, void *stream);
+/* out[i][:] = bf16(x[r][:] / rms(x[r]) * w) for r = rows[i] (rows NULL: r = i), i < n. */
+int cas_gpu_rmsnorm(const float *x, const int32_t *rows, const float *w, void *out, int32_t n, int32_t E,
+                    float eps, void *stream);
+/* From qkv [T][QD + 2 KD] (f32): q rotated into q_out (bf16 [T][QD]); k
+ * rotated and v into the pools at slot[t] (bf16 [slot][KD] of the pool
+ * viewed as rows of KD: slot = page * page_size + offset). */
+int cas_gpu_rope_store(const float *qkv, const float *cs, const int64_t *slot, void *q_out, void *kpool,
+                       void *vpool, int32_t T, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                       int32_t n_rot, void *stream);
+/* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) */
+int cas_gpu_silu_mul(const float *gu, void *h, int32_t T, int32_t F, void *stream);
+/* out[i] = bf16(x[i]) */
+int cas_gpu_to_bf16(const float *x, void *out, int64_t n, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

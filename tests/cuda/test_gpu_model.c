@@ -1,0 +1,348 @@
+/*
+ * test_gpu_model.c: the GPU forward (src/gpu) against the CPU forward
+ * (src/model) on the same GGUF file, and against itself under other ways of
+ * batching the same tokens. Needs a GPU; `test_gpu_model [MODEL.gguf]`
+ * (default models/SmolLM2-135M-Instruct.Q4_1.gguf; the device runs take a
+ * copy cut to its first layers, tools/truncate_gguf.py, which is what fits a
+ * call to the GPU machine).
+ *
+ * The two forwards compute the same function in other precisions: the CPU
+ * quantizes activations to 8 bits for its Q4_1/Q8_0 products, the GPU holds
+ * the weights in bf16 and multiplies bf16 activations with f32 accumulation,
+ * and keeps K/V in bf16 where the CPU keeps f16. So they are compared as the
+ * CPU is against llama.cpp (tests/test_llama.c): logits within CROSS_TOL
+ * (absolute, logits are ~10-30) and CROSS_MEAN_TOL on average, over prefill
+ * and 24 teacher-forced decode steps of several prompts batched together,
+ * and greedy tokens identical where the CPU's top-two gap exceeds MARGIN.
+ * Against itself (same arithmetic, other summation order) the GPU must agree
+ * within SELF_TOL: cascade against flat, chunked against whole prefill,
+ * shared prefix pages against private ones, mixed prefill and decode rows.
+ * Bad batches are refused with a message and leave the model usable.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "../../src/gpu/gpu.h"
+
+#define PAGE 16
+#define CROSS_TOL 2.5f
+#define CROSS_MEAN_TOL 0.4
+#define MARGIN 1.0f
+#define SELF_TOL 0.05f
+#define SELF_MEAN_TOL 0.005
+
+static cas_model *g_cpu;
+static cas_gpu_model *g_gpu;
+static cas_model_kv *g_ckv;
+static cas_gpu_kv *g_gkv;
+static cas_tok *g_tok;
+static int32_t g_vocab;
+
+static const char *k_prompts[] = {
+    "The capital of France is",
+    "Water boils at",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog, then",
+    "A list of prime numbers: 2, 3, 5, 7, 11, 13,",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Once upon a time, in a small village by the sea, there lived",
+};
+#define NP 6
+
+typedef struct {
+    int32_t pages[512];
+    int32_t n_pages;
+    int32_t len;
+} seq_t;
+
+typedef struct {
+    int32_t next_page;
+} pager_t;
+
+static void seq_reserve(pager_t *pg, seq_t *s, int32_t add) {
+    int32_t need = (s->len + add + PAGE - 1) / PAGE;
+    while (s->n_pages < need) s->pages[s->n_pages++] = pg->next_page++;
+}
+
+/* One forward (gpu: on the device) of nseq sequences adding counts[i] tokens
+ * of toks[i]; logits of each sequence's last token (all_logits: of every token). */
+static cas_status step(int gpu, pager_t *pg, seq_t **seqs, const int32_t *const *toks, const int32_t *counts,
+                       int nseq, int all_logits, float *logits) {
+    static int32_t tokens[4096], qo[65], kvp[65], idx[16384], last[64], rows[4096];
+    int32_t T = 0, P = 0;
+    qo[0] = kvp[0] = 0;
+    for (int i = 0; i < nseq; i++) {
+        seq_reserve(pg, seqs[i], counts[i]);
+        for (int32_t j = 0; j < counts[i]; j++) tokens[T++] = toks[i][j];
+        seqs[i]->len += counts[i];
+        int32_t np = (seqs[i]->len + PAGE - 1) / PAGE;
+        for (int32_t j = 0; j < np; j++) idx[P++] = seqs[i]->pages[j];
+        qo[i + 1] = T;
+        kvp[i + 1] = P;
+        last[i] = seqs[i]->len - (np - 1) * PAGE;
+    }
+    cas_model_batch b = {nseq, tokens, qo, kvp, idx, last, 0, NULL};
+    if (all_logits) {
+        for (int32_t t = 0; t < T; t++) rows[t] = t;
+        b.n_logits = T;
+        b.logit_rows = rows;
+    }
+    return gpu ? cas_gpu_forward(g_gpu, g_gkv, &b, logits) : cas_model_forward(g_cpu, g_ckv, &b, logits);
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+/* the gap between the best and the second best logit */
+static float margin(const float *x, int32_t n) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        if (x[i] > a) b = a, a = x[i];
+        else if (x[i] > b) b = x[i];
+    }
+    return a - b;
+}
+
+static double g_mean;
+static float max_abs_diff(const float *a, const float *b, size_t n) {
+    float m = 0;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        sum += d;
+        if (!(d <= m)) m = d;
+    }
+    g_mean = sum / (double)n;
+    return m;
+}
+
+static int32_t enc(const char *s, int32_t *ids, size_t cap) {
+    size_t n = 0;
+    cas_tok_encode(g_tok, s, strlen(s), CAS_TOK_ADD_SPECIAL, ids, cap, &n);
+    return (int32_t)n;
+}
+
+/* all prompts batched, then 24 decode steps fed the CPU's greedy token: GPU
+ * logits against the CPU's at every step */
+static void test_against_cpu(void) {
+    static int32_t ids[NP][256];
+    int32_t n[NP];
+    for (int i = 0; i < NP; i++) n[i] = enc(k_prompts[i], ids[i], 256);
+    float *lc = malloc(sizeof(float) * (size_t)g_vocab * NP), *lg = malloc(sizeof(float) * (size_t)g_vocab * NP);
+    REQUIRE(lc && lg);
+    pager_t pc = {0}, pgg = {0};
+    seq_t sc[NP], sg[NP];
+    seq_t *spc[NP], *spg[NP];
+    const int32_t *tp[NP];
+    memset(sc, 0, sizeof sc);
+    memset(sg, 0, sizeof sg);
+    for (int i = 0; i < NP; i++) spc[i] = &sc[i], spg[i] = &sg[i], tp[i] = ids[i];
+    float worst = 0;
+    double mean_sum = 0;
+    int steps = 0, agree = 0, compared = 0, near = 0;
+    for (int s = 0; s < 25; s++) {
+        int32_t next[NP], ones[NP];
+        const int32_t *t1[NP];
+        cas_status st;
+        if (s == 0) {
+            CHECKF((st = step(0, &pc, spc, tp, n, NP, 0, lc)) == CAS_OK, "cpu prefill: %s", cas_last_error());
+            CHECKF((st = step(1, &pgg, spg, tp, n, NP, 0, lg)) == CAS_OK, "gpu prefill: %s", cas_last_error());
+        } else {
+            for (int i = 0; i < NP; i++) next[i] = argmax(lc + (size_t)i * g_vocab, g_vocab), ones[i] = 1, t1[i] = &next[i];
+            CHECKF((st = step(0, &pc, spc, t1, ones, NP, 0, lc)) == CAS_OK, "cpu decode: %s", cas_last_error());
+            CHECKF((st = step(1, &pgg, spg, t1, ones, NP, 0, lg)) == CAS_OK, "gpu decode: %s", cas_last_error());
+        }
+        if (st) break;
+        const float d = max_abs_diff(lc, lg, (size_t)g_vocab * NP);
+        if (d > worst) worst = d;
+        mean_sum += g_mean;
+        steps++;
+        for (int i = 0; i < NP; i++) {
+            const float *a = lc + (size_t)i * g_vocab, *b = lg + (size_t)i * g_vocab;
+            if (margin(a, g_vocab) > MARGIN) {
+                compared++;
+                agree += argmax(a, g_vocab) == argmax(b, g_vocab);
+            } else {
+                near++;
+            }
+        }
+    }
+    const double mean = steps ? mean_sum / steps : 0;
+    printf("  gpu vs cpu over %d steps of %d sequences: max |logit difference| %.4f, mean %.5f; greedy the same "
+           "in %d of %d rows with a top-2 gap over %.1f (%d rows under it)\n",
+           steps, NP, (double)worst, mean, agree, compared, (double)MARGIN, near);
+    CHECKF(worst <= CROSS_TOL && mean <= CROSS_MEAN_TOL, "gpu vs cpu: max %.4f mean %.5f", (double)worst, mean);
+    CHECKF(agree == compared && compared > 0, "gpu vs cpu: greedy differs in %d of %d rows", compared - agree, compared);
+    free(lc);
+    free(lg);
+}
+
+static void check_self(const float *a, const float *b, int rows, const char *what) {
+    const float d = max_abs_diff(a, b, (size_t)rows * g_vocab);
+    printf("  %-44s max %.4f mean %.6f\n", what, (double)d, g_mean);
+    CHECKF(d <= SELF_TOL && g_mean <= SELF_MEAN_TOL, "%s: max %.4f mean %.6f", what, (double)d, g_mean);
+    for (int r = 0; r < rows; r++)
+        if (margin(a + (size_t)r * g_vocab, g_vocab) > 2 * SELF_TOL)
+            CHECKF(argmax(a + (size_t)r * g_vocab, g_vocab) == argmax(b + (size_t)r * g_vocab, g_vocab),
+                   "%s: row %d argmax", what, r);
+}
+
+/* the GPU against itself: cascade of shared prefix pages against flat and
+ * against private pages, chunked prefill against whole, a batch of mixed
+ * prefill chunks and decode rows against each alone */
+static void test_self(void) {
+    static int32_t pre[256], ids[NP][512];
+    const int32_t np0 = enc("You are a helpful assistant. Answer briefly and truthfully, and say when you do not "
+                            "know. Here is the question:",
+                            pre, 256);
+    int32_t n[NP];
+    for (int i = 0; i < NP; i++) {
+        memcpy(ids[i], pre, sizeof(int32_t) * (size_t)np0);
+        size_t m = 0;
+        cas_tok_encode(g_tok, k_prompts[i], strlen(k_prompts[i]), 0, ids[i] + np0, 256, &m);
+        n[i] = np0 + (int32_t)m;
+    }
+    float *ref = malloc(sizeof(float) * (size_t)g_vocab * NP), *got = malloc(sizeof(float) * (size_t)g_vocab * NP);
+    REQUIRE(ref && got);
+    const int32_t *tp[NP];
+    for (int i = 0; i < NP; i++) tp[i] = ids[i];
+    /* private pages, flat */
+    cas_gpu_model_set_cascade(g_gpu, CAS_CASCADE_OFF);
+    {
+        pager_t pg = {0};
+        seq_t s[NP], *sp[NP];
+        memset(s, 0, sizeof s);
+        for (int i = 0; i < NP; i++) sp[i] = &s[i];
+        CHECKF(step(1, &pg, sp, tp, n, NP, 0, ref) == CAS_OK, "flat: %s", cas_last_error());
+    }
+    /* the prefix's full pages shared by all: written by sequence 0 in a first forward, then
+     * the rest of every sequence in one forward with cascade on every shared run */
+    for (int mode = 0; mode < 2; mode++) {
+        cas_gpu_model_set_cascade(g_gpu, mode ? CAS_CASCADE_ALL : CAS_CASCADE_OFF);
+        pager_t pg = {0};
+        seq_t s[NP], *sp[NP];
+        memset(s, 0, sizeof s);
+        const int32_t full = np0 / PAGE * PAGE;
+        seq_t *s0 = &s[0];
+        const int32_t *t0 = ids[0];
+        float *scratch = malloc(sizeof(float) * (size_t)g_vocab);
+        CHECK(step(1, &pg, &s0, &t0, &full, 1, 0, scratch) == CAS_OK);
+        free(scratch);
+        int32_t rest[NP];
+        const int32_t *tr[NP];
+        for (int i = 0; i < NP; i++) {
+            if (i > 0) {
+                memcpy(s[i].pages, s[0].pages, sizeof(int32_t) * (size_t)(full / PAGE));
+                s[i].n_pages = full / PAGE;
+                s[i].len = full;
+            }
+            sp[i] = &s[i];
+            rest[i] = n[i] - full;
+            tr[i] = ids[i] + full;
+        }
+        CHECKF(step(1, &pg, sp, tr, rest, NP, 0, got) == CAS_OK, "shared: %s", cas_last_error());
+        check_self(ref, got, NP, mode ? "shared prefix pages, cascade" : "shared prefix pages, flat");
+        cas_attn_plan_info info;
+        cas_gpu_plan_info(g_gpu, &info);
+        if (mode) CHECKF(info.shared_passes > 0, "cascade ALL planned %d shared passes", info.shared_passes);
+    }
+    /* chunked prefill of sequence 2 (chunks of 7) against whole */
+    cas_gpu_model_set_cascade(g_gpu, CAS_CASCADE_AUTO);
+    {
+        pager_t pg = {0};
+        seq_t s;
+        memset(&s, 0, sizeof s);
+        seq_t *sp = &s;
+        for (int32_t at = 0; at < n[2]; at += 7) {
+            const int32_t c = n[2] - at < 7 ? n[2] - at : 7;
+            const int32_t *t = ids[2] + at;
+            CHECK(step(1, &pg, &sp, &t, &c, 1, 0, got) == CAS_OK);
+        }
+        check_self(ref + (size_t)2 * g_vocab, got, 1, "chunked prefill (7) vs whole");
+    }
+    /* mixed: sequences 0-2 prefilled, then one forward of 0-2 decoding and 3-5 prefilling */
+    {
+        pager_t pg = {0};
+        seq_t s[NP], *sp[NP];
+        memset(s, 0, sizeof s);
+        for (int i = 0; i < NP; i++) sp[i] = &s[i];
+        CHECK(step(1, &pg, sp, tp, n, 3, 0, got) == CAS_OK);
+        int32_t next[3], cnt[NP];
+        const int32_t *tm[NP];
+        for (int i = 0; i < 3; i++) next[i] = argmax(got + (size_t)i * g_vocab, g_vocab);
+        for (int i = 0; i < NP; i++) {
+            cnt[i] = i < 3 ? 1 : n[i];
+            tm[i] = i < 3 ? &next[i] : ids[i];
+        }
+        CHECK(step(1, &pg, sp, tm, cnt, NP, 0, got) == CAS_OK);
+        check_self(ref + (size_t)3 * g_vocab, got + (size_t)3 * g_vocab, 3, "prefill rows beside decode rows");
+    }
+    free(ref);
+    free(got);
+}
+
+/* bad batches: refused with a message, the model still runs */
+static void test_bad(void) {
+    int32_t tok = g_vocab, qo[2] = {0, 1}, kvp[2] = {0, 1}, idx[1] = {0}, last[1] = {1};
+    float *lg = malloc(sizeof(float) * (size_t)g_vocab);
+    REQUIRE(lg);
+    cas_model_batch b = {1, &tok, qo, kvp, idx, last, 0, NULL};
+    CHECK(cas_gpu_forward(g_gpu, g_gkv, &b, lg) == CAS_ERR_INVALID && cas_last_error()[0]);
+    tok = 1;
+    idx[0] = cas_gpu_kv_num_pages(g_gkv); /* outside the pool */
+    CHECK(cas_gpu_forward(g_gpu, g_gkv, &b, lg) == CAS_ERR_INVALID && cas_last_error()[0]);
+    int32_t many[1024], qo2[2] = {0, 1000}, kvp2[2] = {0, 63}, idx2[63], last2[1] = {1000 - 62 * PAGE};
+    for (int i = 0; i < 1000; i++) many[i] = 1;
+    for (int i = 0; i < 63; i++) idx2[i] = i;
+    cas_model_batch big = {1, many, qo2, kvp2, idx2, last2, 0, NULL};
+    CHECK(cas_gpu_forward(g_gpu, g_gkv, &big, lg) == CAS_ERR_NOMEM && cas_last_error()[0]);
+    idx[0] = 0;
+    CHECKF(cas_gpu_forward(g_gpu, g_gkv, &b, lg) == CAS_OK, "after the bad batches: %s", cas_last_error());
+    free(lg);
+}
+
+/* main's REQUIRE: a set-up step that failed ends the program with its message */
+#define REQUIRE_MAIN(cond)                                                             \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            printf("FAIL set-up: %s: %s\n", #cond, cas_last_error());                  \
+            return 1;                                                                  \
+        }                                                                              \
+    } while (0)
+
+int main(int argc, char **argv) {
+    const char *path = argc > 1 ? argv[1] : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!cas_gpu_available()) {
+        printf("skip: no CUDA device\n");
+        return check_summary();
+    }
+    cas_model_opts mo = cas_model_opts_default();
+    mo.max_batch_tokens = 1024;
+    cas_status st = cas_model_load(path, &mo, &g_cpu);
+    if (st) {
+        printf("skip: %s: %s\n", path, cas_last_error());
+        return check_summary();
+    }
+    cas_gpu_opts go = cas_gpu_opts_default();
+    go.max_batch_tokens = 512;
+    REQUIRE_MAIN(cas_gpu_model_create(cas_model_gguf(g_cpu), &go, &g_gpu) == CAS_OK);
+    REQUIRE_MAIN(cas_tok_create(cas_model_gguf(g_cpu), &g_tok) == CAS_OK);
+    g_vocab = cas_model_config_of(g_cpu)->n_vocab;
+    REQUIRE_MAIN(cas_model_kv_create(g_cpu, 1024, PAGE, CAS_F16, &g_ckv) == CAS_OK);
+    REQUIRE_MAIN(cas_gpu_kv_create(g_gpu, 1024, PAGE, &g_gkv) == CAS_OK);
+    printf("model %s: %d layers; gpu %s, %.1f MiB on the device\n", path, cas_model_config_of(g_cpu)->n_layers,
+           cas_gpu_model_device_name(g_gpu), (double)cas_gpu_model_bytes(g_gpu) / 1048576.0);
+    RUN(test_against_cpu);
+    RUN(test_self);
+    RUN(test_bad);
+    cas_gpu_kv_destroy(g_gkv);
+    cas_model_kv_destroy(g_ckv);
+    cas_tok_destroy(g_tok);
+    cas_gpu_model_destroy(g_gpu);
+    cas_model_destroy(g_cpu);
+    return check_summary();
+}
