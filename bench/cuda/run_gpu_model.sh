@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call for the GPU forward (src/gpu): its test against the CPU
+# forward and against itself (tests/cuda/test_gpu_model.c), the comparison
+# with Hugging Face transformers on the same GPU in f32 and bf16
+# (tests/cuda/check_gpu_transformers.py through tests/cuda/gpu_logits.c), and
+# compute-sanitizer memcheck on the test; logs and JSON under $OUT.
+#
+# Built here (make CUDA=1 BUILD=build-cuda ...), carried in .devcarry:
+#   .devcarry/{test_gpu_model,gpu_logits}.xz (xz: the kernels' fat binaries
+#   shrink about 5x), .devcarry/lib (../shared/tools/carry-libs),
+#   .devcarry/model.gguf (tools/truncate_gguf.py: the default model's first
+#   layers, what fits a call's 64 MiB), .devcarry/.whl (gguf for transformers)
+# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test hf memcheck)
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+steps=${*:-"test hf memcheck"}
+has() { [[ " $steps " == *" $1 "* ]]; }
+C=${CARRY:-.devcarry}
+B=/tmp/cascade-bin; mkdir -p "$B"
+for f in "$C"/*.xz; do
+  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$B/$(basename "$f" .xz)"
+  chmod +x "$B/$(basename "$f" .xz)"
+done
+export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+M=$C/model.gguf
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+ldd "$B/test_gpu_model" | grep "not found" && echo "missing libraries"
+
+if has test; then
+  echo "== test_gpu_model"
+  timeout 180 "$B/test_gpu_model" "$M" 2>&1 | tee "$OUT/test_gpu_model.log" | grep -vE "^ok"
+fi
+if has hf; then
+  echo "== transformers"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/.whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+  PYTHONUNBUFFERED=1 timeout 240 python3 tests/cuda/check_gpu_transformers.py --model "$M" --bin "$B/gpu_logits" \
+    --json "$OUT/gpu-vs-transformers.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/check_gpu_transformers.log"
+fi
+if has memcheck; then
+  echo "== compute-sanitizer memcheck on test_gpu_model"
+  timeout 200 compute-sanitizer --tool memcheck --leak-check no "$B/test_gpu_model" "$M" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed, " "$OUT/memcheck.log" | tail -3
+fi
