@@ -13,7 +13,9 @@
  * through cuBLASLt (bf16 operands, f32 accumulation; the residual adds are
  * the products' beta = 1); the elementwise work is a few fused kernels
  * (gather and norm, RoPE with the K/V store, SiLU times up, the logits rows'
- * norm). One cascade plan per forward serves every layer.
+ * norm). One cascade plan per forward serves every layer. Sampling can run
+ * on the device too (cas_gpu_forward_sample), so that only tokens cross to
+ * the host.
  *
  * A cas_gpu_kv is the paged K/V store in device memory, per layer a K and a V
  * pool of [num_pages][page_size][n_head_kv][head_dim] bf16, addressed by the
@@ -85,6 +87,28 @@ size_t cas_gpu_kv_bytes(const cas_gpu_kv *kv);
  * new tokens' K/V into their pages and logits[n_logits][n_vocab] (f32, host
  * memory) for the wanted rows. Allocates nothing; waits for the device. */
 cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b, float *logits);
+
+/* One logits row's sampling (model.h's cas_sampler_params, with the draw
+ * made by the caller): temperature 0 is greedy (argmax, ties to the lowest
+ * id); otherwise top-k, min-p and top-p filter the weights
+ * exp((logit - max) / temperature) as the CPU sampler does and u in [0, 1)
+ * picks from what is left. want_logits: the row's logits are copied to the
+ * host too (for log-probabilities). */
+typedef struct {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    float u;
+    int32_t want_logits;
+} cas_gpu_sample;
+
+/* cas_gpu_forward, then the tokens of the wanted rows picked on the device:
+ * tokens[n_logits] (host); logits (host, [n_logits][n_vocab]) receives only
+ * the rows whose want_logits is set (NULL when none is). The same rows, the
+ * same u and the same weights give the same tokens on every run. */
+cas_status cas_gpu_forward_sample(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
+                                  const cas_gpu_sample *rows, int32_t *tokens, float *logits);
 
 /* What the attention plan of the last forward did. */
 void cas_gpu_plan_info(const cas_gpu_model *m, cas_attn_plan_info *info);

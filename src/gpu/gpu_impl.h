@@ -38,6 +38,20 @@ int cas_gpu_rope_store(const float *qkv, const float *cs, const int64_t *slot, v
                        int32_t n_rot, void *stream);
 /* h[t][i] = bf16(silu(gu[t][i]) * gu[t][F + i]) */
 int cas_gpu_silu_mul(const float *gu, void *h, int32_t T, int32_t F, void *stream);
+/* One row's sampling, as the device reads it (cas_gpu_sample's numbers). */
+typedef struct {
+    float temperature; /* 0: greedy */
+    int32_t top_k;     /* 0: off */
+    float top_p;       /* 1: off */
+    float min_p;       /* 0: off */
+    float u;           /* the draw, [0, 1) */
+    int32_t pad;
+} gpu_sample_row;
+
+/* out[r] = the token of logits row r (f32 [n_rows][V]) under rows[r]
+ * (gpu_sample.cu: the CPU sampler's filters, deterministic). */
+int cas_gpu_sample_rows(const float *logits, int32_t n_rows, int32_t V, const gpu_sample_row *rows, int32_t *out,
+                   void *stream);
 /* out[i] = bf16(x[i]) */
 int cas_gpu_to_bf16(const float *x, void *out, int64_t n, void *stream);
 

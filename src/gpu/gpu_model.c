@@ -76,8 +76,12 @@ struct cas_gpu_model {
     size_t in_bytes;
     int32_t *d_tokens, *d_pos, *d_rows;
     int64_t *d_slot;
+    gpu_sample_row *d_samp;
     int32_t *h_tokens, *h_pos, *h_rows;
     int64_t *h_slot;
+    gpu_sample_row *h_samp;
+    /* sampled tokens: device and pinned host */
+    int32_t *d_out, *h_out;
 
     /* activations */
     float *x;        /* [T][E] residual stream */
@@ -346,16 +350,19 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
 
     /* a step's inputs and the activations */
     const int64_t T = o.max_batch_tokens, NL = o.max_logits, half = c->n_rot / 2;
-    m->in_bytes = ALIGN256((size_t)T * 4) * 3 + ALIGN256((size_t)T * 8);
-    CU(cudaMallocHost((void **)&m->in_host, m->in_bytes));
-    CU(cudaMalloc((void **)&m->in_dev, m->in_bytes));
-    {
-        const size_t a = ALIGN256((size_t)T * 4);
-        m->h_tokens = (int32_t *)m->in_host, m->d_tokens = (int32_t *)m->in_dev;
-        m->h_pos = (int32_t *)(m->in_host + a), m->d_pos = (int32_t *)(m->in_dev + a);
-        m->h_rows = (int32_t *)(m->in_host + 2 * a), m->d_rows = (int32_t *)(m->in_dev + 2 * a);
-        m->h_slot = (int64_t *)(m->in_host + 3 * a), m->d_slot = (int64_t *)(m->in_dev + 3 * a);
-    }
+    const size_t in_a = ALIGN256((size_t)T * 4), in_s = ALIGN256((size_t)T * 8),
+                 in_r = ALIGN256((size_t)NL * sizeof(gpu_sample_row));
+    m->in_bytes = in_a * 3 + in_s + in_r;
+    CU(cudaMallocHost((void **)&m->in_host, m->in_bytes + ALIGN256((size_t)NL * 4)));
+    CU(cudaMalloc((void **)&m->in_dev, m->in_bytes + ALIGN256((size_t)NL * 4)));
+    m->h_tokens = (int32_t *)m->in_host, m->d_tokens = (int32_t *)m->in_dev;
+    m->h_pos = (int32_t *)(m->in_host + in_a), m->d_pos = (int32_t *)(m->in_dev + in_a);
+    m->h_rows = (int32_t *)(m->in_host + 2 * in_a), m->d_rows = (int32_t *)(m->in_dev + 2 * in_a);
+    m->h_slot = (int64_t *)(m->in_host + 3 * in_a), m->d_slot = (int64_t *)(m->in_dev + 3 * in_a);
+    m->h_samp = (gpu_sample_row *)(m->in_host + 3 * in_a + in_s);
+    m->d_samp = (gpu_sample_row *)(m->in_dev + 3 * in_a + in_s);
+    /* the outputs, past the inputs (not part of the step's one upload) */
+    m->h_out = (int32_t *)(m->in_host + m->in_bytes), m->d_out = (int32_t *)(m->in_dev + m->in_bytes);
     const int64_t W = QD + 2 * KD > 2 * F ? QD + 2 * KD : 2 * F, XB = E > F ? E : F;
     const size_t sz[10] = {ALIGN256((size_t)T * E * 4),  ALIGN256((size_t)T * XB * 2),
                            ALIGN256((size_t)T * W * 4),  ALIGN256((size_t)T * QD * 2),
@@ -533,9 +540,13 @@ static cas_status attn_ready(cas_gpu_model *m, int32_t page_size) {
     return CAS_OK;
 }
 
-cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b, float *logits) {
+/* Checks the batch, plans its attention, uploads the step's inputs (and the
+ * sampling rows, when given) and enqueues the layers and the logits rows'
+ * product into m->logits; *n_logits is the rows' count. Waits for nothing. */
+static cas_status forward_enqueue(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
+                                  const cas_gpu_sample *samp, int32_t *n_logits) {
     if (!m || !kv || !b || b->n_seqs <= 0 || !b->tokens || !b->qo_indptr || !b->kv_indptr || !b->kv_indices ||
-        !b->kv_last_page_len || !logits)
+        !b->kv_last_page_len)
         return cas_error(CAS_ERR_INVALID, "gpu forward: empty batch or NULL array");
     const cas_model_config *c = &m->cfg;
     if (kv->n_layers != c->n_layers) return cas_error(CAS_ERR_INVALID, "gpu forward: the K/V store is another model's");
@@ -561,6 +572,13 @@ cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_bat
         if (r < 0 || r >= T)
             return cas_error(CAS_ERR_INVALID, "gpu forward: logit row %d is outside 0..%d", r, T - 1);
         m->h_rows[i] = r;
+    }
+    for (int32_t i = 0; samp && i < NL; i++) {
+        const cas_gpu_sample *q = &samp[i];
+        if (!(q->temperature >= 0.f) || q->top_k < 0 || !(q->top_p > 0.f && q->top_p <= 1.f) ||
+            !(q->min_p >= 0.f && q->min_p <= 1.f) || !(q->u >= 0.f && q->u < 1.f))
+            return cas_error(CAS_ERR_INVALID, "gpu forward: sampling row %d is out of range", i);
+        m->h_samp[i] = (gpu_sample_row){q->temperature, q->top_k, q->top_p, q->min_p, q->u, 0};
     }
     for (int32_t t = 0; t < T; t++)
         if (b->tokens[t] < 0 || b->tokens[t] >= c->n_vocab)
@@ -629,10 +647,49 @@ cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_bat
     if (NL > 0) {
         KL(cas_gpu_rmsnorm(m->x, m->d_rows, m->out_norm, m->xl, NL, E, c->rms_eps, s));
         if ((st = gemm(m, m->output, m->xl, m->logits, c->n_vocab, E, NL, 0))) return st;
-        CU(cudaMemcpyAsync(logits, m->logits, (size_t)NL * c->n_vocab * 4, cudaMemcpyDeviceToHost, s));
+    }
+    *n_logits = NL;
+fail:
+    return st;
+}
+
+cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b, float *logits) {
+    if (!logits) return cas_error(CAS_ERR_INVALID, "gpu forward: NULL logits");
+    int32_t NL = 0;
+    cas_status st = forward_enqueue(m, kv, b, NULL, &NL);
+    if (st) return st;
+    if (NL > 0)
+        CU(cudaMemcpyAsync(logits, m->logits, (size_t)NL * m->cfg.n_vocab * 4, cudaMemcpyDeviceToHost, m->stream));
+    CU(cudaStreamSynchronize(m->stream));
+fail:
+    return st;
+}
+
+cas_status cas_gpu_forward_sample(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
+                                  const cas_gpu_sample *rows, int32_t *tokens, float *logits) {
+    if (!rows || !tokens) return cas_error(CAS_ERR_INVALID, "gpu forward: NULL sampling rows or tokens");
+    int32_t NL = 0;
+    cas_status st = forward_enqueue(m, kv, b, rows, &NL);
+    if (st) return st;
+    const int32_t V = m->cfg.n_vocab;
+    cudaStream_t s = m->stream;
+    if (NL > 0) {
+        KL(cas_gpu_sample_rows(m->logits, NL, V, m->d_samp, m->d_out, s));
+        CU(cudaMemcpyAsync(m->h_out, m->d_out, (size_t)NL * 4, cudaMemcpyDeviceToHost, s));
+        for (int32_t i = 0; i < NL; i++) {
+            if (!rows[i].want_logits) continue;
+            if (!logits) {
+                st = cas_error(CAS_ERR_INVALID, "gpu forward: row %d wants logits and logits is NULL", i);
+                goto fail;
+            }
+            CU(cudaMemcpyAsync(logits + (size_t)i * V, m->logits + (size_t)i * V, (size_t)V * 4,
+                               cudaMemcpyDeviceToHost, s));
+        }
     }
     CU(cudaStreamSynchronize(s));
+    memcpy(tokens, m->h_out, (size_t)NL * 4);
 fail:
+    if (st) cudaStreamSynchronize(m->stream);
     return st;
 }
 
@@ -675,6 +732,10 @@ void cas_gpu_kv_destroy(cas_gpu_kv *kv) {}
 int32_t cas_gpu_kv_num_pages(const cas_gpu_kv *kv) { return 0; }
 size_t cas_gpu_kv_bytes(const cas_gpu_kv *kv) { return 0; }
 cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b, float *logits) {
+    return cas_error(CAS_ERR_UNSUPPORTED, "gpu: this build has no CUDA (rebuild with make CUDA=1)");
+}
+cas_status cas_gpu_forward_sample(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
+                                  const cas_gpu_sample *rows, int32_t *tokens, float *logits) {
     return cas_error(CAS_ERR_UNSUPPORTED, "gpu: this build has no CUDA (rebuild with make CUDA=1)");
 }
 void cas_gpu_plan_info(const cas_gpu_model *m, cas_attn_plan_info *info) { memset(info, 0, sizeof *info); }

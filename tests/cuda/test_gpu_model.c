@@ -285,6 +285,141 @@ static void test_self(void) {
     free(got);
 }
 
+/* ---- sampling on the device ---------------------------------------------- */
+
+typedef struct {
+    float w;
+    int32_t id;
+} wid;
+static int cmp_wid(const void *a, const void *b) {
+    const wid *x = a, *y = b;
+    if (x->w != y->w) return x->w > y->w ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The documented semantics on the host: the CPU sampler's filters (sorted by
+ * weight, ties by id), then the draw u * total over the survivors in id
+ * order. keep[] receives the survivors. */
+static int32_t ref_sample(const float *x, int32_t V, const cas_gpu_sample *p, uint8_t *keep, wid *buf) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (x[i] > x[best]) best = i;
+    memset(keep, 0, (size_t)V);
+    if (p->temperature == 0.f) {
+        keep[best] = 1;
+        return best;
+    }
+    const float m = x[best], invt = 1.0f / p->temperature;
+    int32_t n = 0;
+    for (int32_t i = 0; i < V; i++) {
+        const float w = expf((x[i] - m) * invt);
+        if (w > 0.f) buf[n].w = w, buf[n].id = i, n++;
+    }
+    qsort(buf, (size_t)n, sizeof *buf, cmp_wid);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (buf[i].w >= p->min_p) buf[k++] = buf[i];
+    n = k;
+    if (p->top_p < 1.f && n > 1) {
+        double total = 0, acc = 0;
+        for (int32_t i = 0; i < n; i++) total += buf[i].w;
+        k = 0;
+        while (k < n) {
+            acc += buf[k++].w;
+            if (acc >= (double)p->top_p * total) break;
+        }
+        n = k;
+    }
+    for (int32_t i = 0; i < n; i++) keep[buf[i].id] = 1;
+    double total = 0;
+    for (int32_t i = 0; i < V; i++)
+        if (keep[i]) total += expf((x[i] - m) * invt);
+    const double target = (double)p->u * total;
+    double acc = 0;
+    int32_t last = best;
+    for (int32_t i = 0; i < V; i++) {
+        if (!keep[i]) continue;
+        acc += expf((x[i] - m) * invt);
+        last = i;
+        if (acc > target) return i;
+    }
+    return last;
+}
+
+/* Every prompt token's row sampled on the device under a grid of settings
+ * and draws: the token the host's reading of the same semantics picks, on
+ * the same logits (copied back), and the same tokens on a second run. */
+static void test_sampling(void) {
+    static const cas_gpu_sample grid[] = {
+        {0.0f, 0, 1.0f, 0.0f, 0, 1},    {0.7f, 40, 0.95f, 0.05f, 0, 1}, {1.0f, 0, 1.0f, 0.0f, 0, 1},
+        {1.5f, 0, 0.9f, 0.0f, 0, 1},   {0.7f, 5, 1.0f, 0.0f, 0, 1},    {1.0f, 0, 1.0f, 0.1f, 0, 1},
+        {2.0f, 100, 0.5f, 0.02f, 0, 1}, {1.0f, 1, 1.0f, 0.0f, 0, 1},    {0.5f, 0, 0.3f, 0.0f, 0, 1},
+    };
+    const int ng = (int)(sizeof grid / sizeof grid[0]);
+    static int32_t ids[NP][256], tokens[2048], qo[NP + 1], kvp[NP + 1], idx[512], last[NP], rows[2048];
+    int32_t T = 0, P = 0;
+    qo[0] = kvp[0] = 0;
+    for (int i = 0; i < NP; i++) {
+        const int32_t n = enc(k_prompts[i], ids[i], 256);
+        memcpy(tokens + T, ids[i], sizeof(int32_t) * (size_t)n);
+        T += n;
+        const int32_t np = (n + PAGE - 1) / PAGE;
+        for (int32_t j = 0; j < np; j++, P++) idx[P] = 100 + P;
+        qo[i + 1] = T;
+        kvp[i + 1] = P;
+        last[i] = n - (np - 1) * PAGE;
+    }
+    REQUIRE(T <= 256);
+    for (int32_t t = 0; t < T; t++) rows[t] = t;
+    cas_gpu_sample *sp = calloc((size_t)T, sizeof *sp);
+    float *lg = malloc(sizeof(float) * (size_t)T * g_vocab);
+    int32_t *got = malloc(sizeof(int32_t) * (size_t)T), *again = malloc(sizeof(int32_t) * (size_t)T);
+    uint8_t *keep = malloc((size_t)g_vocab);
+    wid *buf = malloc(sizeof(wid) * (size_t)g_vocab);
+    REQUIRE(sp && lg && got && again && keep && buf);
+    cas_rng rng;
+    cas_rng_seed(&rng, 1234);
+    int same = 0, inside = 0, checked = 0, sampled_rows = 0;
+    for (int round = 0; round < 4; round++) {
+        for (int32_t t = 0; t < T; t++) {
+            sp[t] = grid[(t + round) % ng];
+            sp[t].u = (float)cas_rng_uniform(&rng);
+            if (sp[t].u >= 1.0f) sp[t].u = 0.999999f;
+        }
+        cas_model_batch b = {NP, tokens, qo, kvp, idx, last, T, rows};
+        CHECKF(cas_gpu_forward_sample(g_gpu, g_gkv, &b, sp, got, lg) == CAS_OK, "sample: %s", cas_last_error());
+        CHECKF(cas_gpu_forward_sample(g_gpu, g_gkv, &b, sp, again, lg) == CAS_OK, "sample: %s", cas_last_error());
+        CHECK(memcmp(got, again, sizeof(int32_t) * (size_t)T) == 0);
+        for (int32_t t = 0; t < T; t++) {
+            const int32_t want = ref_sample(lg + (size_t)t * g_vocab, g_vocab, &sp[t], keep, buf);
+            checked++;
+            sampled_rows += sp[t].temperature > 0;
+            same += got[t] == want;
+            inside += got[t] >= 0 && got[t] < g_vocab && keep[got[t]];
+            if (sp[t].temperature == 0.f) CHECKF(got[t] == want, "greedy row %d: %d, argmax %d", t, got[t], want);
+        }
+    }
+    printf("  device sampling: %d of %d rows (%d with temperature) pick the host's token, %d inside the host's kept "
+           "set\n", same, checked, sampled_rows, inside);
+    CHECK(inside == checked);
+    CHECK(same >= checked - checked / 100); /* a draw on a boundary may round the other way */
+    /* out-of-range settings are refused */
+    cas_gpu_sample bad = grid[1];
+    bad.u = 1.0f;
+    cas_model_batch b1 = {1, tokens, qo, kvp, idx, last, 0, NULL};
+    CHECK(cas_gpu_forward_sample(g_gpu, g_gkv, &b1, &bad, got, NULL) == CAS_ERR_INVALID);
+    bad = grid[1];
+    bad.want_logits = 1;
+    CHECK(cas_gpu_forward_sample(g_gpu, g_gkv, &b1, &bad, got, NULL) == CAS_ERR_INVALID);
+    free(sp);
+    free(lg);
+    free(got);
+    free(again);
+    free(keep);
+    free(buf);
+}
+
 /* bad batches: refused with a message, the model still runs */
 static void test_bad(void) {
     int32_t tok = g_vocab, qo[2] = {0, 1}, kvp[2] = {0, 1}, idx[1] = {0}, last[1] = {1};
@@ -329,6 +464,7 @@ int main(int argc, char **argv) {
     }
     cas_gpu_opts go = cas_gpu_opts_default();
     go.max_batch_tokens = 512;
+    go.max_logits = 512;
     REQUIRE_MAIN(cas_gpu_model_create(cas_model_gguf(g_cpu), &go, &g_gpu) == CAS_OK);
     REQUIRE_MAIN(cas_tok_create(cas_model_gguf(g_cpu), &g_tok) == CAS_OK);
     g_vocab = cas_model_config_of(g_cpu)->n_vocab;
@@ -338,6 +474,7 @@ int main(int argc, char **argv) {
            cas_gpu_model_device_name(g_gpu), (double)cas_gpu_model_bytes(g_gpu) / 1048576.0);
     RUN(test_against_cpu);
     RUN(test_self);
+    RUN(test_sampling);
     RUN(test_bad);
     cas_gpu_kv_destroy(g_gkv);
     cas_model_kv_destroy(g_ckv);
