@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../gpu/gpu.h"
 #include "../kv/kv.h"
 #include "../model/model.h"
 #include "../sched/sched.h"
@@ -35,7 +36,8 @@ typedef struct req {
     int32_t priority;
     cas_engine_cb cb;
     void *user;
-    cas_sampler *sampler;
+    cas_sampler *sampler; /* the CPU's draws */
+    cas_rng rng;          /* the GPU's draws (the same seed) */
     cas_stopper *stopper;
     int32_t n_generated;
     int32_t cached_tokens;
@@ -47,13 +49,34 @@ typedef struct req {
     struct req *next;  /* queue / table chain */
 } req;
 
+/* The step's forward on the engine's device, one interface with a CPU and a
+ * CUDA implementation: runs the batch and leaves in e->row_tokens the token
+ * of each wanted row (mb->logit_rows' order; row_req[i] is its request, NULL
+ * when gone) and in e->logits the logits of the rows whose request asks for
+ * log-probabilities. The CPU computes every wanted row's logits and samples
+ * them on the host; the GPU samples on the device, and only the tokens and
+ * the asked-for rows cross to the host. */
+typedef struct {
+    cas_status (*forward)(cas_engine *e, const cas_model_batch *mb, req *const *row_req);
+    void (*plan_info)(const cas_engine *e, cas_attn_plan_info *info);
+} engine_fwd;
+
 struct cas_engine {
     cas_engine_opts opts;
-    cas_model *model;
+    const engine_fwd *fwd;
+    cas_device device;
+    char device_name[300];
+    cas_model *model;       /* CPU */
+    cas_model_kv *cache;    /* CPU */
+    cas_gguf *gguf;         /* GPU: the file (the CPU's is the model's) */
+    cas_gpu_model *gpu;     /* GPU */
+    cas_gpu_kv *gkv;        /* GPU */
+    cas_model_config gcfg;  /* GPU */
+    cas_gpu_sample *gsamp;  /* GPU: [max_seqs] the rows' sampling */
+    int32_t *row_tokens;    /* [max_seqs] each wanted row's token */
     cas_tok *tok;
     cas_chat_template chat;
     int has_chat;
-    cas_model_kv *cache;
     cas_kv *kv;
     cas_sched *sched;
     const cas_model_config *cfg;
@@ -62,6 +85,7 @@ struct cas_engine {
 
     float *logits;      /* [max_seqs][n_vocab] */
     int32_t *logit_rows; /* [max_seqs] */
+    req **row_req;      /* [max_seqs] */
     int32_t *sampled;   /* [max_seqs] */
     uint8_t *stop;      /* [max_seqs] */
     uint8_t *finished;  /* [max_seqs] */
@@ -190,6 +214,151 @@ static void *load_model(void *arg) {
     return NULL;
 }
 
+/* ---- the forward on each device (engine_fwd) ------------------------------ */
+
+static int32_t argmax_row(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static cas_status cpu_forward(cas_engine *e, const cas_model_batch *mb, req *const *row_req) {
+    cas_status st = cas_model_forward(e->model, e->cache, mb, e->logits);
+    if (st) return st;
+    const int32_t V = e->cfg->n_vocab;
+    for (int32_t i = 0; i < mb->n_logits; i++) {
+        const float *row = e->logits + (size_t)i * V;
+        e->row_tokens[i] = row_req[i] ? cas_sampler_sample(row_req[i]->sampler, row) : argmax_row(row, V);
+    }
+    return CAS_OK;
+}
+
+static void cpu_plan_info(const cas_engine *e, cas_attn_plan_info *info) { cas_model_plan_info(e->model, info); }
+
+static cas_status gpu_forward(cas_engine *e, const cas_model_batch *mb, req *const *row_req) {
+    int any_logits = 0;
+    for (int32_t i = 0; i < mb->n_logits; i++) {
+        cas_gpu_sample *g = &e->gsamp[i];
+        const req *r = row_req[i];
+        if (!r) {
+            *g = (cas_gpu_sample){0.0f, 0, 1.0f, 0.0f, 0.0f, 0};
+            continue;
+        }
+        g->temperature = r->sp.temperature;
+        g->top_k = r->sp.top_k;
+        g->top_p = r->sp.top_p;
+        g->min_p = r->sp.min_p;
+        /* the request's own generator, drawn only when sampling (as the CPU's) */
+        g->u = r->sp.temperature > 0.0f ? (float)cas_rng_uniform(&row_req[i]->rng) : 0.0f;
+        if (g->u >= 1.0f) g->u = nextafterf(1.0f, 0.0f);
+        g->want_logits = r->sp.logprobs > 0;
+        any_logits |= g->want_logits;
+    }
+    return cas_gpu_forward_sample(e->gpu, e->gkv, mb, e->gsamp, e->row_tokens, any_logits ? e->logits : NULL);
+}
+
+static void gpu_plan_info(const cas_engine *e, cas_attn_plan_info *info) { cas_gpu_plan_info(e->gpu, info); }
+
+static const engine_fwd cpu_fwd = {cpu_forward, cpu_plan_info};
+static const engine_fwd gpu_fwd = {gpu_forward, gpu_plan_info};
+
+/* The context length: the option, else the model's (2048 when it says none). */
+static void set_context(cas_engine *e) {
+    e->max_context = e->opts.max_context > 0 ? e->opts.max_context : e->cfg->n_ctx_train;
+    if (e->max_context <= 0) e->max_context = 2048;
+}
+
+/* The KV pages one full-context sequence needs must fit the pool. */
+static cas_status check_pages(const cas_engine *e, int32_t pages, int32_t per_seq, const char *budget) {
+    if (pages >= per_seq) return CAS_OK;
+    return cas_error(CAS_ERR_INVALID,
+                     "engine: %s holds %d KV pages of %d tokens; one full-context sequence needs %d "
+                     "(raise the budget or lower the context)",
+                     budget, pages, e->opts.page_size, per_seq);
+}
+
+/* CPU: the model (on a short-lived thread, see load_job) and its KV pool. */
+static cas_status cpu_open(cas_engine *e, int32_t *pages_out, int32_t *per_seq_out) {
+    const cas_engine_opts *o = &e->opts;
+    cas_status st;
+    cas_model_opts mo = cas_model_opts_default();
+    mo.max_batch_tokens = o->max_batch_tokens;
+    mo.max_seqs = o->max_seqs;
+    mo.max_logits = o->max_seqs;
+    mo.threads = o->threads;
+    mo.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    mo.simd = o->simd;
+    mo.amx_off = o->amx_off;
+    load_job job = {.path = o->model_path, .mo = &mo, .model = &e->model, .st = CAS_OK, .err = ""};
+    pthread_t loader;
+    if (pthread_create(&loader, NULL, load_model, &job))
+        return cas_error(CAS_ERR_INTERNAL, "engine: cannot start the model-loading thread");
+    pthread_join(loader, NULL);
+    if ((st = job.st)) return cas_error(st, "%s", job.err); /* the message was the loading thread's */
+    e->cfg = cas_model_config_of(e->model);
+    prefault_weights(cas_model_gguf(e->model), o->load_progress, o->load_progress_user);
+    set_context(e);
+    const int32_t pages = cas_model_kv_pages_for_budget(e->model, o->page_size, CAS_F16, (size_t)o->kv_cache_bytes);
+    const int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
+    char budget[96];
+    snprintf(budget, sizeof budget, "a KV budget of %lld bytes", (long long)o->kv_cache_bytes);
+    if ((st = check_pages(e, pages, per_seq, budget))) return st;
+    if ((st = cas_model_kv_create(e->model, pages, o->page_size, CAS_F16, &e->cache))) return st;
+    snprintf(e->device_name, sizeof e->device_name, "cpu");
+    *pages_out = pages;
+    *per_seq_out = per_seq;
+    return CAS_OK;
+}
+
+/* CUDA: the file read through the GGUF reader, its weights uploaded, and a
+ * KV pool of what gpu_memory_fraction of the device leaves after them (or
+ * kv_bytes when > 0). */
+static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, int32_t *per_seq_out) {
+    const cas_engine_opts *o = &e->opts;
+    cas_status st;
+    if (!cas_gpu_available())
+        return cas_error(CAS_ERR_UNSUPPORTED, "engine: device cuda: %s",
+                         cas_gpu_built() ? "no CUDA device found on this machine"
+                                         : "this build has no CUDA (rebuild with make CUDA=1)");
+    if ((st = cas_gguf_open(o->model_path, &e->gguf))) return st;
+    if ((st = cas_model_config_read(e->gguf, &e->gcfg))) return st;
+    e->cfg = &e->gcfg;
+    set_context(e);
+    const int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
+    cas_gpu_opts go = cas_gpu_opts_default();
+    go.device = o->gpu_device;
+    go.max_batch_tokens = o->max_batch_tokens;
+    go.max_seqs = o->max_seqs;
+    go.max_logits = o->max_seqs;
+    go.max_pages_per_seq = per_seq + 1;
+    go.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    if ((st = cas_gpu_model_create(e->gguf, &go, &e->gpu))) return st;
+    size_t free_b = 0, total_b = 0;
+    if ((st = cas_gpu_mem_info(e->gpu, &free_b, &total_b))) return st;
+    char budget[160];
+    if (kv_bytes <= 0) {
+        /* what the fraction leaves after everything already on the device (ours and others') */
+        const double allowed = (double)o->gpu_memory_fraction * (double)total_b, used = (double)(total_b - free_b);
+        kv_bytes = allowed > used ? (int64_t)(allowed - used) : 0;
+        snprintf(budget, sizeof budget,
+                 "--gpu-memory-fraction %.2f of %.1f GiB (%.1f GiB in use after the weights)",
+                 (double)o->gpu_memory_fraction, (double)total_b / 1073741824.0, used / 1073741824.0);
+    } else {
+        snprintf(budget, sizeof budget, "a KV budget of %lld bytes", (long long)kv_bytes);
+    }
+    if ((size_t)kv_bytes > free_b) kv_bytes = (int64_t)free_b;
+    const int32_t pages = cas_gpu_kv_pages_for_budget(e->gpu, o->page_size, (size_t)kv_bytes);
+    if ((st = check_pages(e, pages, per_seq, budget))) return st;
+    if ((st = cas_gpu_kv_create(e->gpu, pages, o->page_size, &e->gkv))) return st;
+    e->gsamp = calloc((size_t)o->max_seqs, sizeof *e->gsamp);
+    if (!e->gsamp) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    snprintf(e->device_name, sizeof e->device_name, "cuda:%d %s", o->gpu_device, cas_gpu_model_device_name(e->gpu));
+    *pages_out = pages;
+    *per_seq_out = per_seq;
+    return CAS_OK;
+}
+
 cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     *out = NULL;
     cas_engine *e = calloc(1, sizeof *e);
@@ -197,7 +366,6 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->opts = opts ? *opts : cas_engine_opts_default();
     cas_engine_opts *o = &e->opts;
     if (!o->model_path) o->model_path = cas_engine_opts_default().model_path;
-    if (o->kv_cache_bytes <= 0) o->kv_cache_bytes = (int64_t)256 << 20;
     if (o->page_size <= 0) o->page_size = 16;
     if (o->max_batch_tokens <= 0) o->max_batch_tokens = 512;
     if (o->max_seqs <= 0) o->max_seqs = 256;
@@ -211,54 +379,43 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     }
     if (o->max_seqs > o->max_batch_tokens) o->max_seqs = o->max_batch_tokens;
 
-    cas_model_opts mo = cas_model_opts_default();
-    mo.max_batch_tokens = o->max_batch_tokens;
-    mo.max_seqs = o->max_seqs;
-    mo.max_logits = o->max_seqs;
-    mo.threads = o->threads;
-    mo.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
-    mo.simd = o->simd;
-    mo.amx_off = o->amx_off;
-    {
-        load_job job = {.path = o->model_path, .mo = &mo, .model = &e->model, .st = CAS_OK, .err = ""};
-        pthread_t loader;
-        if (pthread_create(&loader, NULL, load_model, &job)) {
-            st = cas_error(CAS_ERR_INTERNAL, "engine: cannot start the model-loading thread");
-            goto fail;
-        }
-        pthread_join(loader, NULL);
-        if ((st = job.st)) {
-            cas_error(st, "%s", job.err); /* the message was the loading thread's */
-            goto fail;
-        }
-    }
-    e->cfg = cas_model_config_of(e->model);
-    const cas_gguf *g = cas_model_gguf(e->model);
-    prefault_weights(g, o->load_progress, o->load_progress_user);
-    if ((st = cas_tok_create(g, &e->tok))) goto fail;
-    e->has_chat = cas_chat_template_from_gguf(g, &e->chat) == CAS_OK;
-    const char *name = NULL;
-    size_t nlen = 0;
-    if (cas_gguf_get_str(g, "general.name", &name, &nlen) == CAS_OK && nlen < sizeof e->model_name) {
-        memcpy(e->model_name, name, nlen);
-        e->model_name[nlen] = 0;
-    } else {
-        const char *base = strrchr(o->model_path, '/');
-        snprintf(e->model_name, sizeof e->model_name, "%s", base ? base + 1 : o->model_path);
-    }
-    e->max_context = o->max_context > 0 ? o->max_context : e->cfg->n_ctx_train;
-    if (e->max_context <= 0) e->max_context = 2048;
-
-    int32_t pages = cas_model_kv_pages_for_budget(e->model, o->page_size, CAS_F16, (size_t)o->kv_cache_bytes);
-    int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
-    if (pages < per_seq) {
-        st = cas_error(CAS_ERR_INVALID,
-                       "engine: a KV budget of %lld bytes holds %d pages of %d tokens; one full-context "
-                       "sequence needs %d (raise the budget or lower the context)",
-                       (long long)o->kv_cache_bytes, pages, o->page_size, per_seq);
+    if (o->device == CAS_DEVICE_AUTO) o->device = cas_gpu_available() ? CAS_DEVICE_CUDA : CAS_DEVICE_CPU;
+    if (o->device != CAS_DEVICE_CPU && o->device != CAS_DEVICE_CUDA) {
+        st = cas_error(CAS_ERR_INVALID, "engine: device %d is not auto, cpu or cuda", (int)o->device);
         goto fail;
     }
-    if ((st = cas_model_kv_create(e->model, pages, o->page_size, CAS_F16, &e->cache))) goto fail;
+    if (o->gpu_memory_fraction == 0.0f) o->gpu_memory_fraction = 0.9f;
+    if (!(o->gpu_memory_fraction > 0.0f && o->gpu_memory_fraction <= 1.0f)) {
+        st = cas_error(CAS_ERR_INVALID, "engine: gpu_memory_fraction must be in (0, 1] (got %g)",
+                       (double)o->gpu_memory_fraction);
+        goto fail;
+    }
+    e->device = o->device;
+    const int64_t kv_bytes_asked = o->kv_cache_bytes;
+    if (e->device == CAS_DEVICE_CPU && o->kv_cache_bytes <= 0) o->kv_cache_bytes = (int64_t)256 << 20;
+    const cas_gguf *g = NULL;
+    int32_t pages = 0, per_seq = 0;
+    if (e->device == CAS_DEVICE_CPU) {
+        if ((st = cpu_open(e, &pages, &per_seq))) goto fail;
+        g = cas_model_gguf(e->model);
+    } else {
+        if ((st = gpu_open(e, kv_bytes_asked, &pages, &per_seq))) goto fail;
+        g = e->gguf;
+    }
+    e->fwd = e->device == CAS_DEVICE_CPU ? &cpu_fwd : &gpu_fwd;
+    if ((st = cas_tok_create(g, &e->tok))) goto fail;
+    e->has_chat = cas_chat_template_from_gguf(g, &e->chat) == CAS_OK;
+    {
+        const char *name = NULL;
+        size_t nlen = 0;
+        if (cas_gguf_get_str(g, "general.name", &name, &nlen) == CAS_OK && nlen < sizeof e->model_name) {
+            memcpy(e->model_name, name, nlen);
+            e->model_name[nlen] = 0;
+        } else {
+            const char *base = strrchr(o->model_path, '/');
+            snprintf(e->model_name, sizeof e->model_name, "%s", base ? base + 1 : o->model_path);
+        }
+    }
     cas_kv_opts ko = cas_kv_opts_default();
     ko.num_blocks = pages;
     ko.page_size = o->page_size;
@@ -278,6 +435,8 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     int32_t V = e->cfg->n_vocab;
     e->logits = cas_alloc_array((size_t)o->max_seqs * (size_t)V, sizeof(float));
     e->logit_rows = calloc((size_t)o->max_seqs, sizeof(int32_t));
+    e->row_req = calloc((size_t)o->max_seqs, sizeof(req *));
+    e->row_tokens = calloc((size_t)o->max_seqs, sizeof(int32_t));
     e->sampled = calloc((size_t)o->max_seqs, sizeof(int32_t));
     e->stop = calloc((size_t)o->max_seqs, 1);
     e->finished = calloc((size_t)o->max_seqs, 1);
@@ -287,15 +446,17 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->lp_ids = malloc(sizeof(int32_t) * (MAX_LOGPROBS + 1));
     e->table_cap = 1024;
     e->table = calloc((size_t)e->table_cap, sizeof(req *));
-    if (!e->logits || !e->logit_rows || !e->sampled || !e->stop || !e->finished || !e->text_buf ||
+    if (!e->logits || !e->logit_rows || !e->row_req || !e->row_tokens || !e->sampled || !e->stop || !e->finished || !e->text_buf ||
         !e->lp_buf || !e->lp_ids || !e->table) {
         st = cas_error(CAS_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
     e->stats.kv_blocks_total = pages;
     *out = e;
-    cas_log(CAS_LOG_INFO, "engine: %s, %d KV pages of %d tokens (%.1f MiB), context %d, %d seqs x %d tokens per step",
-            e->model_name, pages, o->page_size, (double)cas_model_kv_bytes(e->cache) / (1 << 20), e->max_context,
+    const size_t kv_bytes = e->gkv ? cas_gpu_kv_bytes(e->gkv) : cas_model_kv_bytes(e->cache);
+    cas_log(CAS_LOG_INFO,
+            "engine: %s on %s, %d KV pages of %d tokens (%.1f MiB), context %d, %d seqs x %d tokens per step",
+            e->model_name, e->device_name, pages, o->page_size, (double)kv_bytes / (1 << 20), e->max_context,
             o->max_seqs, o->max_batch_tokens);
     return CAS_OK;
 fail:
@@ -322,8 +483,14 @@ void cas_engine_destroy(cas_engine *e) {
     if (e->has_chat) cas_chat_template_free(&e->chat);
     cas_tok_destroy(e->tok);
     cas_model_destroy(e->model);
+    cas_gpu_kv_destroy(e->gkv);
+    cas_gpu_model_destroy(e->gpu);
+    cas_gguf_close(e->gguf);
+    free(e->gsamp);
     cas_free(e->logits);
     free(e->logit_rows);
+    free(e->row_req);
+    free(e->row_tokens);
     free(e->sampled);
     free(e->stop);
     free(e->finished);
@@ -411,6 +578,7 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
     r->priority = rq->priority;
     r->cb = rq->cb;
     r->user = rq->user;
+    cas_rng_seed(&r->rng, pp.seed);
     if ((st = cas_sampler_create(&pp, e->cfg->n_vocab, &r->sampler)) ||
         (st = cas_stopper_create((const char *const *)r->stops, sp->n_stop, &r->stopper))) {
         req_free(r);
@@ -600,13 +768,16 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
     /* logits for the rows that end a request's known tokens */
     int32_t n_logits = 0;
     for (int32_t i = 0; i < plan.n_items; i++)
-        if (plan.items[i].sample) e->logit_rows[n_logits++] = plan.qo_indptr[i + 1] - 1;
+        if (plan.items[i].sample) {
+            e->row_req[n_logits] = table_get(e, (uint64_t)plan.items[i].id);
+            e->logit_rows[n_logits++] = plan.qo_indptr[i + 1] - 1;
+        }
     cas_model_batch mb = {plan.n_items, plan.token_ids, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                           plan.kv_last_page_len, n_logits, e->logit_rows};
-    st = cas_model_forward(e->model, e->cache, &mb, e->logits);
+    st = e->fwd->forward(e, &mb, e->row_req);
     if (st) return st;
     cas_attn_plan_info pinfo;
-    cas_model_plan_info(e->model, &pinfo);
+    e->fwd->plan_info(e, &pinfo);
 
     /* sample, detokenize, stop conditions */
     const int32_t V = e->cfg->n_vocab;
@@ -623,9 +794,9 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         if (!it->sample) continue;
         req *r = rr;
         const float *row = e->logits + (size_t)li * V;
+        const int32_t tok = e->row_tokens[li];
         li++;
         if (!r) continue;
-        int32_t tok = cas_sampler_sample(r->sampler, row);
         e->sampled[i] = tok;
         if (r->n_generated == 0) {
             int32_t c = r->n_prompt - r->prompt_computed;
@@ -754,6 +925,17 @@ void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st) {
 }
 
 const char *cas_engine_model_name(const cas_engine *e) { return e->model_name; }
+cas_device cas_engine_device(const cas_engine *e) { return e->device; }
+const char *cas_engine_device_name(const cas_engine *e) { return e->device_name; }
+
+int cas_device_parse(const char *s, cas_device *out) {
+    if (!s) return -1;
+    if (!strcmp(s, "auto")) *out = CAS_DEVICE_AUTO;
+    else if (!strcmp(s, "cpu")) *out = CAS_DEVICE_CPU;
+    else if (!strcmp(s, "cuda") || !strcmp(s, "gpu")) *out = CAS_DEVICE_CUDA;
+    else return -1;
+    return 0;
+}
 
 const char *cas_engine_token_text(const cas_engine *e, int32_t id, size_t *len) {
     *len = 0;

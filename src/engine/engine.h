@@ -25,10 +25,21 @@ extern "C" {
 
 typedef struct cas_engine cas_engine;
 
+/* Where the model runs. AUTO: a CUDA device when this build has the CUDA
+ * backend and the machine a GPU, else the CPU. */
+typedef enum { CAS_DEVICE_AUTO = 0, CAS_DEVICE_CPU = 1, CAS_DEVICE_CUDA = 2 } cas_device;
+
 typedef struct {
     const char *model_path;   /* GGUF file */
+    cas_device device;        /* default CAS_DEVICE_AUTO */
+    int32_t gpu_device;       /* CUDA device ordinal (default 0) */
+    float gpu_memory_fraction; /* CUDA: the share of the GPU's memory the engine may hold in all
+                                  (weights, buffers, KV pool), as vLLM's gpu_memory_utilization;
+                                  the KV pool gets what the weights and buffers leave of it.
+                                  0 = 0.9. A kv_cache_bytes > 0 sizes the pool instead. */
     int32_t threads;          /* CPU threads, 0 = all cores */
-    int64_t kv_cache_bytes;   /* memory budget of the KV block pool; 0 = 256 MiB */
+    int64_t kv_cache_bytes;   /* memory budget of the KV block pool; 0 = 256 MiB on the CPU,
+                                 gpu_memory_fraction's rest on a GPU */
     int32_t page_size;        /* tokens per KV block, 1..256; 0 = 16 */
     int32_t max_batch_tokens; /* tokens per step (decode tokens + prefill chunks); 0 = 512 */
     int32_t max_seqs;         /* sequences per step; 0 = 256 */
@@ -146,6 +157,12 @@ void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st);
 
 /* Model facts the server needs. The strings stay valid until destroy. */
 const char *cas_engine_model_name(const cas_engine *e);
+/* Where the model runs: CAS_DEVICE_CPU or CAS_DEVICE_CUDA (never AUTO), and
+ * in words ("cpu", or "cuda:0 NVIDIA H100 80GB HBM3"). */
+cas_device cas_engine_device(const cas_engine *e);
+const char *cas_engine_device_name(const cas_engine *e);
+/* "auto", "cpu" or "cuda" into *out; -1 for anything else. */
+int cas_device_parse(const char *s, cas_device *out);
 int32_t cas_engine_context_length(const cas_engine *e);
 
 /* The bytes of one token (logprob alternatives); NULL for an id outside the

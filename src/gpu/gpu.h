@@ -54,6 +54,8 @@ cas_gpu_opts cas_gpu_opts_default(void);
 
 /* 1 when this build has the CUDA backend and a CUDA device is present. */
 int cas_gpu_available(void);
+/* 1 when this build has the CUDA backend (make CUDA=1). */
+int cas_gpu_built(void);
 
 typedef struct cas_gpu_model cas_gpu_model;
 
@@ -71,6 +73,8 @@ size_t cas_gpu_model_bytes(const cas_gpu_model *m);
 /* The device's name ("none" without one). */
 const char *cas_gpu_model_device_name(const cas_gpu_model *m);
 void cas_gpu_model_set_cascade(cas_gpu_model *m, cas_cascade_mode mode);
+/* The model's device memory now: free and total bytes. */
+cas_status cas_gpu_mem_info(const cas_gpu_model *m, size_t *free_bytes, size_t *total_bytes);
 
 typedef struct cas_gpu_kv cas_gpu_kv;
 

@@ -114,6 +114,8 @@ cas_gpu_opts cas_gpu_opts_default(void) {
     return o;
 }
 
+int cas_gpu_built(void) { return 1; }
+
 int cas_gpu_available(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -403,6 +405,14 @@ fail:
 const cas_model_config *cas_gpu_model_config(const cas_gpu_model *m) { return &m->cfg; }
 size_t cas_gpu_model_bytes(const cas_gpu_model *m) { return m->bytes; }
 const char *cas_gpu_model_device_name(const cas_gpu_model *m) { return m ? m->device_name : "none"; }
+cas_status cas_gpu_mem_info(const cas_gpu_model *m, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    cudaError_t e = cudaSetDevice(m->opts.device);
+    if (e == cudaSuccess) e = cudaMemGetInfo(free_bytes, total_bytes);
+    if (e != cudaSuccess) return cas_error(CAS_ERR_INTERNAL, "gpu: cudaMemGetInfo: %s", cudaGetErrorString(e));
+    return CAS_OK;
+}
+
 void cas_gpu_model_set_cascade(cas_gpu_model *m, cas_cascade_mode mode) {
     m->opts.cascade = mode;
     cas_attn_plan_destroy(m->plan); /* the next forward plans with the new mode */
@@ -714,6 +724,7 @@ cas_gpu_opts cas_gpu_opts_default(void) {
     return o;
 }
 int cas_gpu_available(void) { return 0; }
+int cas_gpu_built(void) { return 0; }
 cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts, cas_gpu_model **out) {
     if (out) *out = NULL;
     return cas_error(CAS_ERR_UNSUPPORTED, "gpu: this build has no CUDA (rebuild with make CUDA=1)");
@@ -723,6 +734,10 @@ const cas_model_config *cas_gpu_model_config(const cas_gpu_model *m) { return NU
 size_t cas_gpu_model_bytes(const cas_gpu_model *m) { return 0; }
 const char *cas_gpu_model_device_name(const cas_gpu_model *m) { return "none"; }
 void cas_gpu_model_set_cascade(cas_gpu_model *m, cas_cascade_mode mode) {}
+cas_status cas_gpu_mem_info(const cas_gpu_model *m, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    return cas_error(CAS_ERR_UNSUPPORTED, "gpu: this build has no CUDA (rebuild with make CUDA=1)");
+}
 int32_t cas_gpu_kv_pages_for_budget(const cas_gpu_model *m, int32_t page_size, size_t budget_bytes) { return 0; }
 cas_status cas_gpu_kv_create(const cas_gpu_model *m, int32_t num_pages, int32_t page_size, cas_gpu_kv **out) {
     if (out) *out = NULL;
