@@ -10,10 +10,11 @@
 #   shrink about 5x), .devcarry/lib (../shared/tools/carry-libs),
 #   .devcarry/model.gguf (tools/truncate_gguf.py: the default model's first
 #   layers, what fits a call's 64 MiB), .devcarry/.whl (gguf for transformers)
-# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test hf memcheck)
+#   (.devcarry/lib.tar.xz instead of lib/: the libraries packed)
+# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test hf generate memcheck)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-steps=${*:-"test hf memcheck"}
+steps=${*:-"test hf generate memcheck"}
 has() { [[ " $steps " == *" $1 "* ]]; }
 C=${CARRY:-.devcarry}
 B=/tmp/cascade-bin; mkdir -p "$B"
@@ -21,7 +22,8 @@ for f in "$C"/*.xz; do
   python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$B/$(basename "$f" .xz)"
   chmod +x "$B/$(basename "$f" .xz)"
 done
-export LD_LIBRARY_PATH=$PWD/$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ -f "$C/lib.tar.xz" ] && python3 -c 'import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$C/lib.tar.xz" "$B"
+export LD_LIBRARY_PATH=$B/lib:$PWD/$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 M=$C/model.gguf
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 ldd "$B/test_gpu_model" | grep "not found" && echo "missing libraries"
@@ -36,6 +38,18 @@ if has hf; then
     && export PYTHONPATH=/tmp/site
   PYTHONUNBUFFERED=1 timeout 240 python3 tests/cuda/check_gpu_transformers.py --model "$M" --bin "$B/gpu_logits" \
     --json "$OUT/gpu-vs-transformers.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/check_gpu_transformers.log"
+fi
+if has generate && [ -x "$B/cascade" ]; then
+  echo "== cascade generate, greedy, --device cuda against --device cpu"
+  for d in cuda cpu; do
+    timeout 60 "$B/cascade" generate -m "$M" --device $d --temperature 0 -n 32 -p "The capital of France is" \
+      -p "def fibonacci(n):" -p "Once upon a time" > "$OUT/generate_$d.txt" 2> "$OUT/generate_$d.err"
+    echo "$d rc=$? $(head -1 "$OUT/generate_$d.err")"; tail -2 "$OUT/generate_$d.err"
+  done
+  cmp -s "$OUT/generate_cuda.txt" "$OUT/generate_cpu.txt" && echo "generate: same text" || { echo "generate: texts differ"; diff "$OUT/generate_cuda.txt" "$OUT/generate_cpu.txt" | head -20; }
+  timeout 60 "$B/cascade" generate -m "$M" --device cuda --temperature 0.8 --seed 7 -n 24 -p "Once upon a time" -p "Once upon a time" > "$OUT/sample_a.txt" 2>/dev/null
+  timeout 60 "$B/cascade" generate -m "$M" --device cuda --temperature 0.8 --seed 7 -n 24 -p "Once upon a time" -p "Once upon a time" > "$OUT/sample_b.txt" 2>/dev/null
+  cmp -s "$OUT/sample_a.txt" "$OUT/sample_b.txt" && echo "sampling: same seed, same text" || echo "sampling: runs differ"
 fi
 if has memcheck; then
   echo "== compute-sanitizer memcheck on test_gpu_model"

@@ -379,7 +379,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     }
     if (o->max_seqs > o->max_batch_tokens) o->max_seqs = o->max_batch_tokens;
 
-    if (o->device == CAS_DEVICE_AUTO) o->device = cas_gpu_available() ? CAS_DEVICE_CUDA : CAS_DEVICE_CPU;
+    o->device = cas_device_resolve(o->device);
     if (o->device != CAS_DEVICE_CPU && o->device != CAS_DEVICE_CUDA) {
         st = cas_error(CAS_ERR_INVALID, "engine: device %d is not auto, cpu or cuda", (int)o->device);
         goto fail;
@@ -927,6 +927,11 @@ void cas_engine_get_stats(cas_engine *e, cas_engine_stats *st) {
 const char *cas_engine_model_name(const cas_engine *e) { return e->model_name; }
 cas_device cas_engine_device(const cas_engine *e) { return e->device; }
 const char *cas_engine_device_name(const cas_engine *e) { return e->device_name; }
+
+cas_device cas_device_resolve(cas_device d) {
+    if (d != CAS_DEVICE_AUTO) return d;
+    return cas_gpu_available() ? CAS_DEVICE_CUDA : CAS_DEVICE_CPU;
+}
 
 int cas_device_parse(const char *s, cas_device *out) {
     if (!s) return -1;

@@ -163,6 +163,8 @@ cas_device cas_engine_device(const cas_engine *e);
 const char *cas_engine_device_name(const cas_engine *e);
 /* "auto", "cpu" or "cuda" into *out; -1 for anything else. */
 int cas_device_parse(const char *s, cas_device *out);
+/* What AUTO means on this machine and build (CPU or CUDA); others unchanged. */
+cas_device cas_device_resolve(cas_device d);
 int32_t cas_engine_context_length(const cas_engine *e);
 
 /* The bytes of one token (logprob alternatives); NULL for an id outside the

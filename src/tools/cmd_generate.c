@@ -33,6 +33,10 @@ static void usage(FILE *f) {
             "  --min-p X            (default 0.05; 0 = off)\n"
             "  --seed N             per-prompt seeds are N, N+1, ... (default 42)\n"
             "  --stop TEXT          stop string (repeatable, up to %d)\n"
+            "  --device D           auto (default: the GPU where this build has CUDA and the machine\n"
+            "                       a GPU, else the CPU), cpu or cuda\n"
+            "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and the\n"
+            "                       KV pool (default 0.9)\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --ctx N              context length (default: the model's, at most 8192)\n"
             "  --no-cascade         flat attention\n"
@@ -182,6 +186,9 @@ int cmd_generate(int argc, char **argv) {
             }
             stops[n_stops++] = v;
         } else if (!strcmp(a, "--threads")) ok = parse_int(v, 1, 1024, &eo.threads);
+        else if (!strcmp(a, "--device")) ok = cas_device_parse(v, &eo.device) == 0;
+        else if (!strcmp(a, "--gpu-memory-fraction"))
+            ok = parse_float(v, &eo.gpu_memory_fraction) && eo.gpu_memory_fraction > 0 && eo.gpu_memory_fraction <= 1;
         else if (!strcmp(a, "--ctx")) ok = parse_int(v, 16, 1 << 20, &ctx);
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--no-prefix-cache") || !strcmp(a, "--no-share")) eo.prefix_cache = 0;
@@ -237,7 +244,9 @@ int cmd_generate(int argc, char **argv) {
     eo.max_seqs = n_texts < 256 ? n_texts : 256;
     eo.max_batch_tokens = 512 > eo.max_seqs ? 512 : eo.max_seqs;
     int64_t need = (int64_t)n_texts * (eo.max_context < 2048 ? eo.max_context : 2048) * 24 * 1024;
-    eo.kv_cache_bytes = need > ((int64_t)256 << 20) ? need : ((int64_t)256 << 20);
+    eo.device = cas_device_resolve(eo.device);
+    /* the CPU's pool from the prompts; a GPU's from --gpu-memory-fraction */
+    if (eo.device == CAS_DEVICE_CPU) eo.kv_cache_bytes = need > ((int64_t)256 << 20) ? need : ((int64_t)256 << 20);
     double t0 = cas_now_s();
     cas_status st = cas_engine_create(&e, &eo);
     if (st == CAS_ERR_INVALID && ctx == 0 && strstr(cas_last_error(), "context")) {
@@ -250,6 +259,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     double t_load = cas_now_s() - t0;
+    if (!quiet) fprintf(stderr, "generate: %s on %s\n", cas_engine_model_name(e), cas_engine_device_name(e));
     gen_ctx gc = {n_texts == 1, quiet, texts, 0, 0};
     g = &gc;
     outs = calloc((size_t)n_texts, sizeof(gen_out));
