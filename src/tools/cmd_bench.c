@@ -136,6 +136,10 @@ int cmd_bench(int argc, char **argv) {
                    "                     [--tree SPEC] [--rate R] [--no-cascade] [--no-prefix-cache]\n"
                    "                     [--threads N] [--kv-cache-mb N] [--max-batch-tokens N] [--seed N] [--json]\n"
                    "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
+                   "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X]\n"
+                   "  --device D      auto (default: the GPU where this build has CUDA and the machine a GPU,\n"
+                   "                  else the CPU), cpu or cuda\n"
+                   "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and KV (0.9)\n"
                    "  --tree SPEC     multi-level sharing as in attn-bench: '40*1024(20*512)+10*768'\n"
                    "  --rate R        Poisson arrivals at R requests/s (default: all at once)\n"
                    "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
@@ -146,7 +150,8 @@ int cmd_bench(int argc, char **argv) {
         int takes = !strcmp(a, "-m") || !strcmp(a, "--requests") || !strcmp(a, "--prefix") ||
                     !strcmp(a, "--suffix") || !strcmp(a, "--output") || !strcmp(a, "--tree") ||
                     !strcmp(a, "--rate") || !strcmp(a, "--seed") || !strcmp(a, "--threads") ||
-                    !strcmp(a, "--kv-cache-mb") || !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--simd");
+                    !strcmp(a, "--kv-cache-mb") || !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--simd") ||
+                    !strcmp(a, "--device") || !strcmp(a, "--gpu-memory-fraction");
         if (takes) {
             if (!v) {
                 fprintf(stderr, "bench: %s needs a value\n", a);
@@ -170,7 +175,18 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-amx")) eo.amx_off = 1;
         else if (!strcmp(a, "--debug-checks")) eo.debug_checks = 1;
-        else if (!strcmp(a, "--simd")) {
+        else if (!strcmp(a, "--device")) {
+            if (cas_device_parse(v, &eo.device)) {
+                fprintf(stderr, "bench: --device takes auto, cpu or cuda, not '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--gpu-memory-fraction")) {
+            eo.gpu_memory_fraction = (float)atof(v);
+            if (!(eo.gpu_memory_fraction > 0 && eo.gpu_memory_fraction <= 1)) {
+                fprintf(stderr, "bench: --gpu-memory-fraction must be in (0, 1]\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--simd")) {
             if (cas_simd_parse(v, &eo.simd)) {
                 fprintf(stderr, "bench: --simd takes auto, generic, avx2 or avx512, not '%s'\n", v);
                 return 2;
@@ -189,6 +205,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "bench: %s\n", cas_last_error());
         return 1;
     }
+    fprintf(stderr, "bench: %s on %s\n", cas_engine_model_name(e), cas_engine_device_name(e));
     cas_rng rng;
     cas_rng_seed(&rng, seed);
     prompts ps = {0};

@@ -33,6 +33,10 @@ static void usage(FILE *f) {
             "  --served-model-name ID  the model id clients use (default: the file name without .gguf)\n"
             "  --max-body-mb N         largest request body (default 8)\n"
             "engine options:\n"
+            "  --device D              auto (default: the GPU where this build has CUDA and the machine\n"
+            "                          a GPU, else the CPU), cpu or cuda\n"
+            "  --gpu-memory-fraction X cuda: share of the GPU's memory for weights, buffers and the KV\n"
+            "                          pool (default 0.9; --kv-cache-mb sizes the pool instead)\n"
             "  --threads N             CPU threads (default all cores)\n"
             "  --kv-cache-mb N         KV cache memory (default 256)\n"
             "  --page-size N           tokens per KV page (default 16)\n"
@@ -145,6 +149,24 @@ int cmd_serve(int argc, char **argv) {
             eo.debug_checks = 1;
             continue;
         }
+        if (!strcmp(a, "--device")) {
+            if (!val || cas_device_parse(val, &eo.device)) {
+                fprintf(stderr, "serve: --device takes auto, cpu or cuda\n");
+                return 2;
+            }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--gpu-memory-fraction")) {
+            char *end = NULL;
+            eo.gpu_memory_fraction = val ? strtof(val, &end) : 0.0f;
+            if (!val || !end || *end || !(eo.gpu_memory_fraction > 0 && eo.gpu_memory_fraction <= 1)) {
+                fprintf(stderr, "serve: --gpu-memory-fraction takes a number in (0, 1]\n");
+                return 2;
+            }
+            i++;
+            continue;
+        }
         if (!strcmp(a, "--simd")) {
             if (!val || cas_simd_parse(val, &eo.simd)) {
                 fprintf(stderr, "serve: --simd takes auto, generic, avx2 or avx512\n");
@@ -197,8 +219,9 @@ int cmd_serve(int argc, char **argv) {
     }
     const char *host = so.host ? so.host : "127.0.0.1";
     int v6 = strchr(host, ':') != NULL;
-    fprintf(stderr, "serve: model %s (context %d tokens), listening on http://%s%s%s:%d%s\n",
+    fprintf(stderr, "serve: model %s (context %d tokens) on %s, listening on http://%s%s%s:%d%s\n",
             so.model_name ? so.model_name : cas_engine_model_name(e), (int)cas_engine_context_length(e),
+            cas_engine_device_name(e),
             v6 ? "[" : "", host, v6 ? "]" : "", (int)cas_server_port(s), so.api_key && so.api_key[0] ? " (API key required)" : "");
     fflush(stderr);
     int sig = 0;
