@@ -11,10 +11,10 @@
 #   .devcarry/model.gguf (tools/truncate_gguf.py: the default model's first
 #   layers, what fits a call's 64 MiB), .devcarry/.whl (gguf for transformers)
 #   (.devcarry/lib.tar.xz instead of lib/: the libraries packed)
-# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test hf generate memcheck)
+# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test hf generate bench memcheck)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-steps=${*:-"test hf generate memcheck"}
+steps=${*:-"test hf generate bench memcheck"}
 has() { [[ " $steps " == *" $1 "* ]]; }
 C=${CARRY:-.devcarry}
 B=/tmp/cascade-bin; mkdir -p "$B"
@@ -50,6 +50,13 @@ if has generate && [ -x "$B/cascade" ]; then
   timeout 60 "$B/cascade" generate -m "$M" --device cuda --temperature 0.8 --seed 7 -n 24 -p "Once upon a time" -p "Once upon a time" > "$OUT/sample_a.txt" 2>/dev/null
   timeout 60 "$B/cascade" generate -m "$M" --device cuda --temperature 0.8 --seed 7 -n 24 -p "Once upon a time" -p "Once upon a time" > "$OUT/sample_b.txt" 2>/dev/null
   cmp -s "$OUT/sample_a.txt" "$OUT/sample_b.txt" && echo "sampling: same seed, same text" || echo "sampling: runs differ"
+fi
+if has bench && [ -x "$B/cascade" ]; then
+  echo "== cascade bench --device cuda (the truncated model: launch-bound figures)"
+  for d in cuda cpu; do
+    timeout 90 "$B/cascade" bench -m "$M" --device $d --requests 16 --prefix 512 --suffix 16 --output 32 --json \
+      > "$OUT/bench_$d.json" 2> "$OUT/bench_$d.err"; echo "$d rc=$?"; tail -3 "$OUT/bench_$d.err"
+  done
 fi
 if has memcheck; then
   echo "== compute-sanitizer memcheck on test_gpu_model"
