@@ -136,7 +136,10 @@ clean:
 # that command's object too, which needs none of the higher layers' libraries).
 # tools/sass_diff.py compares the kernels' machine code of two builds.
 CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_attn
-# the GPU forward against the CPU's (src/gpu; links the whole library)
+# the GPU forward against the CPU's (src/gpu; links the whole library); also
+# in test-cuda: the engine's tests on the GPU (tests/cuda/engine_on_gpu.sh)
+# and the comparison with transformers (tests/cuda/check_gpu_transformers.py,
+# needs torch, transformers and gguf)
 GPU_MODEL_TEST := $(BUILD)/tests/cuda/test_gpu_model
 CUDA_BENCH_BIN := $(BUILD)/bench/cuda/attn_bench_cuda
 # The attention backend's own archive (core + attn + cuda): its test and
@@ -163,8 +166,9 @@ $(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
 	$(CC) $(ALL_FLAGS) -o $@ $< $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
 ifeq ($(CUDA),1)
-test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST)
-	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST)
+test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(BUILD)/tests/cuda/gpu_logits $(BUILD)/tests/test_engine
+	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) \
+	  tests/cuda/engine_on_gpu.sh tests/cuda/check_gpu_transformers.py
 cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_PLAN_TEST)
 	@bash tests/cuda/check_wgmma_serial.sh $(CUDA_OBJ:=.log)

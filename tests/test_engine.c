@@ -25,7 +25,10 @@
 #include "../src/model/model.h"
 #include "check.h"
 
-#define MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+/* `test_engine [--device cpu|cuda] [MODEL.gguf]`: make test runs it on the
+ * CPU; make CUDA=1 test-cuda runs it again on the GPU */
+static const char *MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+static cas_device g_device = CAS_DEVICE_CPU;
 #define NP 6
 #define NGEN 12
 
@@ -69,6 +72,7 @@ static char prompts[NP][2048];
 static cas_engine *make_engine(int cascade, int prefix_cache, int64_t kv_bytes, int32_t batch_tokens) {
     cas_engine_opts o = cas_engine_opts_default();
     o.model_path = MODEL;
+    o.device = g_device;
     o.threads = 2;
     o.cascade = cascade;
     o.prefix_cache = prefix_cache;
@@ -312,6 +316,7 @@ static void test_load_progress(void) {
     progress_t p = {0, 1, -1, -1, -1};
     cas_engine_opts o = cas_engine_opts_default();
     o.model_path = MODEL;
+    o.device = g_device;
     o.threads = 2;
     o.max_context = 512;
     o.kv_cache_bytes = 16 << 20;
@@ -330,14 +335,26 @@ static void test_load_progress(void) {
     CHECK(p.first == 0);
     CHECKF(p.total == bytes && p.last == bytes, "progress ended at %lld of %lld, file has %lld tensor bytes",
            (long long)p.last, (long long)p.total, (long long)bytes);
-    /* the kernel options reach the model: one it cannot honour fails the create */
+    /* the CPU kernels' options reach the model: one it cannot honour fails the create */
+    if (g_device != CAS_DEVICE_CPU) return;
     o.load_progress = NULL;
     o.simd = (cas_simd_level)9;
     CHECK(cas_engine_create(&e, &o) == CAS_ERR_INVALID && e == NULL);
     CHECK(strstr(cas_last_error(), "simd") != NULL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            if (cas_device_parse(argv[++i], &g_device)) {
+                printf("FAIL: --device takes cpu or cuda\n0 passed, 1 failed\n");
+                return 1;
+            }
+        } else {
+            MODEL = argv[i];
+        }
+    }
+    printf("device: %s\n", g_device == CAS_DEVICE_CUDA ? "cuda" : "cpu");
     FILE *f = fopen(MODEL, "rb");
     if (!f) {
         printf("FAIL: %s is missing: run `make model`\n0 passed, 1 failed\n", MODEL);

@@ -6,22 +6,23 @@
 # compute-sanitizer memcheck on the test; logs and JSON under $OUT.
 #
 # Built here (make CUDA=1 BUILD=build-cuda ...), carried in .devcarry:
-#   .devcarry/{test_gpu_model,gpu_logits}.xz (xz: the kernels' fat binaries
+#   .devcarry/{test_gpu_model,gpu_logits,test_engine,cascade}.xz (xz: the kernels' fat binaries
 #   shrink about 5x), .devcarry/lib (../shared/tools/carry-libs),
 #   .devcarry/model.gguf (tools/truncate_gguf.py: the default model's first
 #   layers, what fits a call's 64 MiB), .devcarry/.whl (gguf for transformers)
 #   (.devcarry/lib.tar.xz instead of lib/: the libraries packed)
-# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test hf generate bench memcheck)
+# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test engine hf generate bench memcheck)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-steps=${*:-"test hf generate bench memcheck"}
+steps=${*:-"test engine hf generate bench memcheck"}
 has() { [[ " $steps " == *" $1 "* ]]; }
 C=${CARRY:-.devcarry}
-B=/tmp/cascade-bin; mkdir -p "$B"
+B=/tmp/cascade-bin; mkdir -p "$B/tests"
 for f in "$C"/*.xz; do
   python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$B/$(basename "$f" .xz)"
   chmod +x "$B/$(basename "$f" .xz)"
 done
+[ -f "$B/test_engine" ] && mv "$B/test_engine" "$B/tests/"
 [ -f "$C/lib.tar.xz" ] && python3 -c 'import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$C/lib.tar.xz" "$B"
 export LD_LIBRARY_PATH=$B/lib:$PWD/$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 M=$C/model.gguf
@@ -31,6 +32,10 @@ ldd "$B/test_gpu_model" | grep "not found" && echo "missing libraries"
 if has test; then
   echo "== test_gpu_model"
   timeout 180 "$B/test_gpu_model" "$M" 2>&1 | tee "$OUT/test_gpu_model.log" | grep -vE "^ok"
+fi
+if has engine && [ -x "$B/tests/test_engine" ]; then
+  echo "== the engine's tests on the GPU (tests/cuda/engine_on_gpu.sh)"
+  BUILD=$B timeout 180 bash tests/cuda/engine_on_gpu.sh "$M" 2>&1 | tee "$OUT/test_engine_gpu.log" | grep -vE "^ok"
 fi
 if has hf; then
   echo "== transformers"

@@ -323,6 +323,7 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
                                          : "this build has no CUDA (rebuild with make CUDA=1)");
     if ((st = cas_gguf_open(o->model_path, &e->gguf))) return st;
     if ((st = cas_model_config_read(e->gguf, &e->gcfg))) return st;
+    prefault_weights(e->gguf, o->load_progress, o->load_progress_user); /* the upload reads it all anyway */
     e->cfg = &e->gcfg;
     set_context(e);
     const int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
