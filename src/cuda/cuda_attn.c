@@ -154,6 +154,8 @@ cas_status cas_cuda_attn_create(cas_cuda_attn **out, const cas_attn_shape *shape
     TRY(cudaMalloc((void **)&a->dscratch, (size_t)(a->scratch_floats > 0 ? a->scratch_floats : 1) * 4));
     memset(a->stage, 0, (size_t)a->cap_bytes);
     TRY(cudaMemset(a->dplan, 0, (size_t)a->cap_bytes)); /* an empty plan: zero tasks */
+    /* done before an upload on a caller's non-blocking stream could overtake it */
+    TRY(cudaDeviceSynchronize());
     TRY(cudaEventCreateWithFlags(&a->upload_done, cudaEventDisableTiming));
     TRY(cudaEventCreateWithFlags(&a->ev_fork, cudaEventDisableTiming));
     TRY(cudaEventCreateWithFlags(&a->ev_join, cudaEventDisableTiming));

@@ -184,7 +184,9 @@ static cas_status find_weight(const cas_gguf *g, const char *name, int64_t rows,
 static cas_status upload_mat(cas_gpu_model *m, const cas_gguf_tensor *t, void *dst, void *stage, size_t stage_bytes) {
     cas_status st = CAS_OK;
     if (t->nbytes > stage_bytes) return cas_error(CAS_ERR_INTERNAL, "gpu: staging for %s too small", t->name);
-    CU(cudaMemcpy(stage, t->data, t->nbytes, cudaMemcpyHostToDevice));
+    /* on the kernel's stream: a plain cudaMemcpy from pageable memory may
+     * return before its DMA lands, and the non-blocking stream would not wait */
+    CU(cudaMemcpyAsync(stage, t->data, t->nbytes, cudaMemcpyHostToDevice, m->stream));
     KL(cas_gpu_dequant_bf16(t->type, stage, dst, t->ne[1], t->ne[0], t->ne[0], m->stream));
     CU(cudaStreamSynchronize(m->stream));
 fail:
@@ -199,10 +201,11 @@ static cas_status upload_vec(cas_gpu_model *m, const cas_gguf *g, const char *na
         return cas_error(CAS_ERR_FORMAT, "gpu: tensor %s has %lld elements, expected %lld", name,
                          (long long)t->n_elem, (long long)n);
     if (t->type == CAS_T_F32) {
-        CU(cudaMemcpy(dst, t->data, (size_t)n * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpyAsync(dst, t->data, (size_t)n * 4, cudaMemcpyHostToDevice, m->stream));
+        CU(cudaStreamSynchronize(m->stream));
     } else if (t->type == CAS_T_F16 || t->type == CAS_T_BF16) {
         /* through the end of dst's own room: the f16 values take half of it */
-        CU(cudaMemcpy((char *)dst + (size_t)n * 2, t->data, (size_t)n * 2, cudaMemcpyHostToDevice));
+        CU(cudaMemcpyAsync((char *)dst + (size_t)n * 2, t->data, (size_t)n * 2, cudaMemcpyHostToDevice, m->stream));
         KL(cas_gpu_to_f32(t->type, (char *)dst + (size_t)n * 2, dst, n, m->stream));
         CU(cudaStreamSynchronize(m->stream));
     } else {
@@ -343,7 +346,8 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
             goto fail;
         }
         for (int32_t i = 0; i < half; i++) f[i] = (float)pow((double)c->rope_base, -2.0 * i / (double)c->n_rot);
-        cudaError_t e = cudaMemcpy(m->inv_freq, f, sizeof(float) * (size_t)half, cudaMemcpyHostToDevice);
+        cudaError_t e = cudaMemcpyAsync(m->inv_freq, f, sizeof(float) * (size_t)half, cudaMemcpyHostToDevice, m->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(m->stream);
         free(f);
         CU(e);
     }
@@ -459,7 +463,8 @@ cas_status cas_gpu_kv_create(const cas_gpu_model *m, int32_t num_pages, int32_t 
         return cas_error(CAS_ERR_NOMEM, "gpu kv: %d pages need %.1f MiB of device memory, %.1f MiB are free",
                          num_pages, (double)total / 1048576.0, (double)free_b / 1048576.0);
     }
-    if ((e = cudaMemset(kv->mem, 0, total)) != cudaSuccess) {
+    /* finished before any forward's stream touches the pools */
+    if ((e = cudaMemset(kv->mem, 0, total)) != cudaSuccess || (e = cudaDeviceSynchronize()) != cudaSuccess) {
         cudaFree(kv->mem);
         free(kv);
         return cas_error(CAS_ERR_INTERNAL, "gpu kv: cudaMemset: %s", cudaGetErrorString(e));
