@@ -18,6 +18,7 @@ steps=${*:-"test engine hf generate bench memcheck"}
 has() { [[ " $steps " == *" $1 "* ]]; }
 C=${CARRY:-.devcarry}
 B=/tmp/cascade-bin; mkdir -p "$B/tests"
+W=/tmp/cascade-work; mkdir -p "$W"
 for f in "$C"/*.xz; do
   python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$B/$(basename "$f" .xz)"
   chmod +x "$B/$(basename "$f" .xz)"
@@ -26,45 +27,47 @@ done
 [ -f "$C/lib.tar.xz" ] && python3 -c 'import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$C/lib.tar.xz" "$B"
 export LD_LIBRARY_PATH=$B/lib:$PWD/$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 M=$C/model.gguf
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 ldd "$B/test_gpu_model" | grep "not found" && echo "missing libraries"
 
 if has test; then
   echo "== test_gpu_model"
-  timeout 180 "$B/test_gpu_model" "$M" 2>&1 | tee "$OUT/test_gpu_model.log" | grep -vE "^ok"
+  timeout 180 "$B/test_gpu_model" "$M" 2>&1 | grep -vE "^ok"
 fi
 if has engine && [ -x "$B/tests/test_engine" ]; then
   echo "== the engine's tests on the GPU (tests/cuda/engine_on_gpu.sh)"
-  BUILD=$B timeout 180 bash tests/cuda/engine_on_gpu.sh "$M" 2>&1 | tee "$OUT/test_engine_gpu.log" | grep -vE "^ok"
+  BUILD=$B timeout 180 bash tests/cuda/engine_on_gpu.sh "$M" 2>&1 | grep -vE "^ok"
 fi
 if has hf; then
   echo "== transformers"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/.whl/*.whl \
     && export PYTHONPATH=/tmp/site
   PYTHONUNBUFFERED=1 timeout 240 python3 tests/cuda/check_gpu_transformers.py --model "$M" --bin "$B/gpu_logits" \
-    --json "$OUT/gpu-vs-transformers.json" 2>&1 | grep -v "it/s\]" | tee "$OUT/check_gpu_transformers.log"
+    --json "$OUT/gpu-vs-transformers.json" 2>&1 | grep -v "it/s\]"
 fi
 if has generate && [ -x "$B/cascade" ]; then
   echo "== cascade generate, greedy, --device cuda against --device cpu"
   for d in cuda cpu; do
     timeout 60 "$B/cascade" generate -m "$M" --device $d --temperature 0 -n 32 -p "The capital of France is" \
-      -p "def fibonacci(n):" -p "Once upon a time" > "$OUT/generate_$d.txt" 2> "$OUT/generate_$d.err"
-    echo "$d rc=$? $(head -1 "$OUT/generate_$d.err")"; tail -2 "$OUT/generate_$d.err"
+      -p "def fibonacci(n):" -p "Once upon a time" > "$W/generate_$d.txt" 2> "$W/generate_$d.err"
+    echo "$d rc=$? $(head -1 "$W/generate_$d.err")"; tail -2 "$W/generate_$d.err"
   done
-  cmp -s "$OUT/generate_cuda.txt" "$OUT/generate_cpu.txt" && echo "generate: same text" || { echo "generate: texts differ"; diff "$OUT/generate_cuda.txt" "$OUT/generate_cpu.txt" | head -20; }
-  timeout 60 "$B/cascade" generate -m "$M" --device cuda --temperature 0.8 --seed 7 -n 24 -p "Once upon a time" -p "Once upon a time" > "$OUT/sample_a.txt" 2>/dev/null
-  timeout 60 "$B/cascade" generate -m "$M" --device cuda --temperature 0.8 --seed 7 -n 24 -p "Once upon a time" -p "Once upon a time" > "$OUT/sample_b.txt" 2>/dev/null
-  cmp -s "$OUT/sample_a.txt" "$OUT/sample_b.txt" && echo "sampling: same seed, same text" || echo "sampling: runs differ"
+  cmp -s "$W/generate_cuda.txt" "$W/generate_cpu.txt" && echo "generate: same text" || { echo "generate: texts differ"; diff "$W/generate_cuda.txt" "$W/generate_cpu.txt" | head -20; }
+  cat "$W/generate_cuda.txt"
+  for r in a b; do
+    timeout 60 "$B/cascade" generate -m "$M" --device cuda --temperature 0.8 --seed 7 -n 24 -p "Once upon a time" -p "Once upon a time" > "$W/sample_$r.txt" 2>/dev/null
+  done
+  cmp -s "$W/sample_a.txt" "$W/sample_b.txt" && echo "sampling: same seed, same text" || echo "sampling: runs differ"
 fi
 if has bench && [ -x "$B/cascade" ]; then
   echo "== cascade bench --device cuda (the truncated model: launch-bound figures)"
   for d in cuda cpu; do
     timeout 90 "$B/cascade" bench -m "$M" --device $d --requests 16 --prefix 512 --suffix 16 --output 32 --json \
-      > "$OUT/bench_$d.json" 2> "$OUT/bench_$d.err"; echo "$d rc=$?"; tail -3 "$OUT/bench_$d.err"
+      > "$OUT/bench_$d.json" 2> "$W/bench_$d.err"; echo "$d rc=$?"; tail -3 "$W/bench_$d.err"
   done
 fi
 if has memcheck; then
   echo "== compute-sanitizer memcheck on test_gpu_model"
-  timeout 200 compute-sanitizer --tool memcheck --leak-check no "$B/test_gpu_model" "$M" > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed, " "$OUT/memcheck.log" | tail -3
+  timeout 200 compute-sanitizer --tool memcheck --leak-check no "$B/test_gpu_model" "$M" > "$W/memcheck.log" 2>&1
+  echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed, |^FAIL|=====" "$W/memcheck.log" | head -30
 fi

@@ -29,7 +29,7 @@
 #define PAGE 16
 #define CROSS_TOL 2.5f
 #define CROSS_MEAN_TOL 0.4
-#define MARGIN 1.0f
+#define MARGIN 2.0f
 #define SELF_TOL 0.05f
 #define SELF_MEAN_TOL 0.005
 
