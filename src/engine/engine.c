@@ -278,10 +278,17 @@ static cas_status check_pages(const cas_engine *e, int32_t pages, int32_t per_se
                      budget, pages, e->opts.page_size, per_seq);
 }
 
+/* model_path "synthetic:NAME": a model of a known shape with random weights
+ * made on the GPU (cas_model_config_synthetic), always from this seed */
+#define SYNTHETIC "synthetic:"
+#define SYNTHETIC_SEED 1
+
 /* CPU: the model (on a short-lived thread, see load_job) and its KV pool. */
 static cas_status cpu_open(cas_engine *e, int32_t *pages_out, int32_t *per_seq_out) {
     const cas_engine_opts *o = &e->opts;
     cas_status st;
+    if (!strncmp(o->model_path, SYNTHETIC, strlen(SYNTHETIC)))
+        return cas_error(CAS_ERR_UNSUPPORTED, "engine: synthetic models run on the GPU only (device cuda)");
     cas_model_opts mo = cas_model_opts_default();
     mo.max_batch_tokens = o->max_batch_tokens;
     mo.max_seqs = o->max_seqs;
@@ -321,9 +328,17 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
         return cas_error(CAS_ERR_UNSUPPORTED, "engine: device cuda: %s",
                          cas_gpu_built() ? "no CUDA device found on this machine"
                                          : "this build has no CUDA (rebuild with make CUDA=1)");
-    if ((st = cas_gguf_open(o->model_path, &e->gguf))) return st;
-    if ((st = cas_model_config_read(e->gguf, &e->gcfg))) return st;
-    prefault_weights(e->gguf, o->load_progress, o->load_progress_user); /* the upload reads it all anyway */
+    const int synthetic = !strncmp(o->model_path, SYNTHETIC, strlen(SYNTHETIC));
+    if (synthetic) {
+        /* the shape by name, the default model's file for the tokenizer */
+        if ((st = cas_model_config_synthetic(o->model_path + strlen(SYNTHETIC), &e->gcfg))) return st;
+        if ((st = cas_gguf_open(cas_engine_opts_default().model_path, &e->gguf)))
+            return cas_error(st, "engine: a synthetic model takes the default model's tokenizer: %s", cas_last_error());
+    } else {
+        if ((st = cas_gguf_open(o->model_path, &e->gguf))) return st;
+        if ((st = cas_model_config_read(e->gguf, &e->gcfg))) return st;
+        prefault_weights(e->gguf, o->load_progress, o->load_progress_user); /* the upload reads it all anyway */
+    }
     e->cfg = &e->gcfg;
     set_context(e);
     const int32_t per_seq = (e->max_context + o->page_size - 1) / o->page_size;
@@ -334,7 +349,9 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
     go.max_logits = o->max_seqs;
     go.max_pages_per_seq = per_seq + 1;
     go.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
-    if ((st = cas_gpu_model_create(e->gguf, &go, &e->gpu))) return st;
+    if ((st = synthetic ? cas_gpu_model_create_synthetic(&e->gcfg, SYNTHETIC_SEED, &go, &e->gpu)
+                        : cas_gpu_model_create(e->gguf, &go, &e->gpu)))
+        return st;
     size_t free_b = 0, total_b = 0;
     if ((st = cas_gpu_mem_info(e->gpu, &free_b, &total_b))) return st;
     char budget[160];
@@ -409,7 +426,9 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     {
         const char *name = NULL;
         size_t nlen = 0;
-        if (cas_gguf_get_str(g, "general.name", &name, &nlen) == CAS_OK && nlen < sizeof e->model_name) {
+        if (!strncmp(o->model_path, SYNTHETIC, strlen(SYNTHETIC))) {
+            snprintf(e->model_name, sizeof e->model_name, "%s", o->model_path);
+        } else if (cas_gguf_get_str(g, "general.name", &name, &nlen) == CAS_OK && nlen < sizeof e->model_name) {
             memcpy(e->model_name, name, nlen);
             e->model_name[nlen] = 0;
         } else {

@@ -66,6 +66,12 @@ typedef struct cas_gpu_model cas_gpu_model;
  * message says how much was asked and is free); CAS_ERR_FORMAT as
  * cas_model_create. */
 cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts, cas_gpu_model **out);
+/* A model of the given shape (cas_model_config_synthetic) with random bf16
+ * weights made on the device from seed: uniform in +-sqrt(3 / inputs) for
+ * each matrix, norms 1. For running and benchmarking shapes whose weights
+ * cannot be had here; the same seed gives the same weights. */
+cas_status cas_gpu_model_create_synthetic(const cas_model_config *cfg, uint64_t seed, const cas_gpu_opts *opts,
+                                          cas_gpu_model **out);
 void cas_gpu_model_destroy(cas_gpu_model *m);
 const cas_model_config *cas_gpu_model_config(const cas_gpu_model *m);
 /* Device memory the model holds (weights and buffers), bytes. */

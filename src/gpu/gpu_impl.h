@@ -20,6 +20,11 @@ int cas_gpu_dequant_bf16(int t, const void *src, void *dst, int64_t rows, int64_
 /* f32 values (a norm weight) n of them, f32 or f16 or bf16 in the file, to f32. */
 int cas_gpu_to_f32(int t, const void *src, float *dst, int64_t n, void *stream);
 
+/* dst[i] = bf16(a * uniform[-1, 1)) from a counter-based hash of (seed, i). */
+int cas_gpu_fill_uniform_bf16(void *dst, int64_t n, float a, uint64_t seed, void *stream);
+/* dst[i] = v */
+int cas_gpu_fill_f32(float *dst, int64_t n, float v, void *stream);
+
 /* The cos and sin of each new token's RoPE angles: cs[t][i] = (cos, sin) of
  * pos[t] * inv_freq[i] for i < half, in double precision before rounding
  * (the CPU's). */

@@ -82,6 +82,38 @@ extern "C" int cas_gpu_dequant_bf16(int t, const void *src, void *dst, int64_t r
     return (int)cudaGetLastError();
 }
 
+/* splitmix64's finalizer: a counter-based generator, the same values for any grid */
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__global__ void fill_uniform_kernel(__nv_bfloat16 *__restrict__ dst, int64_t n, float a, uint64_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+        const float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        dst[i] = __float2bfloat16(a * (2.0f * u - 1.0f));
+    }
+}
+
+extern "C" int cas_gpu_fill_uniform_bf16(void *dst, int64_t n, float a, uint64_t seed, void *stream) {
+    if (n <= 0) return 0;
+    fill_uniform_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>((__nv_bfloat16 *)dst, n, a, seed);
+    return (int)cudaGetLastError();
+}
+
+__global__ void fill_f32_kernel(float *__restrict__ dst, int64_t n, float v) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = v;
+}
+
+extern "C" int cas_gpu_fill_f32(float *dst, int64_t n, float v, void *stream) {
+    if (n <= 0) return 0;
+    fill_f32_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(dst, n, v);
+    return (int)cudaGetLastError();
+}
+
 __global__ void to_f32_kernel(int t, const uint8_t *__restrict__ src, float *__restrict__ dst, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         if (t == T_F32) dst[i] = reinterpret_cast<const float *>(src)[i];

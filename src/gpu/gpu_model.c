@@ -218,8 +218,10 @@ fail:
 
 #define ALIGN256(x) (((x) + 255) & ~(size_t)255)
 
-cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, cas_gpu_model **out) {
-    if (!g || !out) return cas_error(CAS_ERR_INVALID, "gpu: NULL argument");
+/* The model's handles and one allocation for all weights, laid out (the
+ * contents are the caller's to fill): checks the options and the device. */
+static cas_status model_begin(const cas_gpu_opts *opts_in, const cas_model_config *cfg, int has_output,
+                              cas_gpu_model **out) {
     *out = NULL;
     cas_gpu_opts o = opts_in ? *opts_in : cas_gpu_opts_default();
     if (o.max_batch_tokens <= 0 || o.max_seqs <= 0 || o.max_logits < 0 || o.max_pages_per_seq <= 0)
@@ -228,6 +230,9 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     if (o.max_logits == 0) o.max_logits = o.max_seqs;
     if (o.max_seqs > o.max_batch_tokens) o.max_seqs = o.max_batch_tokens;
     if (o.max_logits > o.max_batch_tokens) o.max_logits = o.max_batch_tokens;
+    if (cfg->head_dim != 64 && cfg->head_dim != 96 && cfg->head_dim != 128 && cfg->head_dim != 256)
+        return cas_error(CAS_ERR_UNSUPPORTED, "gpu: head_dim %d (the CUDA attention runs 64, 96, 128, 256)",
+                         cfg->head_dim);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
         return cas_error(CAS_ERR_UNSUPPORTED, "gpu: no CUDA device");
@@ -237,9 +242,8 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     cas_gpu_model *m = calloc(1, sizeof *m);
     if (!m) return cas_error(CAS_ERR_NOMEM, "gpu: out of host memory");
     m->opts = o;
-    cas_status st = cas_model_config_read(g, &m->cfg);
-    void *stage = NULL;
-    if (st) goto fail;
+    m->cfg = *cfg;
+    cas_status st = CAS_OK;
     const cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, F = c->n_ff, V = c->n_vocab, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim, L = c->n_layers;
@@ -257,11 +261,6 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     }
     m->lt_work_bytes = (size_t)32 << 20;
     CU(cudaMalloc(&m->lt_work, m->lt_work_bytes));
-
-    /* the weights: the tensors checked first, then one allocation */
-    const cas_gguf_tensor *te = NULL, *tout = NULL;
-    if ((st = find_weight(g, "token_embd.weight", V, E, &te))) goto fail;
-    if (!c->tied_embeddings && (st = find_weight(g, "output.weight", V, E, &tout))) goto fail;
     m->layers = calloc((size_t)L, sizeof *m->layers);
     if (!m->layers) {
         st = cas_error(CAS_ERR_NOMEM, "gpu: out of host memory");
@@ -270,24 +269,27 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     const size_t mat_qkv = ALIGN256((size_t)(QD + 2 * KD) * E * 2), mat_o = ALIGN256((size_t)E * QD * 2),
                  mat_gu = ALIGN256((size_t)2 * F * E * 2), mat_d = ALIGN256((size_t)E * F * 2),
                  vec = ALIGN256((size_t)E * 4), vocab = ALIGN256((size_t)V * E * 2);
-    size_t total = vocab + (tout ? vocab : 0) + vec + ALIGN256((size_t)c->n_rot / 2 * 4) +
-                   (size_t)L * (mat_qkv + mat_o + mat_gu + mat_d + 2 * vec);
+    const size_t total = vocab + (has_output ? vocab : 0) + vec + ALIGN256((size_t)c->n_rot / 2 * 4) +
+                         (size_t)L * (mat_qkv + mat_o + mat_gu + mat_d + 2 * vec);
     {
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
         cudaError_t e = cudaMalloc(&m->weights, total);
         if (e != cudaSuccess) {
+            cudaGetLastError();
             m->weights = NULL;
-            st = cas_error(CAS_ERR_NOMEM, "gpu: the weights need %.1f MiB of device memory, %.1f MiB are free",
-                           (double)total / 1048576.0, (double)free_b / 1048576.0);
+            st = cas_error(CAS_ERR_NOMEM,
+                           "gpu: the weights need %.1f GiB of device memory, %.1f GiB of the %.1f GiB are free",
+                           (double)total / 1073741824.0, (double)free_b / 1073741824.0,
+                           (double)total_b / 1073741824.0);
             goto fail;
         }
     }
     m->bytes += total;
     char *w = m->weights;
     m->tok_embd = w, w += vocab;
-    m->output = tout ? (void *)w : m->tok_embd;
-    if (tout) w += vocab;
+    m->output = has_output ? (void *)w : m->tok_embd;
+    if (has_output) w += vocab;
     m->out_norm = (float *)w, w += vec;
     m->inv_freq = (float *)w, w += ALIGN256((size_t)c->n_rot / 2 * 4);
     for (int64_t l = 0; l < L; l++) {
@@ -299,61 +301,32 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
         ly->attn_norm = (float *)w, w += vec;
         ly->ffn_norm = (float *)w, w += vec;
     }
-    /* staging: the largest tensor of the file */
-    size_t stage_bytes = te->nbytes;
-    if (tout && tout->nbytes > stage_bytes) stage_bytes = tout->nbytes;
-    for (int64_t l = 0; l < L; l++) {
-        static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
-        for (int k = 0; k < 7; k++) {
-            char name[96];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, names[k]);
-            const cas_gguf_tensor *t = cas_gguf_find_tensor(g, name);
-            if (t && t->nbytes > stage_bytes) stage_bytes = t->nbytes;
-        }
-    }
-    CU(cudaMalloc(&stage, stage_bytes));
-    if ((st = upload_mat(m, te, m->tok_embd, stage, stage_bytes))) goto fail;
-    if (tout && (st = upload_mat(m, tout, m->output, stage, stage_bytes))) goto fail;
-    if ((st = upload_vec(m, g, "output_norm.weight", E, m->out_norm))) goto fail;
-    for (int64_t l = 0; l < L; l++) {
-        gpu_layer *ly = &m->layers[l];
-        char name[96];
-        const cas_gguf_tensor *t;
-#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, (int)l), name)
-#define MAT(s, rows, cols, dst)                                                   \
-    do {                                                                          \
-        if ((st = find_weight(g, NAME(s), rows, cols, &t))) goto fail;            \
-        if ((st = upload_mat(m, t, dst, stage, stage_bytes))) goto fail;          \
-    } while (0)
-        MAT("attn_q.weight", QD, E, ly->wqkv);
-        MAT("attn_k.weight", KD, E, (char *)ly->wqkv + (size_t)QD * E * 2);
-        MAT("attn_v.weight", KD, E, (char *)ly->wqkv + (size_t)(QD + KD) * E * 2);
-        MAT("attn_output.weight", E, QD, ly->wo);
-        MAT("ffn_gate.weight", F, E, ly->wgu);
-        MAT("ffn_up.weight", F, E, (char *)ly->wgu + (size_t)F * E * 2);
-        MAT("ffn_down.weight", E, F, ly->wdown);
-        if ((st = upload_vec(m, g, NAME("attn_norm.weight"), E, ly->attn_norm))) goto fail;
-        if ((st = upload_vec(m, g, NAME("ffn_norm.weight"), E, ly->ffn_norm))) goto fail;
-#undef MAT
-#undef NAME
-    }
+    *out = m;
+    return CAS_OK;
+fail:
+    cas_gpu_model_destroy(m);
+    return st;
+}
+
+/* The RoPE frequencies and the fixed buffers of one forward (a step's
+ * inputs, the activations); on failure the caller destroys m. */
+static cas_status model_finish(cas_gpu_model *m) {
+    cas_status st = CAS_OK;
+    const cas_model_config *c = &m->cfg;
+    const cas_gpu_opts o = m->opts;
+    const int64_t E = c->n_embd, F = c->n_ff, V = c->n_vocab, QD = (int64_t)c->n_head * c->head_dim,
+                  KD = (int64_t)c->n_head_kv * c->head_dim;
     {
         /* RoPE frequencies base^(-2i / n_rot), computed as the CPU's */
         const int32_t half = c->n_rot / 2;
         float *f = malloc(sizeof(float) * (size_t)(half > 0 ? half : 1));
-        if (!f) {
-            st = cas_error(CAS_ERR_NOMEM, "gpu: out of host memory");
-            goto fail;
-        }
+        if (!f) return cas_error(CAS_ERR_NOMEM, "gpu: out of host memory");
         for (int32_t i = 0; i < half; i++) f[i] = (float)pow((double)c->rope_base, -2.0 * i / (double)c->n_rot);
         cudaError_t e = cudaMemcpyAsync(m->inv_freq, f, sizeof(float) * (size_t)half, cudaMemcpyHostToDevice, m->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(m->stream);
         free(f);
         CU(e);
     }
-    cudaFree(stage);
-    stage = NULL;
-
     /* a step's inputs and the activations */
     const int64_t T = o.max_batch_tokens, NL = o.max_logits, half = c->n_rot / 2;
     const size_t in_a = ALIGN256((size_t)T * 4), in_s = ALIGN256((size_t)T * 8),
@@ -380,10 +353,10 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     {
         cudaError_t e = cudaMalloc(&m->act, act);
         if (e != cudaSuccess) {
+            cudaGetLastError();
             m->act = NULL;
-            st = cas_error(CAS_ERR_NOMEM, "gpu: the activations of %lld tokens need %.1f MiB of device memory",
-                           (long long)T, (double)act / 1048576.0);
-            goto fail;
+            return cas_error(CAS_ERR_NOMEM, "gpu: the activations of %lld tokens need %.1f MiB of device memory",
+                             (long long)T, (double)act / 1048576.0);
         }
     }
     m->bytes += act;
@@ -398,10 +371,107 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     m->cs = (float *)a, a += sz[7];
     m->xl = a, a += sz[8];
     m->logits = (float *)a;
+fail:
+    return st;
+}
+
+cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, cas_gpu_model **out) {
+    if (!g || !out) return cas_error(CAS_ERR_INVALID, "gpu: NULL argument");
+    *out = NULL;
+    cas_model_config cfg;
+    cas_status st = cas_model_config_read(g, &cfg);
+    if (st) return st;
+    const int64_t E = cfg.n_embd, F = cfg.n_ff, V = cfg.n_vocab, QD = (int64_t)cfg.n_head * cfg.head_dim,
+                  KD = (int64_t)cfg.n_head_kv * cfg.head_dim, L = cfg.n_layers;
+    /* every tensor checked before anything is allocated */
+    const cas_gguf_tensor *te = NULL, *tout = NULL, *t = NULL;
+    if ((st = find_weight(g, "token_embd.weight", V, E, &te))) return st;
+    if (!cfg.tied_embeddings && (st = find_weight(g, "output.weight", V, E, &tout))) return st;
+    size_t stage_bytes = te->nbytes;
+    if (tout && tout->nbytes > stage_bytes) stage_bytes = tout->nbytes;
+    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t rows[7] = {QD, KD, KD, E, F, F, E}, cols[7] = {E, E, E, QD, E, E, F};
+        for (int k = 0; k < 7; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, names[k]);
+            if ((st = find_weight(g, name, rows[k], cols[k], &t))) return st;
+            if (t->nbytes > stage_bytes) stage_bytes = t->nbytes;
+        }
+    }
+    cas_gpu_model *m = NULL;
+    if ((st = model_begin(opts_in, &cfg, tout != NULL, &m))) return st;
+    void *stage = NULL;
+    CU(cudaMalloc(&stage, stage_bytes));
+    if ((st = upload_mat(m, te, m->tok_embd, stage, stage_bytes))) goto fail;
+    if (tout && (st = upload_mat(m, tout, m->output, stage, stage_bytes))) goto fail;
+    if ((st = upload_vec(m, g, "output_norm.weight", E, m->out_norm))) goto fail;
+    for (int64_t l = 0; l < L; l++) {
+        gpu_layer *ly = &m->layers[l];
+        char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, (int)l), name)
+#define MAT(s, rows, cols, dst)                                                   \
+    do {                                                                          \
+        if ((st = find_weight(g, NAME(s), rows, cols, &t))) goto fail;            \
+        if ((st = upload_mat(m, t, dst, stage, stage_bytes))) goto fail;          \
+    } while (0)
+        MAT("attn_q.weight", QD, E, ly->wqkv);
+        MAT("attn_k.weight", KD, E, (char *)ly->wqkv + (size_t)QD * E * 2);
+        MAT("attn_v.weight", KD, E, (char *)ly->wqkv + (size_t)(QD + KD) * E * 2);
+        MAT("attn_output.weight", E, QD, ly->wo);
+        MAT("ffn_gate.weight", F, E, ly->wgu);
+        MAT("ffn_up.weight", F, E, (char *)ly->wgu + (size_t)F * E * 2);
+        MAT("ffn_down.weight", E, F, ly->wdown);
+        if ((st = upload_vec(m, g, NAME("attn_norm.weight"), E, ly->attn_norm))) goto fail;
+        if ((st = upload_vec(m, g, NAME("ffn_norm.weight"), E, ly->ffn_norm))) goto fail;
+#undef MAT
+#undef NAME
+    }
+    cudaFree(stage);
+    stage = NULL;
+    if ((st = model_finish(m))) goto fail;
     *out = m;
     return CAS_OK;
 fail:
     if (stage) cudaFree(stage);
+    cas_gpu_model_destroy(m);
+    return st;
+}
+
+cas_status cas_gpu_model_create_synthetic(const cas_model_config *cfg, uint64_t seed, const cas_gpu_opts *opts,
+                                          cas_gpu_model **out) {
+    if (!cfg || !out) return cas_error(CAS_ERR_INVALID, "gpu: NULL argument");
+    *out = NULL;
+    if (cfg->n_layers <= 0 || cfg->n_embd <= 0 || cfg->n_ff <= 0 || cfg->n_head <= 0 || cfg->n_head_kv <= 0 ||
+        cfg->head_dim <= 0 || cfg->n_head % cfg->n_head_kv || cfg->n_vocab <= 0 || cfg->n_rot <= 0 ||
+        cfg->n_rot > cfg->head_dim || cfg->n_rot % 2)
+        return cas_error(CAS_ERR_INVALID, "gpu: synthetic model shape out of range");
+    cas_gpu_model *m = NULL;
+    cas_status st = model_begin(opts, cfg, !cfg->tied_embeddings, &m);
+    if (st) return st;
+    const int64_t E = cfg->n_embd, F = cfg->n_ff, V = cfg->n_vocab, QD = (int64_t)cfg->n_head * cfg->head_dim,
+                  KD = (int64_t)cfg->n_head_kv * cfg->head_dim;
+    /* uniform in [-a, a] with a = sqrt(3 / inputs): unit variance in, unit variance out */
+    uint64_t stream_id = seed * 0x9e3779b97f4a7c15ull;
+#define FILL(dst, n, inputs) KL(cas_gpu_fill_uniform_bf16(dst, (int64_t)(n), sqrtf(3.0f / (float)(inputs)), stream_id++, m->stream))
+    FILL(m->tok_embd, V * E, 1);
+    if (m->output != m->tok_embd) FILL(m->output, V * E, E);
+    KL(cas_gpu_fill_f32(m->out_norm, E, 1.0f, m->stream));
+    for (int32_t l = 0; l < cfg->n_layers; l++) {
+        gpu_layer *ly = &m->layers[l];
+        FILL(ly->wqkv, (QD + 2 * KD) * E, E);
+        FILL(ly->wo, E * QD, QD);
+        FILL(ly->wgu, 2 * F * E, E);
+        FILL(ly->wdown, E * F, F);
+        KL(cas_gpu_fill_f32(ly->attn_norm, E, 1.0f, m->stream));
+        KL(cas_gpu_fill_f32(ly->ffn_norm, E, 1.0f, m->stream));
+    }
+#undef FILL
+    CU(cudaStreamSynchronize(m->stream));
+    if ((st = model_finish(m))) goto fail;
+    *out = m;
+    return CAS_OK;
+fail:
     cas_gpu_model_destroy(m);
     return st;
 }
@@ -731,6 +801,11 @@ cas_gpu_opts cas_gpu_opts_default(void) {
 int cas_gpu_available(void) { return 0; }
 int cas_gpu_built(void) { return 0; }
 cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts, cas_gpu_model **out) {
+    if (out) *out = NULL;
+    return cas_error(CAS_ERR_UNSUPPORTED, "gpu: this build has no CUDA (rebuild with make CUDA=1)");
+}
+cas_status cas_gpu_model_create_synthetic(const cas_model_config *cfg, uint64_t seed, const cas_gpu_opts *opts,
+                                          cas_gpu_model **out) {
     if (out) *out = NULL;
     return cas_error(CAS_ERR_UNSUPPORTED, "gpu: this build has no CUDA (rebuild with make CUDA=1)");
 }

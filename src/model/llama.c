@@ -191,6 +191,38 @@ static cas_status load_vec(const cas_gguf *g, const char *name, int64_t n, float
     return CAS_OK;
 }
 
+cas_status cas_model_config_synthetic(const char *name, cas_model_config *c) {
+    static const struct {
+        const char *name;
+        int32_t layers, embd, ff, heads, kv_heads, head_dim, vocab, ctx;
+        float rope_base;
+        int tied;
+    } known[] = {
+        {"llama-3.2-1b", 16, 2048, 8192, 32, 8, 64, 128256, 131072, 500000.0f, 1},
+        {"llama-3-8b", 32, 4096, 14336, 32, 8, 128, 128256, 8192, 500000.0f, 0},
+        {"llama-3-70b", 80, 8192, 28672, 64, 8, 128, 128256, 8192, 500000.0f, 0},
+    };
+    for (size_t i = 0; name && i < sizeof known / sizeof known[0]; i++) {
+        if (strcmp(name, known[i].name)) continue;
+        memset(c, 0, sizeof *c);
+        c->n_layers = known[i].layers;
+        c->n_embd = known[i].embd;
+        c->n_ff = known[i].ff;
+        c->n_head = known[i].heads;
+        c->n_head_kv = known[i].kv_heads;
+        c->head_dim = known[i].head_dim;
+        c->n_rot = known[i].head_dim;
+        c->n_vocab = known[i].vocab;
+        c->n_ctx_train = known[i].ctx;
+        c->rope_base = known[i].rope_base;
+        c->rms_eps = 1e-5f;
+        c->tied_embeddings = known[i].tied;
+        return CAS_OK;
+    }
+    return cas_error(CAS_ERR_INVALID, "model: no synthetic model '%s' (llama-3.2-1b, llama-3-8b, llama-3-70b)",
+                     name ? name : "(null)");
+}
+
 cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
     const char *arch = NULL;
     cas_status st = cas_gguf_get_str(g, "general.architecture", &arch, NULL);

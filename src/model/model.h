@@ -342,6 +342,13 @@ typedef struct {
  * for the other forward passes (src/gpu). weight_bytes_per_token is left 0. */
 cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c);
 
+/* The shapes of well-known models for synthetic weights (no file; the GPU
+ * path fills them from a seed): "llama-3.2-1b", "llama-3-8b", "llama-3-70b"
+ * (head counts, widths, vocabulary and RoPE base as published; Llama 3.2's
+ * long-context RoPE scaling is left out: random weights have no context to
+ * stretch). CAS_ERR_INVALID with the list for another name. */
+cas_status cas_model_config_synthetic(const char *name, cas_model_config *c);
+
 typedef struct {
     int32_t max_batch_tokens; /* most new tokens in one forward (scratch size); default 512 */
     int32_t max_seqs;         /* most sequences in one forward; default 64 */
