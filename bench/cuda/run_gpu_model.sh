@@ -11,10 +11,10 @@
 #   .devcarry/model.gguf (tools/truncate_gguf.py: the default model's first
 #   layers, what fits a call's 64 MiB), .devcarry/.whl (gguf for transformers)
 #   (.devcarry/lib.tar.xz instead of lib/: the libraries packed)
-# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test engine hf generate bench memcheck)
+# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test engine hf generate bench synthetic memcheck)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-steps=${*:-"test engine hf generate bench memcheck"}
+steps=${*:-"test engine hf generate bench synthetic memcheck"}
 has() { [[ " $steps " == *" $1 "* ]]; }
 C=${CARRY:-.devcarry}
 B=/tmp/cascade-bin; mkdir -p "$B/tests"
@@ -65,6 +65,31 @@ if has bench && [ -x "$B/cascade" ]; then
     timeout 90 "$B/cascade" bench -m "$M" --device $d --requests 16 --prefix 512 --suffix 16 --output 32 --json \
       > "$OUT/bench_$d.json" 2> "$W/bench_$d.err"; echo "$d rc=$?"; tail -3 "$W/bench_$d.err"
   done
+fi
+if has synthetic && [ -x "$B/cascade" ]; then
+  echo "== synthetic Llama-3-8B shape (random bf16 weights): decode at batch 1, 16, 64; a shared prefix with and without cascade"
+  mkdir -p models; [ -e models/SmolLM2-135M-Instruct.Q4_1.gguf ] || ln -s "../$M" models/SmolLM2-135M-Instruct.Q4_1.gguf
+  for b in 1 16 64; do
+    timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 128 --output 64 \
+      --json > "$W/syn_b$b.json" 2> "$W/syn_b$b.err"; echo "batch $b rc=$? $(tail -1 "$W/syn_b$b.err")"
+  done
+  for c in "" --no-cascade; do
+    timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests 64 --prefix 4096 --suffix 64 --output 64 $c \
+      --json > "$W/syn_shared$c.json" 2> "$W/syn_shared$c.err"; echo "shared $c rc=$? $(tail -1 "$W/syn_shared$c.err")"
+  done
+  python3 - "$W" "$OUT/synthetic-llama-3-8b.json" <<'PY'
+import glob, json, os, sys
+w, out = sys.argv[1], sys.argv[2]
+runs = {}
+for f in sorted(glob.glob(f"{w}/syn_*.json")):
+    try:
+        runs[os.path.basename(f)[4:-5]] = json.load(open(f))
+    except Exception as e:
+        runs[os.path.basename(f)[4:-5]] = {"error": str(e)}
+json.dump(runs, open(out, "w"), indent=1)
+for k, d in runs.items():
+    print(f"{k:20s} " + " ".join(f"{x} {d.get(x)}" for x in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50", "steps", "cascade_steps")))
+PY
 fi
 if has memcheck; then
   echo "== compute-sanitizer memcheck on test_gpu_model"
