@@ -50,7 +50,8 @@ CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -lineinfo
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell which $(NVCC)))
 LIB_OBJ += $(CUDA_OBJ) $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/cuda/*.c))
-LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart -lcublasLt -lcublas -lstdc++
+LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
+          -lcudart -lcublasLt -lcublas -lstdc++
 BASEFLAGS += -DCAS_WITH_CUDA=1 -isystem $(CUDA_HOME)/include
 endif
 

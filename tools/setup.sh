@@ -30,3 +30,10 @@ fi
 
 make model
 make -j"$(nproc)"
+# with the CUDA toolkit here, also the GPU build (build-cuda/: the same command,
+# `--device auto` picks the GPU where there is one); tools/main_job.sh runs it
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -n "$nvcc" ]; then
+  echo "setup: $nvcc found: building build-cuda/ too (make CUDA=1)"
+  PATH="$PATH:$(dirname "$nvcc")" make CUDA=1 BUILD=build-cuda -j"$(nproc)"
+fi
