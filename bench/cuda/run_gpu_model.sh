@@ -93,6 +93,6 @@ PY
 fi
 if has memcheck; then
   echo "== compute-sanitizer memcheck on test_gpu_model"
-  timeout 200 compute-sanitizer --tool memcheck --leak-check no "$B/test_gpu_model" "$M" > "$W/memcheck.log" 2>&1
+  timeout ${MEMCHECK_S:-200} compute-sanitizer --tool memcheck --leak-check no "$B/test_gpu_model" "$M" > "$W/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed, |^FAIL|=====" "$W/memcheck.log" | head -30
 fi
