@@ -343,6 +343,53 @@ static void test_load_progress(void) {
     CHECK(strstr(cas_last_error(), "simd") != NULL);
 }
 
+/* The device choice: parsed, refused with a message where it cannot be had,
+ * and the engine's other runs unaffected. */
+static void test_devices(void) {
+    cas_device d = CAS_DEVICE_AUTO;
+    CHECK(cas_device_parse("cuda", &d) == 0 && d == CAS_DEVICE_CUDA);
+    CHECK(cas_device_parse("cpu", &d) == 0 && d == CAS_DEVICE_CPU);
+    CHECK(cas_device_parse("auto", &d) == 0 && d == CAS_DEVICE_AUTO);
+    CHECK(cas_device_parse("tpu", &d) == -1 && cas_device_parse(NULL, &d) == -1);
+    CHECK(cas_device_resolve(CAS_DEVICE_AUTO) != CAS_DEVICE_AUTO);
+    cas_engine_opts o = cas_engine_opts_default();
+    o.model_path = MODEL;
+    o.threads = 2;
+    o.max_context = 512;
+    o.kv_cache_bytes = 16 << 20;
+    cas_engine *e = NULL;
+    o.device = (cas_device)7;
+    CHECK(cas_engine_create(&e, &o) == CAS_ERR_INVALID && e == NULL);
+    o.device = g_device;
+    o.gpu_memory_fraction = 1.5f;
+    CHECK(cas_engine_create(&e, &o) == CAS_ERR_INVALID && e == NULL && strstr(cas_last_error(), "fraction"));
+    o.gpu_memory_fraction = 0.0f;
+    /* synthetic weights are made on the GPU only */
+    o.model_path = "synthetic:llama-3-8b";
+    o.device = CAS_DEVICE_CPU;
+    CHECK(cas_engine_create(&e, &o) == CAS_ERR_UNSUPPORTED && e == NULL && strstr(cas_last_error(), "GPU"));
+    o.model_path = "synthetic:no-such-model";
+    o.device = CAS_DEVICE_CUDA;
+    CHECK(cas_engine_create(&e, &o) != CAS_OK && e == NULL);
+    o.model_path = MODEL;
+    if (cas_device_resolve(CAS_DEVICE_AUTO) == CAS_DEVICE_CPU) {
+        /* no GPU here (or no CUDA in this build): asking for one says so */
+        o.device = CAS_DEVICE_CUDA;
+        CHECK(cas_engine_create(&e, &o) == CAS_ERR_UNSUPPORTED && e == NULL && strstr(cas_last_error(), "CUDA"));
+    }
+    /* and the device asked for still runs */
+    o.device = g_device;
+    REQUIRE(cas_engine_create(&e, &o) == CAS_OK);
+    CHECK(cas_engine_device(e) == (g_device == CAS_DEVICE_AUTO ? cas_device_resolve(g_device) : g_device));
+    CHECK(strstr(cas_engine_device_name(e), g_device == CAS_DEVICE_CUDA ? "cuda" : "cpu") != NULL);
+    out_t out;
+    memset(&out, 0, sizeof out);
+    REQUIRE(submit(e, prompts[0], &out, 0.0f, 0) == 0);
+    CHECK(cas_engine_run_until_idle(e) == CAS_OK);
+    CHECK(agree(&out, &base[0]));
+    cas_engine_destroy(e);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) {
@@ -370,6 +417,7 @@ int main(int argc, char **argv) {
     RUN(test_alone_equals_batched);
     RUN(test_bad_requests_and_abort);
     RUN(test_load_progress);
+    RUN(test_devices);
     printf("(%d comparisons diverged at a reference near-tie; largest margin shift where tokens agreed: %.4f nats)\n",
            diverged_at_tie, (double)max_margin_shift);
     return check_summary();

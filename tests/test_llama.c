@@ -167,6 +167,40 @@ static void test_config(void) {
     CHECK(c->tied_embeddings == 1);
     CHECK(fabsf(c->rope_base - 100000.0f) < 1);
     CHECK(c->weight_bytes_per_token > 90000000 && c->weight_bytes_per_token < 100000000);
+    /* the GPU path reads the same hyper-parameters */
+    cas_model_config r;
+    REQUIRE(cas_model_config_read(cas_model_gguf(g_model), &r) == CAS_OK);
+    CHECK(r.n_layers == c->n_layers && r.n_embd == c->n_embd && r.n_ff == c->n_ff && r.n_head == c->n_head &&
+          r.n_head_kv == c->n_head_kv && r.head_dim == c->head_dim && r.n_rot == c->n_rot &&
+          r.n_vocab == c->n_vocab && r.tied_embeddings == c->tied_embeddings && r.rope_base == c->rope_base &&
+          r.rms_eps == c->rms_eps && r.n_ctx_train == c->n_ctx_train);
+}
+
+/* The synthetic shapes against the published parameter counts of those
+ * models (Meta's model cards: 1.24B, 8.03B, 70.6B). */
+static double params_of(const cas_model_config *c) {
+    const double E = c->n_embd, F = c->n_ff, QD = (double)c->n_head * c->head_dim,
+                 KD = (double)c->n_head_kv * c->head_dim, V = c->n_vocab;
+    return V * E * (c->tied_embeddings ? 1 : 2) + E +
+           c->n_layers * (E * (QD + 2 * KD) + QD * E + 3 * E * F + 2 * E);
+}
+
+static void test_synthetic_shapes(void) {
+    static const struct {
+        const char *name;
+        double params;
+    } want[] = {{"llama-3.2-1b", 1.24e9}, {"llama-3-8b", 8.03e9}, {"llama-3-70b", 70.6e9}};
+    for (int i = 0; i < 3; i++) {
+        cas_model_config c;
+        REQUIRE(cas_model_config_synthetic(want[i].name, &c) == CAS_OK);
+        const double p = params_of(&c);
+        CHECKF(fabs(p / want[i].params - 1.0) < 0.01, "%s: %.4g parameters, published %.4g", want[i].name, p,
+               want[i].params);
+        CHECK(c.n_head % c.n_head_kv == 0 && c.n_rot == c.head_dim && c.n_vocab == 128256);
+    }
+    cas_model_config c;
+    CHECK(cas_model_config_synthetic("llama-9", &c) == CAS_ERR_INVALID && strstr(cas_last_error(), "llama-3-8b"));
+    CHECK(cas_model_config_synthetic(NULL, &c) == CAS_ERR_INVALID);
 }
 
 /* Every prompt of the fixture: logits at every position, then 32 greedy tokens
@@ -621,6 +655,7 @@ int main(void) {
         return check_summary();
     }
     RUN(test_config);
+    RUN(test_synthetic_shapes);
     RUN(test_reference_logits);
     g_model = g_portable;
     RUN(test_batched_equals_alone);

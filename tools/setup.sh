@@ -22,6 +22,7 @@ py_need=()
 python3 -c "import numpy" 2>/dev/null || py_need+=(numpy)
 python3 -c "import matplotlib" 2>/dev/null || py_need+=(matplotlib)
 python3 -c "import openai" 2>/dev/null || py_need+=(openai)  # check_server.py: the official client
+python3 -c "import gguf" 2>/dev/null || py_need+=(gguf)      # tools/truncate_gguf.py and its check
 if [ ${#py_need[@]} -gt 0 ]; then
   echo "setup: pip installing ${py_need[*]}"
   python3 -m pip install -q "${py_need[@]}" 2>/dev/null ||
