@@ -26,6 +26,7 @@
 #include "../src/model/model.h"
 #include "../src/model/quant_impl.h"
 #include "check.h"
+#include "paged_batch.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define FIXTURE "tests/fixtures/smollm2-reference-logits.json"
@@ -38,7 +39,7 @@
  * kernels currently move logits by up to ~1.1 between batch compositions: reported.) */
 #define SELF_TOL 0.01f
 #define SELF_MEAN_TOL 0.001
-#define PAGE 16
+#define PAGE PAGED_BATCH_PAGE
 
 static cas_model *g_model;
 static cas_model *g_fast;     /* SIMD kernels: checked against llama.cpp */
@@ -46,47 +47,10 @@ static cas_model *g_portable; /* portable matrix kernels: exact batch invariance
 static cas_tok *g_tok;
 static int32_t g_vocab;
 
-/* ---- a tiny paged "block manager": sequences get consecutive pages ---------- */
-
-typedef struct {
-    int32_t pages[256];
-    int32_t n_pages;
-    int32_t len; /* tokens with K/V in the cache */
-} seq_t;
-
-typedef struct {
-    int32_t next_page;
-} pager_t;
-
-/* Grows s's page table to hold len + add tokens. */
-static void seq_reserve(pager_t *pg, seq_t *s, int32_t add) {
-    int32_t need = (s->len + add + PAGE - 1) / PAGE;
-    while (s->n_pages < need) s->pages[s->n_pages++] = pg->next_page++;
-}
-
-/* Builds a model batch of nseq sequences, each adding counts[i] tokens from toks[i]. The
- * sequences' len advance. Arrays are static scratch (tests are single-threaded). */
+/* One forward of nseq sequences adding counts[i] tokens of toks[i] (paged_batch.h). */
 static cas_status step(cas_model_kv *kv, pager_t *pg, seq_t **seqs, const int32_t *const *toks,
                        const int32_t *counts, int nseq, int all_logits, float *logits) {
-    static int32_t tokens[4096], qo[65], kvp[65], idx[8192], last[64], rows[4096];
-    int32_t T = 0, P = 0;
-    qo[0] = kvp[0] = 0;
-    for (int i = 0; i < nseq; i++) {
-        seq_reserve(pg, seqs[i], counts[i]);
-        for (int32_t j = 0; j < counts[i]; j++) tokens[T++] = toks[i][j];
-        seqs[i]->len += counts[i];
-        int32_t np = (seqs[i]->len + PAGE - 1) / PAGE;
-        for (int32_t j = 0; j < np; j++) idx[P++] = seqs[i]->pages[j];
-        qo[i + 1] = T;
-        kvp[i + 1] = P;
-        last[i] = seqs[i]->len - (np - 1) * PAGE;
-    }
-    cas_model_batch b = {nseq, tokens, qo, kvp, idx, last, 0, NULL};
-    if (all_logits) {
-        for (int32_t t = 0; t < T; t++) rows[t] = t;
-        b.n_logits = T;
-        b.logit_rows = rows;
-    }
+    const cas_model_batch b = paged_batch(pg, seqs, toks, counts, nseq, all_logits);
     return cas_model_forward(g_model, kv, &b, logits);
 }
 

@@ -21,6 +21,19 @@
  *   plan over the CUDA context's capacities falls back to a flat plan of the
  *   same batch, which always fits.
  */
+#include "gpu.h"
+
+cas_gpu_opts cas_gpu_opts_default(void) {
+    cas_gpu_opts o;
+    o.device = 0;
+    o.max_batch_tokens = 512;
+    o.max_seqs = 64;
+    o.max_logits = 0;
+    o.max_pages_per_seq = 8192;
+    o.cascade = CAS_CASCADE_AUTO;
+    return o;
+}
+
 #if CAS_WITH_CUDA
 
 #include <cublasLt.h>
@@ -31,7 +44,6 @@
 #include <string.h>
 
 #include "../cuda/cuda_attn.h"
-#include "gpu.h"
 #include "gpu_impl.h"
 
 /* ---- the model ------------------------------------------------------------ */
@@ -102,17 +114,6 @@ struct cas_gpu_model {
     cas_cuda_attn *attn;
     int32_t attn_page_size;
 };
-
-cas_gpu_opts cas_gpu_opts_default(void) {
-    cas_gpu_opts o;
-    o.device = 0;
-    o.max_batch_tokens = 512;
-    o.max_seqs = 64;
-    o.max_logits = 0;
-    o.max_pages_per_seq = 8192;
-    o.cascade = CAS_CASCADE_AUTO;
-    return o;
-}
 
 int cas_gpu_built(void) { return 1; }
 
@@ -787,17 +788,6 @@ void cas_gpu_plan_info(const cas_gpu_model *m, cas_attn_plan_info *info) {
 
 #include <string.h>
 
-#include "gpu.h"
-
-cas_gpu_opts cas_gpu_opts_default(void) {
-    cas_gpu_opts o;
-    memset(&o, 0, sizeof o);
-    o.max_batch_tokens = 512;
-    o.max_seqs = 64;
-    o.max_pages_per_seq = 8192;
-    o.cascade = CAS_CASCADE_AUTO;
-    return o;
-}
 int cas_gpu_available(void) { return 0; }
 int cas_gpu_built(void) { return 0; }
 cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts, cas_gpu_model **out) {

@@ -83,6 +83,20 @@ __device__ __forceinline__ bool keep_k(const row_state &s, uint32_t b, int64_t r
     return w >= s.min_p;
 }
 
+/* Whether a weight survives every filter, given the tie ranks of its id
+ * (rk among w == tk, rp among the survivors of top-k and min-p at w == tp),
+ * which it advances: called for a thread's ids in order. */
+__device__ __forceinline__ bool survives(const row_state &s, float w, int64_t &rk, int64_t &rp) {
+    const uint32_t b = fbits(w);
+    bool k = keep_k(s, b, rk, w);
+    if (s.tk && b == s.tk) rk++;
+    if (k && s.tp) {
+        if (b < s.tp || (b == s.tp && rp >= s.cp)) k = false;
+        if (b == s.tp) rp++;
+    }
+    return k;
+}
+
 __global__ void __launch_bounds__(NT) sample_kernel(const float *__restrict__ logits, int32_t V,
                                                     const gpu_sample_row *__restrict__ rows,
                                                     int32_t *__restrict__ out) {
@@ -236,14 +250,7 @@ __global__ void __launch_bounds__(NT) sample_kernel(const float *__restrict__ lo
         int64_t rk = rk0, rp = rp0;
         for (int32_t i = lo; i < hi; i++) {
             const float w = weight(s, x[i]);
-            const uint32_t b = fbits(w);
-            bool k = keep_k(s, b, rk, w);
-            if (s.tk && b == s.tk) rk++;
-            if (k && s.tp) {
-                if (b < s.tp || (b == s.tp && rp >= s.cp)) k = false;
-                if (b == s.tp) rp++;
-            }
-            if (k) part += (double)w, last = i;
+            if (survives(s, w, rk, rp)) part += (double)w, last = i;
         }
     }
     const double total = block_sum<double>(part, shd);
@@ -283,14 +290,7 @@ __global__ void __launch_bounds__(NT) sample_kernel(const float *__restrict__ lo
         int32_t pick = last;
         for (int32_t i = lo; i < hi; i++) {
             const float w = weight(s, x[i]);
-            const uint32_t b = fbits(w);
-            bool k = keep_k(s, b, rk, w);
-            if (s.tk && b == s.tk) rk++;
-            if (k && s.tp) {
-                if (b < s.tp || (b == s.tp && rp >= s.cp)) k = false;
-                if (b == s.tp) rp++;
-            }
-            if (!k) continue;
+            if (!survives(s, w, rk, rp)) continue;
             acc += (double)w;
             if (acc > target) {
                 pick = i;

@@ -24,9 +24,10 @@
 #include <string.h>
 
 #include "check.h"
+#include "paged_batch.h"
 #include "../../src/gpu/gpu.h"
 
-#define PAGE 16
+#define PAGE PAGED_BATCH_PAGE
 #define CROSS_TOL 2.5f
 #define CROSS_MEAN_TOL 0.4
 #define MARGIN 2.0f
@@ -50,44 +51,12 @@ static const char *k_prompts[] = {
 };
 #define NP 6
 
-typedef struct {
-    int32_t pages[512];
-    int32_t n_pages;
-    int32_t len;
-} seq_t;
-
-typedef struct {
-    int32_t next_page;
-} pager_t;
-
-static void seq_reserve(pager_t *pg, seq_t *s, int32_t add) {
-    int32_t need = (s->len + add + PAGE - 1) / PAGE;
-    while (s->n_pages < need) s->pages[s->n_pages++] = pg->next_page++;
-}
-
 /* One forward (gpu: on the device) of nseq sequences adding counts[i] tokens
- * of toks[i]; logits of each sequence's last token (all_logits: of every token). */
+ * of toks[i] (paged_batch.h); logits of each sequence's last token
+ * (all_logits: of every token). */
 static cas_status step(int gpu, pager_t *pg, seq_t **seqs, const int32_t *const *toks, const int32_t *counts,
                        int nseq, int all_logits, float *logits) {
-    static int32_t tokens[4096], qo[65], kvp[65], idx[16384], last[64], rows[4096];
-    int32_t T = 0, P = 0;
-    qo[0] = kvp[0] = 0;
-    for (int i = 0; i < nseq; i++) {
-        seq_reserve(pg, seqs[i], counts[i]);
-        for (int32_t j = 0; j < counts[i]; j++) tokens[T++] = toks[i][j];
-        seqs[i]->len += counts[i];
-        int32_t np = (seqs[i]->len + PAGE - 1) / PAGE;
-        for (int32_t j = 0; j < np; j++) idx[P++] = seqs[i]->pages[j];
-        qo[i + 1] = T;
-        kvp[i + 1] = P;
-        last[i] = seqs[i]->len - (np - 1) * PAGE;
-    }
-    cas_model_batch b = {nseq, tokens, qo, kvp, idx, last, 0, NULL};
-    if (all_logits) {
-        for (int32_t t = 0; t < T; t++) rows[t] = t;
-        b.n_logits = T;
-        b.logit_rows = rows;
-    }
+    const cas_model_batch b = paged_batch(pg, seqs, toks, counts, nseq, all_logits);
     return gpu ? cas_gpu_forward(g_gpu, g_gkv, &b, logits) : cas_model_forward(g_cpu, g_ckv, &b, logits);
 }
 
