@@ -158,9 +158,29 @@ $(CUDA_TEST_BIN): tests/cuda/test_cuda_attn.c $(TEST_SUPPORT_OBJ) $(BUILD)/libca
 # stand-ins of tests/cuda/cuda_stub.c (no libcudart, no kernels, no GPU)
 CUDA_PLAN_TEST := $(BUILD)/tests/cuda/test_cuda_plan
 PLAN_TEST_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/%,$(LIB_OBJ)) $(BUILD)/src/cuda/cuda_attn.o $(BUILD)/src/cuda/cuda_attn_plan.o
-$(CUDA_PLAN_TEST): tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c tests/cuda/cuda_stub.h $(PLAN_TEST_OBJ)
+$(CUDA_PLAN_TEST): tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c tests/cuda/cuda_rt_stub.c tests/cuda/cuda_stub.h $(PLAN_TEST_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_FLAGS) -Itests -o $@ tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c $(PLAN_TEST_OBJ) -fopenmp -lm -lpthread $(LDFLAGS)
+	$(CC) $(ALL_FLAGS) -Itests -o $@ tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c tests/cuda/cuda_rt_stub.c $(PLAN_TEST_OBJ) -fopenmp -lm -lpthread $(LDFLAGS)
+
+# The GPU forward's host code (src/gpu/gpu_model.c) and the engine's CUDA
+# path on the CPU, against stand-ins of the runtime, cuBLASLt, the kernels and
+# the CUDA attention (tests/cuda/gpu_stub.c, cuda_rt_stub.c): test_gpu_model
+# and test_engine --device cuda on the default model cut to 4 layers
+# (tools/truncate_gguf.py). No GPU: CI runs them in cuda-build-check.
+STUB_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/% $(BUILD)/src/model/% $(BUILD)/src/kv/% \
+              $(BUILD)/src/sched/% $(BUILD)/src/engine/%,$(LIB_OBJ)) $(BUILD)/src/gpu/gpu_model.o
+STUB_SRC := tests/cuda/gpu_stub.c tests/cuda/cuda_rt_stub.c
+STUB_LIBS := -fopenmp -lm -lpthread $(if $(strip $(PKGS)),$(shell pkg-config --libs $(PKGS)))
+STUB_MODEL := $(BUILD)/stub-model.gguf
+STUB_TESTS := $(BUILD)/tests/cuda/stub_test_gpu_model $(BUILD)/tests/cuda/stub_test_engine
+$(BUILD)/tests/cuda/stub_test_gpu_model: tests/cuda/test_gpu_model.c $(STUB_SRC) $(STUB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -Itests -o $@ $< $(STUB_SRC) $(STUB_OBJ) $(STUB_LIBS) $(LDFLAGS)
+$(BUILD)/tests/cuda/stub_test_engine: tests/test_engine.c $(STUB_SRC) $(STUB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -Itests -o $@ $< $(STUB_SRC) $(STUB_OBJ) $(STUB_LIBS) $(LDFLAGS)
+$(STUB_MODEL): tools/truncate_gguf.py
+	$(PYTHON) tools/truncate_gguf.py models/SmolLM2-135M-Instruct.Q4_1.gguf $@ --layers 4
 
 $(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
 	@mkdir -p $(dir $@)
@@ -170,10 +190,10 @@ ifeq ($(CUDA),1)
 test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(BUILD)/tests/cuda/gpu_logits $(BUILD)/tests/test_engine
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) \
 	  tests/cuda/engine_on_gpu.sh tests/cuda/check_gpu_transformers.py
-cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST)
-	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_PLAN_TEST)
+cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(STUB_TESTS) $(STUB_MODEL)
+	@BUILD=$(BUILD) STUB_MODEL=$(STUB_MODEL) bash tests/run_all.sh $(CUDA_PLAN_TEST) tests/cuda/on_stubs.sh
 	@bash tests/cuda/check_wgmma_serial.sh $(CUDA_OBJ:=.log)
-	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled; the planner's test ran"
+	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled; the planner's and the stand-ins' tests ran"
 cuda-bench: $(CUDA_BENCH_BIN)
 else
 test-cuda cuda-build-check cuda-bench:

@@ -1,0 +1,69 @@
+/*
+ * cuda_rt_stub.c: the CUDA runtime calls of the backends' host code as
+ * host-memory stand-ins, for the tests that run that code on a machine
+ * without a GPU (test_cuda_plan with cuda_stub.c; the GPU forward and engine
+ * with gpu_stub.c). "Device" memory is host memory; copies and sets are
+ * memcpy and memset, complete on return; the device is an H200's shape (132
+ * SMs, compute capability 9.0).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_stub.h"
+
+void *cas_stub_last_h2d;
+size_t cas_stub_last_h2d_bytes;
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+    *value = attr == cudaDevAttrMultiProcessorCount ? CAS_STUB_SMS
+             : attr == cudaDevAttrComputeCapabilityMajor ? 9
+                                                         : 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = calloc(1, n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
+cudaError_t cudaFree(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+    memcpy(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
+    memcpy(dst, src, n);
+    if (kind == cudaMemcpyHostToDevice) {
+        cas_stub_last_h2d = dst;
+        cas_stub_last_h2d_bytes = n;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int v, size_t n) {
+    memset(p, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) { return cudaMemset(p, v, n); }
+/* events and streams: distinct non-null handles that are never dereferenced */
+static char handles[1];
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+    *e = (cudaEvent_t)(void *)handles;
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+    *s = (cudaStream_t)(void *)handles;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) { return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "error (stub)"; }
