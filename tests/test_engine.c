@@ -377,6 +377,17 @@ static void test_devices(void) {
         o.device = CAS_DEVICE_CUDA;
         CHECK(cas_engine_create(&e, &o) == CAS_ERR_UNSUPPORTED && e == NULL && strstr(cas_last_error(), "CUDA"));
     }
+    if (g_device == CAS_DEVICE_CUDA) {
+        /* a KV pool past the GPU's free memory, and a fraction that leaves none */
+        o.device = CAS_DEVICE_CUDA;
+        o.kv_cache_bytes = (int64_t)1 << 50;
+        CHECK(cas_engine_create(&e, &o) == CAS_ERR_NOMEM && e == NULL && strstr(cas_last_error(), "free"));
+        o.kv_cache_bytes = 0;
+        o.gpu_memory_fraction = 0.0001f;
+        CHECK(cas_engine_create(&e, &o) == CAS_ERR_INVALID && e == NULL && strstr(cas_last_error(), "KV pages"));
+        o.gpu_memory_fraction = 0.0f;
+        o.kv_cache_bytes = 16 << 20;
+    }
     /* and the device asked for still runs */
     o.device = g_device;
     REQUIRE(cas_engine_create(&e, &o) == CAS_OK);

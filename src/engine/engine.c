@@ -363,9 +363,12 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
                  "--gpu-memory-fraction %.2f of %.1f GiB (%.1f GiB in use after the weights)",
                  (double)o->gpu_memory_fraction, (double)total_b / 1073741824.0, used / 1073741824.0);
     } else {
+        if ((size_t)kv_bytes > free_b)
+            return cas_error(CAS_ERR_NOMEM, "engine: a KV budget of %.1f GiB does not fit the %.1f GiB free on %s",
+                             (double)kv_bytes / 1073741824.0, (double)free_b / 1073741824.0,
+                             cas_gpu_model_device_name(e->gpu));
         snprintf(budget, sizeof budget, "a KV budget of %lld bytes", (long long)kv_bytes);
     }
-    if ((size_t)kv_bytes > free_b) kv_bytes = (int64_t)free_b;
     const int32_t pages = cas_gpu_kv_pages_for_budget(e->gpu, o->page_size, (size_t)kv_bytes);
     if ((st = check_pages(e, pages, per_seq, budget))) return st;
     if ((st = cas_gpu_kv_create(e->gpu, pages, o->page_size, &e->gkv))) return st;

@@ -24,13 +24,32 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+/* The device has CAS_STUB_DEVICE_BYTES: an allocation past them fails, as on
+ * a GPU (and is never asked of the host); each block keeps its size in front. */
+static size_t stub_used;
 cudaError_t cudaMalloc(void **p, size_t n) {
-    *p = calloc(1, n ? n : 1);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    *p = NULL;
+    if (n > CAS_STUB_DEVICE_BYTES - stub_used) return cudaErrorMemoryAllocation;
+    char *b = calloc(1, n + 64);
+    if (!b) return cudaErrorMemoryAllocation;
+    memcpy(b, &n, sizeof n);
+    stub_used += n;
+    *p = b + 64;
+    return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
 cudaError_t cudaFree(void *p) {
-    free(p);
+    if (!p) return cudaSuccess;
+    char *b = (char *)p - 64;
+    size_t n;
+    memcpy(&n, b, sizeof n);
+    stub_used -= n;
+    free(b);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
+    *free_b = CAS_STUB_DEVICE_BYTES - stub_used;
+    *total_b = CAS_STUB_DEVICE_BYTES;
     return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }

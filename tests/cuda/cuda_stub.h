@@ -7,6 +7,8 @@
 #include "../../src/cuda/cuda_attn_impl.h"
 
 #define CAS_STUB_SMS 132
+/* the stand-in device's memory: 16 GiB */
+#define CAS_STUB_DEVICE_BYTES ((size_t)16 << 30)
 /* the destination and size of the last host-to-device copy (a plan's upload) */
 extern void *cas_stub_last_h2d;
 extern size_t cas_stub_last_h2d_bytes;

@@ -337,6 +337,30 @@ static void test_sampling(void) {
     free(buf);
 }
 
+/* Llama-3-70B's shape with synthetic weights: refused with the sizes where
+ * its 141 GB do not fit the device's free memory, made where they do */
+static void test_too_large(void) {
+    cas_model_config c;
+    REQUIRE(cas_model_config_synthetic("llama-3-70b", &c) == CAS_OK);
+    size_t free_b = 0, total_b = 0;
+    REQUIRE(cas_gpu_mem_info(g_gpu, &free_b, &total_b) == CAS_OK);
+    const double E = c.n_embd, F = c.n_ff, QD = (double)c.n_head * c.head_dim, KD = (double)c.n_head_kv * c.head_dim;
+    const double need = 2.0 * (2.0 * c.n_vocab * E + c.n_layers * (E * (QD + 2 * KD) + QD * E + 3 * E * F));
+    cas_gpu_model *big = NULL;
+    const cas_status st = cas_gpu_model_create_synthetic(&c, 7, NULL, &big);
+    printf("  llama-3-70b shape: %.1f GiB of weights, %.1f GiB free: %s\n", need / 1073741824.0,
+           (double)free_b / 1073741824.0, st ? cas_last_error() : "created");
+    if (need > (double)free_b) CHECK(st == CAS_ERR_NOMEM && big == NULL && strstr(cas_last_error(), "GiB"));
+    else CHECK(st == CAS_OK && big != NULL);
+    cas_gpu_model_destroy(big);
+    /* the model in use still runs */
+    float *lg = malloc(sizeof(float) * (size_t)g_vocab);
+    int32_t tok = 1, qo[2] = {0, 1}, kvp[2] = {0, 1}, idx[1] = {0}, last[1] = {1};
+    cas_model_batch b = {1, &tok, qo, kvp, idx, last, 0, NULL};
+    CHECKF(lg && cas_gpu_forward(g_gpu, g_gkv, &b, lg) == CAS_OK, "after: %s", cas_last_error());
+    free(lg);
+}
+
 /* bad batches: refused with a message, the model still runs */
 static void test_bad(void) {
     int32_t tok = g_vocab, qo[2] = {0, 1}, kvp[2] = {0, 1}, idx[1] = {0}, last[1] = {1};
@@ -393,6 +417,7 @@ int main(int argc, char **argv) {
     RUN(test_self);
     RUN(test_sampling);
     RUN(test_bad);
+    RUN(test_too_large);
     cas_gpu_kv_destroy(g_gkv);
     cas_model_kv_destroy(g_ckv);
     cas_tok_destroy(g_tok);
