@@ -801,6 +801,9 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
     if (st) return st;
     cas_attn_plan_info pinfo;
     e->fwd->plan_info(e, &pinfo);
+    /* the blocks this step holds are in the stats before its tokens reach a
+     * client: one that has a token and reads the metrics sees them */
+    refresh_stats(e);
 
     /* sample, detokenize, stop conditions */
     const int32_t V = e->cfg->n_vocab;
