@@ -673,6 +673,8 @@ static cas_status forward_enqueue(cas_gpu_model *m, cas_gpu_kv *kv, const cas_mo
 
     /* the plan (validates page ids, lengths, q_len <= kv_len) */
     cas_status st = CAS_OK;
+    /* the current device is per thread: the engine steps on a thread of its own */
+    CU(cudaSetDevice(m->opts.device));
     const int32_t ps = kv->page_size;
     const cas_attn_shape shape = {c->n_head, c->n_head_kv, c->head_dim, ps, CAS_BF16};
     if (m->plan && memcmp(&m->plan_shape, &shape, sizeof shape) != 0) {
