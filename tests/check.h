@@ -61,6 +61,20 @@ static const char *check_cur_name = "";
         fflush(stdout);                                                                \
     } while (0)
 
+/* max |a[i] - b[i]| over n values (NaN counts as the largest), and their
+ * mean in *mean */
+static inline float check_max_abs_diff(const float *a, const float *b, size_t n, double *mean) {
+    float m = 0;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        sum += d;
+        if (!(d <= m)) m = d;
+    }
+    *mean = n ? sum / (double)n : 0.0;
+    return m;
+}
+
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", check_tests_passed, check_tests_failed);
     return check_tests_failed ? 1 : 0;

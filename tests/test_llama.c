@@ -63,17 +63,7 @@ static int32_t argmax(const float *x, int32_t n) {
 
 static double g_last_mean; /* mean |a - b| of the last max_abs_diff call */
 
-static float max_abs_diff(const float *a, const float *b, size_t n) {
-    float m = 0;
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        sum += d;
-        if (!(d <= m)) m = d;
-    }
-    g_last_mean = sum / (double)n;
-    return m;
-}
+static float max_abs_diff(const float *a, const float *b, size_t n) { return check_max_abs_diff(a, b, n, &g_last_mean); }
 
 /* Logits of the same tokens computed two ways: close, and the same argmax. */
 static void check_same_tol(const float *a, const float *b, int rows, const char *what, float tol,

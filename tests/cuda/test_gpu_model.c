@@ -84,17 +84,7 @@ static float margin(const float *x, int32_t n) {
 }
 
 static double g_mean;
-static float max_abs_diff(const float *a, const float *b, size_t n) {
-    float m = 0;
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        sum += d;
-        if (!(d <= m)) m = d;
-    }
-    g_mean = sum / (double)n;
-    return m;
-}
+static float max_abs_diff(const float *a, const float *b, size_t n) { return check_max_abs_diff(a, b, n, &g_mean); }
 
 static int32_t enc(const char *s, int32_t *ids, size_t cap) {
     size_t n = 0;
