@@ -216,20 +216,13 @@ static void *load_model(void *arg) {
 
 /* ---- the forward on each device (engine_fwd) ------------------------------ */
 
-static int32_t argmax_row(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static cas_status cpu_forward(cas_engine *e, const cas_model_batch *mb, req *const *row_req) {
     cas_status st = cas_model_forward(e->model, e->cache, mb, e->logits);
     if (st) return st;
     const int32_t V = e->cfg->n_vocab;
     for (int32_t i = 0; i < mb->n_logits; i++) {
         const float *row = e->logits + (size_t)i * V;
-        e->row_tokens[i] = row_req[i] ? cas_sampler_sample(row_req[i]->sampler, row) : argmax_row(row, V);
+        e->row_tokens[i] = row_req[i] ? cas_sampler_sample(row_req[i]->sampler, row) : -1;
     }
     return CAS_OK;
 }
@@ -282,12 +275,13 @@ static cas_status check_pages(const cas_engine *e, int32_t pages, int32_t per_se
  * made on the GPU (cas_model_config_synthetic), always from this seed */
 #define SYNTHETIC "synthetic:"
 #define SYNTHETIC_SEED 1
+static int is_synthetic(const char *path) { return !strncmp(path, SYNTHETIC, strlen(SYNTHETIC)); }
 
 /* CPU: the model (on a short-lived thread, see load_job) and its KV pool. */
 static cas_status cpu_open(cas_engine *e, int32_t *pages_out, int32_t *per_seq_out) {
     const cas_engine_opts *o = &e->opts;
     cas_status st;
-    if (!strncmp(o->model_path, SYNTHETIC, strlen(SYNTHETIC)))
+    if (is_synthetic(o->model_path))
         return cas_error(CAS_ERR_UNSUPPORTED, "engine: synthetic models run on the GPU only (device cuda)");
     cas_model_opts mo = cas_model_opts_default();
     mo.max_batch_tokens = o->max_batch_tokens;
@@ -328,7 +322,7 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
         return cas_error(CAS_ERR_UNSUPPORTED, "engine: device cuda: %s",
                          cas_gpu_built() ? "no CUDA device found on this machine"
                                          : "this build has no CUDA (rebuild with make CUDA=1)");
-    const int synthetic = !strncmp(o->model_path, SYNTHETIC, strlen(SYNTHETIC));
+    const int synthetic = is_synthetic(o->model_path);
     if (synthetic) {
         /* the shape by name, the default model's file for the tokenizer */
         if ((st = cas_model_config_synthetic(o->model_path + strlen(SYNTHETIC), &e->gcfg))) return st;
@@ -429,7 +423,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     {
         const char *name = NULL;
         size_t nlen = 0;
-        if (!strncmp(o->model_path, SYNTHETIC, strlen(SYNTHETIC))) {
+        if (is_synthetic(o->model_path)) {
             snprintf(e->model_name, sizeof e->model_name, "%s", o->model_path);
         } else if (cas_gguf_get_str(g, "general.name", &name, &nlen) == CAS_OK && nlen < sizeof e->model_name) {
             memcpy(e->model_name, name, nlen);

@@ -6,8 +6,8 @@
  *
  * Each is a plain grid-stride or row-per-block kernel: they move a few
  * megabytes per layer next to the matrix products, and their launch count,
- * not their bandwidth, is what shows in a step (the end-to-end issue fuses
- * and graphs them). Arithmetic follows the CPU forward (src/model/llama.c):
+ * not their bandwidth, is what shows in a step (fusing more of them and
+ * CUDA graphs are what shortens it). Arithmetic follows the CPU forward (src/model/llama.c):
  * RMSNorm's sum in f32 per thread then a block reduction, RoPE's angles in
  * double, SiLU as x / (1 + exp(-x)).
  */

@@ -205,9 +205,11 @@ static cas_status upload_vec(cas_gpu_model *m, const cas_gguf *g, const char *na
         CU(cudaMemcpyAsync(dst, t->data, (size_t)n * 4, cudaMemcpyHostToDevice, m->stream));
         CU(cudaStreamSynchronize(m->stream));
     } else if (t->type == CAS_T_F16 || t->type == CAS_T_BF16) {
-        /* through the end of dst's own room: the f16 values take half of it */
-        CU(cudaMemcpyAsync((char *)dst + (size_t)n * 2, t->data, (size_t)n * 2, cudaMemcpyHostToDevice, m->stream));
-        KL(cas_gpu_to_f32(t->type, (char *)dst + (size_t)n * 2, dst, n, m->stream));
+        /* staged in cuBLASLt's workspace (idle while loading): converting in
+         * place would let one thread's write overtake another's read */
+        if ((size_t)n * 2 > m->lt_work_bytes) return cas_error(CAS_ERR_UNSUPPORTED, "gpu: norm %s is too long", name);
+        CU(cudaMemcpyAsync(m->lt_work, t->data, (size_t)n * 2, cudaMemcpyHostToDevice, m->stream));
+        KL(cas_gpu_to_f32(t->type, m->lt_work, dst, n, m->stream));
         CU(cudaStreamSynchronize(m->stream));
     } else {
         return cas_error(CAS_ERR_UNSUPPORTED, "gpu: norm %s has type %s", name,

@@ -147,10 +147,11 @@ int cas_gpu_dequant_bf16(int t, const void *src, void *dst, int64_t rows, int64_
                          void *stream) {
     const uint8_t *s = src;
     uint16_t *d = dst;
+    const int64_t per_row = t == CAS_T_F32 || t == CAS_T_F16 || t == CAS_T_BF16 ? cols : cols / 32;
     for (int64_t r = 0; r < rows; r++) {
         uint16_t *o = d + r * ld;
-        for (int64_t b = 0; b < (t == CAS_T_F32 || t == CAS_T_F16 || t == CAS_T_BF16 ? cols : cols / 32); b++) {
-            const int64_t i = r * (t == CAS_T_F32 || t == CAS_T_F16 || t == CAS_T_BF16 ? cols : cols / 32) + b;
+        for (int64_t b = 0; b < per_row; b++) {
+            const int64_t i = r * per_row + b;
             switch (t) {
             case CAS_T_F32: o[b] = cas_f32_to_bf16(((const float *)src)[i]); break;
             case CAS_T_F16: o[b] = cas_f32_to_bf16(cas_f16_to_f32(((const uint16_t *)src)[i])); break;
