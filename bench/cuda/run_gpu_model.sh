@@ -73,6 +73,10 @@ if has synthetic && [ -x "$B/cascade" ]; then
     timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 128 --output 64 \
       --json > "$W/syn_b$b.json" 2> "$W/syn_b$b.err"; echo "batch $b rc=$? $(tail -1 "$W/syn_b$b.err")"
   done
+  for b in 1 64; do
+    timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 128 --output 64 \
+      --enforce-eager --json > "$W/syn_b${b}_eager.json" 2> "$W/syn_b${b}_eager.err"; echo "batch $b eager rc=$? $(tail -1 "$W/syn_b${b}_eager.err")"
+  done
   for c in "" --no-cascade; do
     timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests 64 --prefix 4096 --suffix 64 --output 64 $c \
       --json > "$W/syn_shared$c.json" 2> "$W/syn_shared$c.err"; echo "shared $c rc=$? $(tail -1 "$W/syn_shared$c.err")"
@@ -88,7 +92,7 @@ for f in sorted(glob.glob(f"{w}/syn_*.json")):
         runs[os.path.basename(f)[4:-5]] = {"error": str(e)}
 json.dump(runs, open(out, "w"), indent=1)
 for k, d in runs.items():
-    print(f"{k:20s} " + " ".join(f"{x} {d.get(x)}" for x in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50", "steps", "cascade_steps")))
+    print(f"{k:20s} " + " ".join(f"{x} {d.get(x)}" for x in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50", "steps", "cascade_steps", "graph_steps", "eager_steps")))
 PY
 fi
 if has memcheck; then

@@ -93,6 +93,8 @@ struct cas_engine {
     size_t text_cap;
     float *lp_buf;      /* [MAX_LOGPROBS + 1] */
     int32_t *lp_ids;
+    uint32_t *page_mark; /* [pages] the step that last counted the page (distinct KV tokens) */
+    uint32_t mark_step;
 
     /* requests by id: open hashing */
     req **table;
@@ -343,6 +345,7 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
     go.max_logits = o->max_seqs;
     go.max_pages_per_seq = per_seq + 1;
     go.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    go.graphs = !o->enforce_eager;
     if ((st = synthetic ? cas_gpu_model_create_synthetic(&e->gcfg, SYNTHETIC_SEED, &go, &e->gpu)
                         : cas_gpu_model_create(e->gguf, &go, &e->gpu)))
         return st;
@@ -463,7 +466,8 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->lp_ids = malloc(sizeof(int32_t) * (MAX_LOGPROBS + 1));
     e->table_cap = 1024;
     e->table = calloc((size_t)e->table_cap, sizeof(req *));
-    if (!e->logits || !e->logit_rows || !e->row_req || !e->row_tokens || !e->sampled || !e->stop || !e->finished || !e->text_buf ||
+    e->page_mark = calloc((size_t)pages, sizeof(uint32_t));
+    if (!e->page_mark || !e->logits || !e->logit_rows || !e->row_req || !e->row_tokens || !e->sampled || !e->stop || !e->finished || !e->text_buf ||
         !e->lp_buf || !e->lp_ids || !e->table) {
         st = cas_error(CAS_ERR_NOMEM, "engine: out of memory");
         goto fail;
@@ -514,6 +518,7 @@ void cas_engine_destroy(cas_engine *e) {
     free(e->text_buf);
     free(e->lp_buf);
     free(e->lp_ids);
+    free(e->page_mark);
     free(e->table);
     free(e->aborts);
     pthread_mutex_destroy(&e->mu);
@@ -768,6 +773,25 @@ static void refresh_stats(cas_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The distinct KV tokens a batch's attention reads: each page it refers to
+ * once, full pages whole, a sequence's last page to its length. */
+static int64_t distinct_kv_tokens(cas_engine *e, const cas_sched_plan *p) {
+    if (++e->mark_step == 0) {
+        memset(e->page_mark, 0, sizeof(uint32_t) * (size_t)e->stats.kv_blocks_total);
+        e->mark_step = 1;
+    }
+    const int32_t ps = e->opts.page_size;
+    int64_t n = 0;
+    for (int32_t r = 0; r < p->n_items; r++)
+        for (int32_t j = p->kv_indptr[r]; j < p->kv_indptr[r + 1]; j++) {
+            const int32_t pg = p->kv_indices[j];
+            if (pg < 0 || pg >= e->stats.kv_blocks_total || e->page_mark[pg] == e->mark_step) continue;
+            e->page_mark[pg] = e->mark_step;
+            n += j + 1 < p->kv_indptr[r + 1] ? ps : p->kv_last_page_len[r];
+        }
+    return n;
+}
+
 cas_status cas_engine_step(cas_engine *e, int *busy) {
     *busy = 0;
     take_incoming(e);
@@ -791,6 +815,8 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         }
     cas_model_batch mb = {plan.n_items, plan.token_ids, plan.qo_indptr, plan.kv_indptr, plan.kv_indices,
                           plan.kv_last_page_len, n_logits, e->logit_rows};
+    const int64_t kv_read = distinct_kv_tokens(e, &plan);
+    const int64_t prompt_before = e->stats.prompt_tokens_computed;
     st = e->fwd->forward(e, &mb, e->row_req);
     if (st) return st;
     cas_attn_plan_info pinfo;
@@ -866,7 +892,18 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
     e->stats.generation_tokens += gen;
     e->stats.steps++;
     if (pinfo.shared_passes > 0) e->stats.cascade_steps++;
-    e->stats.busy_seconds += cas_now_s() - t0;
+    e->stats.last_step_s = cas_now_s() - t0;
+    e->stats.busy_seconds += e->stats.last_step_s;
+    e->stats.last_step_seqs = plan.n_items;
+    e->stats.last_step_tokens = plan.n_tokens;
+    e->stats.last_step_prompt_tokens = (int32_t)(e->stats.prompt_tokens_computed - prompt_before);
+    e->stats.last_step_kv_tokens = kv_read;
+    if (e->gpu) {
+        cas_gpu_graph_info gi;
+        cas_gpu_graph_stats(e->gpu, &gi);
+        e->stats.graph_steps = gi.replays + gi.padded_eager;
+        e->stats.eager_steps = gi.eager;
+    }
     pthread_mutex_unlock(&e->mu);
     if (cas_log_enabled(CAS_LOG_DEBUG))
         cas_log(CAS_LOG_DEBUG, "step %lld: %d seqs, %d tokens, attention %d tree nodes, %d shared passes, KV read %lld of %lld tokens",

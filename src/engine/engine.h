@@ -45,6 +45,9 @@ typedef struct {
     int32_t max_seqs;         /* sequences per step; 0 = 256 */
     int32_t max_context;      /* tokens per sequence; 0 = the model's context length */
     int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat */
+    int32_t enforce_eager;    /* CUDA: 1 launches every step's kernels eagerly; 0 (default):
+                                 decode steps replay CUDA graphs captured per batch-size bucket
+                                 (cas_gpu_opts.graphs), as vLLM without --enforce-eager */
     int32_t prefix_cache;     /* 1: automatic prefix caching; 0: off */
     cas_simd_level simd;      /* the kernels' vector instructions (cas_model_opts.simd): 0 =
                                  CAS_SIMD_AUTO, the CPU's widest; a lower level to compare; a
@@ -150,6 +153,14 @@ typedef struct {
     int64_t steps, cascade_steps;     /* steps, and steps whose plan had a shared pass */
     int64_t requests_finished, requests_aborted, preemptions;
     double busy_seconds;              /* time spent in steps */
+    /* the last step: its wall time, sequences, new tokens, prompt tokens among
+     * them, and the distinct KV tokens its attention must read (every page
+     * the batch refers to once: what a step reads at the least) */
+    double last_step_s;
+    int32_t last_step_seqs, last_step_tokens, last_step_prompt_tokens;
+    int64_t last_step_kv_tokens;
+    /* CUDA: decode steps replayed from graphs, and the other steps */
+    int64_t graph_steps, eager_steps;
     double generation_tok_per_s;      /* generation_tokens / busy_seconds */
 } cas_engine_stats;
 

@@ -48,6 +48,13 @@ typedef struct {
     int32_t max_pages_per_seq; /* page table entries of one sequence (its longest context over
                                   the page size); default 8192 */
     cas_cascade_mode cascade; /* attention planner mode; default CAS_CASCADE_AUTO */
+    /* 1 (default): cas_gpu_forward_sample runs a decode step (one new token
+     * per sequence, a logits row each) as a CUDA graph, captured once per
+     * batch-size bucket (1, 2, 4, 8, then multiples of 8 up to max_seqs) and
+     * replayed with the step's inputs and attention plan rewritten in their
+     * device buffers; the batch is padded to its bucket with rows that write
+     * no K/V. 0: every step is launched eagerly. */
+    int32_t graphs;
 } cas_gpu_opts;
 
 cas_gpu_opts cas_gpu_opts_default(void);
@@ -119,6 +126,15 @@ typedef struct {
  * same u and the same weights give the same tokens on every run. */
 cas_status cas_gpu_forward_sample(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
                                   const cas_gpu_sample *rows, int32_t *tokens, float *logits);
+
+/* How the steps ran: graphs captured, decode steps replayed from them,
+ * decode steps padded to their bucket and launched eagerly because the
+ * runtime could not capture (a warning is logged once; the numbers are the
+ * graphs'), other steps launched eagerly. */
+typedef struct {
+    int64_t captures, replays, padded_eager, eager;
+} cas_gpu_graph_info;
+void cas_gpu_graph_stats(const cas_gpu_model *m, cas_gpu_graph_info *info);
 
 /* What the attention plan of the last forward did. */
 void cas_gpu_plan_info(const cas_gpu_model *m, cas_attn_plan_info *info);

@@ -37,7 +37,8 @@ int cas_gpu_rmsnorm(const float *x, const int32_t *rows, const float *w, void *o
                     float eps, void *stream);
 /* From qkv [T][QD + 2 KD] (f32): q rotated into q_out (bf16 [T][QD]); k
  * rotated and v into the pools at slot[t] (bf16 [slot][KD] of the pool
- * viewed as rows of KD: slot = page * page_size + offset). */
+ * viewed as rows of KD: slot = page * page_size + offset); a row whose slot
+ * is negative (a graph's padding) stores no K/V. */
 int cas_gpu_rope_store(const float *qkv, const float *cs, const int64_t *slot, void *q_out, void *kpool,
                        void *vpool, int32_t T, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                        int32_t n_rot, void *stream);

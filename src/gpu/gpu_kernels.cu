@@ -209,10 +209,12 @@ __global__ void rope_store_kernel(const float *__restrict__ qkv, const float *__
             a = a2;
             b = b2;
         }
+        if (is_k && s < 0) continue; /* a padding row: no K/V */
         __nv_bfloat16 *dst = is_k ? kpool + s * KD + (h - n_head) * D : q_out + (int64_t)t * QD + h * D;
         dst[2 * i] = __float2bfloat16(a);
         dst[2 * i + 1] = __float2bfloat16(b);
     }
+    if (s < 0) return;
     for (int e = threadIdx.x; e < KD; e += blockDim.x) vpool[s * KD + e] = __float2bfloat16(row[QD + KD + e]);
 }
 

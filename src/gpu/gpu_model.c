@@ -31,6 +31,7 @@ cas_gpu_opts cas_gpu_opts_default(void) {
     o.max_logits = 0;
     o.max_pages_per_seq = 8192;
     o.cascade = CAS_CASCADE_AUTO;
+    o.graphs = 1;
     return o;
 }
 
@@ -55,6 +56,12 @@ typedef struct {
     void *wdown;   /* bf16 [E][F] */
     float *attn_norm, *ffn_norm; /* [E] */
 } gpu_layer;
+
+/* a decode step's graph for batches padded to t rows */
+typedef struct {
+    int32_t t;
+    cudaGraphExec_t exec;
+} gpu_graph;
 
 /* a cached cuBLASLt choice for one product shape */
 typedef struct {
@@ -113,6 +120,14 @@ struct cas_gpu_model {
     cas_attn_shape plan_shape;
     cas_cuda_attn *attn;
     int32_t attn_page_size;
+
+    /* decode steps' graphs, valid for these pools and attention context */
+    gpu_graph *graphs;
+    int32_t n_graphs;
+    const void *graph_kv;
+    const cas_cuda_attn *graph_attn;
+    int capture_failed; /* the runtime could not capture: padded steps run eagerly */
+    cas_gpu_graph_info graph_info;
 };
 
 int cas_gpu_built(void) { return 1; }
@@ -141,9 +156,16 @@ int cas_gpu_available(void) {
         }                                                                                         \
     } while (0)
 
+static void graphs_drop(cas_gpu_model *m) {
+    for (int32_t i = 0; i < m->n_graphs; i++) cudaGraphExecDestroy(m->graphs[i].exec);
+    m->n_graphs = 0;
+}
+
 void cas_gpu_model_destroy(cas_gpu_model *m) {
     if (!m) return;
     if (m->stream) cudaStreamSynchronize(m->stream);
+    graphs_drop(m);
+    free(m->graphs);
     cas_cuda_attn_destroy(m->attn);
     cas_attn_plan_destroy(m->plan);
     if (m->act) cudaFree(m->act);
@@ -265,7 +287,8 @@ static cas_status model_begin(const cas_gpu_opts *opts_in, const cas_model_confi
     m->lt_work_bytes = (size_t)32 << 20;
     CU(cudaMalloc(&m->lt_work, m->lt_work_bytes));
     m->layers = calloc((size_t)L, sizeof *m->layers);
-    if (!m->layers) {
+    m->graphs = calloc((size_t)(4 + o.max_seqs / 8), sizeof *m->graphs);
+    if (!m->layers || !m->graphs) {
         st = cas_error(CAS_ERR_NOMEM, "gpu: out of host memory");
         goto fail;
     }
@@ -362,6 +385,9 @@ static cas_status model_finish(cas_gpu_model *m) {
                              (long long)T, (double)act / 1048576.0);
         }
     }
+    /* zeroed: a padded row of a graph's batch reads attention rows no plan wrote */
+    CU(cudaMemsetAsync(m->act, 0, act, m->stream));
+    CU(cudaStreamSynchronize(m->stream));
     m->bytes += act;
     char *a = m->act;
     m->x = (float *)a, a += sz[0];
@@ -628,11 +654,11 @@ static cas_status attn_ready(cas_gpu_model *m, int32_t page_size) {
     return CAS_OK;
 }
 
-/* Checks the batch, plans its attention, uploads the step's inputs (and the
- * sampling rows, when given) and enqueues the layers and the logits rows'
- * product into m->logits; *n_logits is the rows' count. Waits for nothing. */
-static cas_status forward_enqueue(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
-                                  const cas_gpu_sample *samp, int32_t *n_logits) {
+/* Checks the batch, plans its attention and writes the step's inputs
+ * (and the sampling rows, when given) into the pinned staging; *T is the
+ * batch's tokens and *n_logits its logits rows. No device work. */
+static cas_status forward_prepare(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
+                                  const cas_gpu_sample *samp, int32_t *T_out, int32_t *n_logits) {
     if (!m || !kv || !b || b->n_seqs <= 0 || !b->tokens || !b->qo_indptr || !b->kv_indptr || !b->kv_indices ||
         !b->kv_last_page_len)
         return cas_error(CAS_ERR_INVALID, "gpu forward: empty batch or NULL array");
@@ -712,10 +738,28 @@ static cas_status forward_enqueue(cas_gpu_model *m, cas_gpu_kv *kv, const cas_mo
             m->h_slot[q0 + i] = (int64_t)b->kv_indices[b->kv_indptr[r] + p / ps] * ps + p % ps;
         }
     }
-    cudaStream_t s = m->stream;
-    CU(cudaMemcpyAsync(m->in_dev, m->in_host, m->in_bytes, cudaMemcpyHostToDevice, s));
-    if ((st = cas_cuda_attn_upload(m->attn, s))) return st;
+    *T_out = T;
+    *n_logits = NL;
+fail:
+    return st;
+}
 
+/* The staged inputs and attention plan to the device, on the model's stream. */
+static cas_status forward_upload(cas_gpu_model *m) {
+    cas_status st = CAS_OK;
+    CU(cudaMemcpyAsync(m->in_dev, m->in_host, m->in_bytes, cudaMemcpyHostToDevice, m->stream));
+    st = cas_cuda_attn_upload(m->attn, m->stream);
+fail:
+    return st;
+}
+
+/* Enqueues the layers over T tokens, the logits of NL rows into m->logits
+ * and, when sample is set, their tokens into d_out: the work of a step after
+ * its upload, the same launches whether run or captured. */
+static cas_status forward_body(cas_gpu_model *m, cas_gpu_kv *kv, int32_t T, int32_t NL, int sample) {
+    cas_status st = CAS_OK;
+    const cas_model_config *c = &m->cfg;
+    cudaStream_t s = m->stream;
     const int32_t E = c->n_embd, F = c->n_ff, QD = c->n_head * c->head_dim, KD = c->n_head_kv * c->head_dim;
     KL(cas_gpu_rope_table(m->d_pos, m->inv_freq, m->cs, T, c->n_rot / 2, s));
     KL(cas_gpu_embed(m->tok_embd, m->d_tokens, m->x, T, E, s));
@@ -737,50 +781,129 @@ static cas_status forward_enqueue(cas_gpu_model *m, cas_gpu_kv *kv, const cas_mo
     if (NL > 0) {
         KL(cas_gpu_rmsnorm(m->x, m->d_rows, m->out_norm, m->xl, NL, E, c->rms_eps, s));
         if ((st = gemm(m, m->output, m->xl, m->logits, c->n_vocab, E, NL, 0))) return st;
+        if (sample) KL(cas_gpu_sample_rows(m->logits, NL, c->n_vocab, m->d_samp, m->d_out, s));
     }
-    *n_logits = NL;
+fail:
+    return st;
+}
+
+/* The graph bucket of a decode batch of n rows: 1, 2, 4, 8, then multiples
+ * of 8, at most the capacity of sequences and logits rows. */
+static int32_t graph_bucket(const cas_gpu_model *m, int32_t n) {
+    int32_t t = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : (n + 7) / 8 * 8;
+    const int32_t cap = m->opts.max_seqs < m->opts.max_logits ? m->opts.max_seqs : m->opts.max_logits;
+    return t < cap ? t : cap;
+}
+
+/* Runs the staged decode step of B rows through the graph of its bucket,
+ * capturing it on first use: the rows past B get token 0 at position 0, no
+ * K/V slot (slot -1: rope_store writes nothing) and greedy sampling. */
+static cas_status forward_graph(cas_gpu_model *m, cas_gpu_kv *kv, int32_t B) {
+    cas_status st = CAS_OK;
+    if (m->graph_kv != kv->mem || m->graph_attn != m->attn) { /* pools or context changed: capture anew */
+        graphs_drop(m);
+        m->graph_kv = kv->mem;
+        m->graph_attn = m->attn;
+    }
+    const int32_t Tp = graph_bucket(m, B);
+    for (int32_t i = B; i < Tp; i++) {
+        m->h_tokens[i] = 0;
+        m->h_pos[i] = 0;
+        m->h_slot[i] = -1;
+        m->h_rows[i] = i;
+        m->h_samp[i] = (gpu_sample_row){0.0f, 0, 1.0f, 0.0f, 0.0f, 0};
+    }
+    gpu_graph *g = NULL;
+    for (int32_t i = 0; i < m->n_graphs && !g; i++)
+        if (m->graphs[i].t == Tp) g = &m->graphs[i];
+    if ((st = forward_upload(m))) return st;
+    if (!g && !m->capture_failed) {
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        cudaError_t e = cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal);
+        if (e == cudaSuccess) {
+            st = forward_body(m, kv, Tp, Tp, 1);
+            e = cudaStreamEndCapture(m->stream, &graph);
+            if (!st && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+            if (graph) cudaGraphDestroy(graph);
+        }
+        if (st || e != cudaSuccess) {
+            /* the same padded launches, eagerly from now on: same numbers */
+            cas_log(CAS_LOG_WARN, "gpu: decode steps run without CUDA graphs: capturing %d rows failed: %s", Tp,
+                    st ? cas_last_error() : cudaGetErrorString(e));
+            cudaGetLastError();
+            m->capture_failed = 1;
+            st = CAS_OK;
+        } else {
+            g = &m->graphs[m->n_graphs++];
+            g->t = Tp;
+            g->exec = exec;
+            m->graph_info.captures++;
+        }
+    }
+    if (g) {
+        CU(cudaGraphLaunch(g->exec, m->stream));
+        m->graph_info.replays++;
+    } else {
+        if ((st = forward_body(m, kv, Tp, Tp, 1))) return st;
+        m->graph_info.padded_eager++;
+    }
 fail:
     return st;
 }
 
 cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b, float *logits) {
     if (!logits) return cas_error(CAS_ERR_INVALID, "gpu forward: NULL logits");
-    int32_t NL = 0;
-    cas_status st = forward_enqueue(m, kv, b, NULL, &NL);
+    int32_t T = 0, NL = 0;
+    cas_status st = forward_prepare(m, kv, b, NULL, &T, &NL);
     if (st) return st;
+    if ((st = forward_upload(m)) || (st = forward_body(m, kv, T, NL, 0))) goto fail;
+    m->graph_info.eager++;
     if (NL > 0)
         CU(cudaMemcpyAsync(logits, m->logits, (size_t)NL * m->cfg.n_vocab * 4, cudaMemcpyDeviceToHost, m->stream));
     CU(cudaStreamSynchronize(m->stream));
 fail:
+    if (st) cudaStreamSynchronize(m->stream);
     return st;
 }
 
 cas_status cas_gpu_forward_sample(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b,
                                   const cas_gpu_sample *rows, int32_t *tokens, float *logits) {
     if (!rows || !tokens) return cas_error(CAS_ERR_INVALID, "gpu forward: NULL sampling rows or tokens");
-    int32_t NL = 0;
-    cas_status st = forward_enqueue(m, kv, b, rows, &NL);
+    int32_t T = 0, NL = 0;
+    cas_status st = forward_prepare(m, kv, b, rows, &T, &NL);
     if (st) return st;
     const int32_t V = m->cfg.n_vocab;
     cudaStream_t s = m->stream;
+    for (int32_t i = 0; i < NL; i++)
+        if (rows[i].want_logits && !logits)
+            return cas_error(CAS_ERR_INVALID, "gpu forward: row %d wants logits and logits is NULL", i);
+    /* a decode step (a token and a logits row per sequence, in order) replays a graph */
+    int decode = m->opts.graphs && T == b->n_seqs && NL == T;
+    for (int32_t i = 0; decode && i < NL; i++) decode = m->h_rows[i] == i;
+    if (decode) {
+        if ((st = forward_graph(m, kv, T))) goto fail;
+    } else {
+        if ((st = forward_upload(m)) || (st = forward_body(m, kv, T, NL, 1))) goto fail;
+        m->graph_info.eager++;
+    }
     if (NL > 0) {
-        KL(cas_gpu_sample_rows(m->logits, NL, V, m->d_samp, m->d_out, s));
         CU(cudaMemcpyAsync(m->h_out, m->d_out, (size_t)NL * 4, cudaMemcpyDeviceToHost, s));
-        for (int32_t i = 0; i < NL; i++) {
-            if (!rows[i].want_logits) continue;
-            if (!logits) {
-                st = cas_error(CAS_ERR_INVALID, "gpu forward: row %d wants logits and logits is NULL", i);
-                goto fail;
-            }
-            CU(cudaMemcpyAsync(logits + (size_t)i * V, m->logits + (size_t)i * V, (size_t)V * 4,
-                               cudaMemcpyDeviceToHost, s));
-        }
+        for (int32_t i = 0; i < NL; i++)
+            if (rows[i].want_logits)
+                CU(cudaMemcpyAsync(logits + (size_t)i * V, m->logits + (size_t)i * V, (size_t)V * 4,
+                                   cudaMemcpyDeviceToHost, s));
     }
     CU(cudaStreamSynchronize(s));
     memcpy(tokens, m->h_out, (size_t)NL * 4);
 fail:
     if (st) cudaStreamSynchronize(m->stream);
     return st;
+}
+
+void cas_gpu_graph_stats(const cas_gpu_model *m, cas_gpu_graph_info *info) {
+    if (m) *info = m->graph_info;
+    else memset(info, 0, sizeof *info);
 }
 
 void cas_gpu_plan_info(const cas_gpu_model *m, cas_attn_plan_info *info) {
@@ -828,5 +951,6 @@ cas_status cas_gpu_forward_sample(cas_gpu_model *m, cas_gpu_kv *kv, const cas_mo
     return cas_error(CAS_ERR_UNSUPPORTED, "gpu: this build has no CUDA (rebuild with make CUDA=1)");
 }
 void cas_gpu_plan_info(const cas_gpu_model *m, cas_attn_plan_info *info) { memset(info, 0, sizeof *info); }
+void cas_gpu_graph_stats(const cas_gpu_model *m, cas_gpu_graph_info *info) { memset(info, 0, sizeof *info); }
 
 #endif

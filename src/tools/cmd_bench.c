@@ -136,10 +136,11 @@ int cmd_bench(int argc, char **argv) {
                    "                     [--tree SPEC] [--rate R] [--no-cascade] [--no-prefix-cache]\n"
                    "                     [--threads N] [--kv-cache-mb N] [--max-batch-tokens N] [--seed N] [--json]\n"
                    "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
-                   "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X]\n"
+                   "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X] [--enforce-eager]\n"
                    "  --device D      auto (default: the GPU where this build has CUDA and the machine a GPU,\n"
                    "                  else the CPU), cpu or cuda\n"
                    "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and KV (0.9)\n"
+                   "  --enforce-eager cuda: launch every step eagerly, no CUDA graphs\n"
                    "  --tree SPEC     multi-level sharing as in attn-bench: '40*1024(20*512)+10*768'\n"
                    "  --rate R        Poisson arrivals at R requests/s (default: all at once)\n"
                    "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
@@ -171,6 +172,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-mb")) eo.kv_cache_bytes = (int64_t)atoll(v) << 20;
         else if (!strcmp(a, "--max-batch-tokens")) eo.max_batch_tokens = atoi(v);
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
+        else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
         else if (!strcmp(a, "--no-prefix-cache")) eo.prefix_cache = 0;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-amx")) eo.amx_off = 1;
@@ -279,11 +281,12 @@ int cmd_bench(int argc, char **argv) {
                "\"total_tok_per_s\": %.3f, \"prompt_tokens\": %lld, \"prompt_tokens_computed\": %lld, "
                "\"prefix_cache_hit_rate\": %.4f, \"ttft_ms_p50\": %.3f, \"ttft_ms_p99\": %.3f, "
                "\"tpot_ms_p50\": %.3f, \"tpot_ms_p99\": %.3f, \"steps\": %lld, \"cascade_steps\": %lld, "
-               "\"preemptions\": %lld}\n",
+               "\"preemptions\": %lld, \"graph_steps\": %lld, \"eager_steps\": %lld}\n",
                ps.n, prefix, suffix, output, tree, rate, eo.cascade, eo.prefix_cache, elapsed,
                out_tokens / elapsed, (out_tokens + prompt_total) / elapsed, (long long)prompt_total,
                (long long)st.prompt_tokens_computed, hit, t50, t99, p50, p99, (long long)st.steps,
-               (long long)st.cascade_steps, (long long)st.preemptions);
+               (long long)st.cascade_steps, (long long)st.preemptions, (long long)st.graph_steps,
+               (long long)st.eager_steps);
     else
         printf("%d requests in %.2f s: %.1f output tok/s; prompt tokens computed %lld of %lld (prefix-cache hit "
                "rate %.1f%%); TTFT p50 %.1f ms p99 %.1f ms; TPOT p50 %.2f ms p99 %.2f ms; %lld steps, %lld with "

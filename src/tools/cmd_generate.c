@@ -37,6 +37,7 @@ static void usage(FILE *f) {
             "                       a GPU, else the CPU), cpu or cuda\n"
             "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and the\n"
             "                       KV pool (default 0.9)\n"
+            "  --enforce-eager      cuda: launch every step eagerly, no CUDA graphs\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --ctx N              context length (default: the model's, at most 8192)\n"
             "  --no-cascade         flat attention\n"
@@ -191,6 +192,7 @@ int cmd_generate(int argc, char **argv) {
             ok = parse_float(v, &eo.gpu_memory_fraction) && eo.gpu_memory_fraction > 0 && eo.gpu_memory_fraction <= 1;
         else if (!strcmp(a, "--ctx")) ok = parse_int(v, 16, 1 << 20, &ctx);
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
+        else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
         else if (!strcmp(a, "--no-prefix-cache") || !strcmp(a, "--no-share")) eo.prefix_cache = 0;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--simd")) ok = cas_simd_parse(v, &eo.simd) == 0;

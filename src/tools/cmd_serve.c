@@ -37,6 +37,7 @@ static void usage(FILE *f) {
             "                          a GPU, else the CPU), cpu or cuda\n"
             "  --gpu-memory-fraction X cuda: share of the GPU's memory for weights, buffers and the KV\n"
             "                          pool (default 0.9; --kv-cache-mb sizes the pool instead)\n"
+            "  --enforce-eager         cuda: launch every step eagerly, no CUDA graphs\n"
             "  --threads N             CPU threads (default all cores)\n"
             "  --kv-cache-mb N         KV cache memory (default 256)\n"
             "  --page-size N           tokens per KV page (default 16)\n"
@@ -147,6 +148,10 @@ int cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--debug-checks")) {
             eo.debug_checks = 1;
+            continue;
+        }
+        if (!strcmp(a, "--enforce-eager")) {
+            eo.enforce_eager = 1;
             continue;
         }
         if (!strcmp(a, "--device")) {

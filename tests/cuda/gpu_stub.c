@@ -41,6 +41,22 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+/* Graphs: the stand-ins run every call at once, so nothing can be captured;
+ * the forward then runs its graphs' padded launches eagerly (the path a
+ * runtime that refuses capture takes). */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+    return cudaErrorStreamCaptureUnsupported;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    *g = NULL;
+    return cudaErrorStreamCaptureInvalidated;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+    return cudaErrorInvalidValue;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) { return cudaErrorInvalidValue; }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { return cudaSuccess; }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { return cudaSuccess; }
 
 /* ---- cuBLASLt: the descriptors remember what the product needs ----------- */
 
@@ -247,6 +263,7 @@ int cas_gpu_rope_store(const float *qkv, const float *cs, const int64_t *slot, v
         for (int32_t h = 0; h < n_head + n_head_kv; h++) {
             const int is_k = h >= n_head;
             const float *v = row + (is_k ? QD + (h - n_head) * D : h * D);
+            if (is_k && slot[t] < 0) continue; /* a graph's padding row: no K/V */
             uint16_t *dst = is_k ? kp + slot[t] * KD + (h - n_head) * D : q + (int64_t)t * QD + h * D;
             for (int32_t i = 0; i < D / 2; i++) {
                 float a = v[2 * i], b = v[2 * i + 1];
@@ -258,7 +275,7 @@ int cas_gpu_rope_store(const float *qkv, const float *cs, const int64_t *slot, v
                 dst[2 * i + 1] = cas_f32_to_bf16(b);
             }
         }
-        for (int32_t e = 0; e < KD; e++) vp[slot[t] * KD + e] = cas_f32_to_bf16(row[QD + KD + e]);
+        for (int32_t e = 0; slot[t] >= 0 && e < KD; e++) vp[slot[t] * KD + e] = cas_f32_to_bf16(row[QD + KD + e]);
     }
     return 0;
 }

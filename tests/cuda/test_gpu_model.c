@@ -327,6 +327,104 @@ static void test_sampling(void) {
     free(buf);
 }
 
+/* Decode steps replayed from CUDA graphs (g_gpu: graphs on, the default)
+ * against the same steps launched eagerly by a model with graphs off: for a
+ * batch that fills its bucket (8 rows) the same launches run, so tokens and
+ * log-probability logits must be bitwise equal; a batch padded to its
+ * bucket (5 rows into 8) runs its products over more rows, so it must agree
+ * within SELF_TOL with the same greedy tokens where the gap exceeds MARGIN.
+ * On the runtime stand-ins nothing can be captured and the padded launches
+ * run eagerly: the same comparisons hold and the fallback is counted. */
+static void test_graphs(void) {
+    cas_gpu_opts go = cas_gpu_opts_default();
+    go.max_batch_tokens = 512;
+    go.max_logits = 512;
+    go.graphs = 0;
+    cas_gpu_model *eager = NULL;
+    cas_gpu_kv *ekv = NULL;
+    REQUIRE(cas_gpu_model_create(cas_model_gguf(g_cpu), &go, &eager) == CAS_OK);
+    REQUIRE(cas_gpu_kv_create(eager, cas_gpu_kv_num_pages(g_gkv), PAGE, &ekv) == CAS_OK);
+    const int stand_in = strcmp(cas_gpu_model_device_name(g_gpu), "host stand-in") == 0;
+    cas_gpu_graph_info g0, g1;
+    cas_gpu_graph_stats(g_gpu, &g0);
+    enum { STEPS = 10, MAXB = 8 };
+    static int32_t ids[MAXB][256];
+    float *la = malloc(sizeof(float) * (size_t)MAXB * g_vocab), *lb = malloc(sizeof(float) * (size_t)MAXB * g_vocab);
+    REQUIRE(la && lb);
+    cas_rng rng;
+    cas_rng_seed(&rng, 99);
+    const int sizes[2] = {8, 5};
+    for (int si = 0; si < 2; si++) {
+        const int B = sizes[si];
+        pager_t pa = {400}, pb = {400};
+        seq_t sa[MAXB], sb[MAXB], *qa[MAXB], *qb[MAXB];
+        const int32_t *toks[MAXB];
+        int32_t counts[MAXB], next[MAXB];
+        memset(sa, 0, sizeof sa);
+        memset(sb, 0, sizeof sb);
+        for (int i = 0; i < B; i++) {
+            counts[i] = enc(k_prompts[i % NP], ids[i], 256);
+            ids[i][counts[i]++] = 100 + i; /* rows of one prompt differ */
+            toks[i] = ids[i];
+            qa[i] = &sa[i];
+            qb[i] = &sb[i];
+        }
+        cas_model_batch b = paged_batch(&pa, qa, toks, counts, B, 0);
+        CHECKF(cas_gpu_forward(g_gpu, g_gkv, &b, la) == CAS_OK, "prefill: %s", cas_last_error());
+        b = paged_batch(&pb, qb, toks, counts, B, 0);
+        CHECKF(cas_gpu_forward(eager, ekv, &b, lb) == CAS_OK, "prefill: %s", cas_last_error());
+        for (int i = 0; i < B; i++) next[i] = argmax(la + (size_t)i * g_vocab, g_vocab);
+        int bitwise = 1, tokens_same = 1, gap_ok = 1;
+        float worst = 0.f;
+        for (int stp = 0; stp < STEPS; stp++) {
+            cas_gpu_sample sp[MAXB];
+            for (int i = 0; i < B; i++) {
+                const float u = (float)cas_rng_uniform(&rng);
+                /* the full-bucket batch samples (temperature, top-p), the padded one is greedy */
+                sp[i] = (cas_gpu_sample){B == 8 ? 0.8f : 0.0f, 0, B == 8 ? 0.95f : 1.0f, 0.0f, u < 1.f ? u : 0.f, 1};
+                toks[i] = &next[i];
+                counts[i] = 1;
+            }
+            int32_t ta[MAXB], tb[MAXB];
+            b = paged_batch(&pa, qa, toks, counts, B, 0);
+            CHECKF(cas_gpu_forward_sample(g_gpu, g_gkv, &b, sp, ta, la) == CAS_OK, "graph step: %s",
+                   cas_last_error());
+            b = paged_batch(&pb, qb, toks, counts, B, 0);
+            CHECKF(cas_gpu_forward_sample(eager, ekv, &b, sp, tb, lb) == CAS_OK, "eager step: %s",
+                   cas_last_error());
+            bitwise &= memcmp(la, lb, sizeof(float) * (size_t)B * g_vocab) == 0 && memcmp(ta, tb, sizeof(int32_t) * B) == 0;
+            const float d = max_abs_diff(la, lb, (size_t)B * g_vocab);
+            if (d > worst) worst = d;
+            for (int i = 0; i < B; i++) {
+                if (ta[i] != tb[i]) {
+                    tokens_same = 0;
+                    if (margin(lb + (size_t)i * g_vocab, g_vocab) > MARGIN) gap_ok = 0;
+                }
+                next[i] = ta[i];
+            }
+        }
+        printf("  graphs, %d rows (bucket %d): %s, max logit difference %.3g, tokens %s\n", B, 8,
+               bitwise ? "bitwise equal to eager" : "not bitwise equal", (double)worst,
+               tokens_same ? "the same" : "differ");
+        if (B == 8) CHECKF(bitwise, "a full bucket's replay differs from eager (max %.3g)", (double)worst);
+        else CHECK(worst <= SELF_TOL && gap_ok);
+    }
+    cas_gpu_graph_stats(g_gpu, &g1);
+    const int64_t decode = 2 * STEPS;
+    printf("  graph stats: %lld captured, %lld replayed, %lld padded eagerly, %lld eager\n",
+           (long long)(g1.captures - g0.captures), (long long)(g1.replays - g0.replays),
+           (long long)(g1.padded_eager - g0.padded_eager), (long long)(g1.eager - g0.eager));
+    if (stand_in) CHECK(g1.padded_eager - g0.padded_eager == decode && g1.replays == g0.replays);
+    else CHECK(g1.replays - g0.replays == decode && g1.captures >= 1 && g1.padded_eager == 0);
+    cas_gpu_graph_info ge;
+    cas_gpu_graph_stats(eager, &ge);
+    CHECK(ge.captures == 0 && ge.replays == 0 && ge.padded_eager == 0 && ge.eager == decode + 2);
+    free(la);
+    free(lb);
+    cas_gpu_kv_destroy(ekv);
+    cas_gpu_model_destroy(eager);
+}
+
 /* Llama-3-70B's shape with synthetic weights: refused with the sizes where
  * its 141 GB do not fit the device's free memory, made where they do */
 static void test_too_large(void) {
@@ -407,6 +505,7 @@ int main(int argc, char **argv) {
     RUN(test_against_cpu);
     RUN(test_self);
     RUN(test_sampling);
+    RUN(test_graphs);
     RUN(test_bad);
     RUN(test_too_large);
     cas_gpu_kv_destroy(g_gkv);
