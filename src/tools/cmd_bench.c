@@ -2,20 +2,58 @@
  * cmd_bench.c: `cascade bench`, offline serving benchmark through the engine.
  * Synthetic requests share a prefix (or a tree of prefixes) and have unique
  * suffixes of random tokens; they arrive all at once or as a Poisson process
- * at --rate requests per second. Reports throughput, time to first token and
- * time per output token percentiles, prompt tokens the model actually computed
- * and the prefix-cache hit rate; --no-cascade and --no-prefix-cache switch
- * each feature off so its effect can be measured, and --simd / --no-amx pick
- * the kernels' instruction set to compare them.
+ * at --rate requests per second. --workload picks one of the end-to-end
+ * presets (system prompt, few-shot tree, document QA, parallel sampling,
+ * unshared chat traffic, long context) and --scale shrinks every length so
+ * the same shapes run on a small machine.
+ *
+ * Reports throughput, time to first token, time per output token and
+ * inter-token latency percentiles, prompt tokens the model actually computed
+ * and the prefix-cache hit rate, and per decode step (a step that computed no
+ * prompt token) its time, batch size and a byte roofline: the weights plus
+ * the distinct KV tokens the step's attention reads, over the copy bandwidth.
+ * --no-cascade and --no-prefix-cache switch each feature off so its effect
+ * can be measured, and --simd / --no-amx pick the kernels' instruction set to
+ * compare them.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../engine/engine.h"
+#include "../model/model.h"
 #include "tools.h"
+#if CAS_WITH_CUDA
+#include "../cuda/cuda_attn.h"
+#endif
+
+/* Random prompt tokens are drawn from [TOKEN_LO, TOKEN_HI]: ids of the
+ * default model's tokenizer (49152 entries), which synthetic models take too. */
+#define TOKEN_LO 100
+#define TOKEN_HI 49151
+/* inter-token latency samples written to --latency-json at the most */
+#define ITL_SAMPLES_MAX 20000
+
+/* ---- growing arrays ------------------------------------------------------ */
+
+typedef struct {
+    double *v;
+    int64_t n, cap;
+} dvec;
+
+static void dvec_push(dvec *a, double x) {
+    if (a->n == a->cap) {
+        int64_t cap = a->cap ? a->cap * 2 : 1024;
+        double *v = realloc(a->v, sizeof(double) * (size_t)cap);
+        if (!v) return; /* a lost sample, not a failed benchmark */
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+}
+
+/* ---- per-request timing, from the engine's events ------------------------- */
 
 typedef struct {
     double submit_t, first_t, last_t;
@@ -26,15 +64,19 @@ typedef struct {
 typedef struct {
     req_stat *st;
     int32_t n_done;
+    dvec itl; /* ms: every gap between consecutive token events of a request */
 } bench_ctx;
 
 static bench_ctx *g_ctx;
 
+/* The engine emits one event per token per step, so an event's gap to the
+ * request's previous one is one inter-token latency. */
 static void on_event(void *user, const cas_engine_event *ev) {
     req_stat *r = user;
     double now = cas_now_s();
     if (ev->n_tokens > 0) {
         if (r->n_out == 0) r->first_t = now;
+        else dvec_push(&g_ctx->itl, (now - r->last_t) * 1e3);
         r->n_out += ev->n_tokens;
         r->last_t = now;
     }
@@ -49,110 +91,370 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double pct(double *v, int n, double p) {
-    if (n == 0) return NAN;
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
-    double idx = p / 100.0 * (n - 1);
-    int lo = (int)idx;
-    int hi = lo + 1 < n ? lo + 1 : lo;
-    return v[lo] + (v[hi] - v[lo]) * (idx - lo);
+/* The p-th percentile (linear interpolation) of n values; v is left as it
+ * was. NAN when n is 0. */
+static double pct(const double *v, int64_t n, double p) {
+    if (n <= 0) return NAN;
+    double *s = malloc(sizeof(double) * (size_t)n);
+    if (!s) return NAN;
+    memcpy(s, v, sizeof(double) * (size_t)n);
+    qsort(s, (size_t)n, sizeof(double), cmp_d);
+    double idx = p / 100.0 * (double)(n - 1);
+    int64_t lo = (int64_t)idx;
+    int64_t hi = lo + 1 < n ? lo + 1 : lo;
+    double r = s[lo] + (s[hi] - s[lo]) * (idx - (double)lo);
+    free(s);
+    return r;
 }
 
+/* ---- synthetic prompts ---------------------------------------------------- */
+
 /* Token lists per request from a tree spec "N*T(...)+..." like attn-bench's:
- * requests below a group share its T tokens. */
+ * requests below a group share its T tokens; each then gets `suffix` tokens
+ * of its own and asks for `out[i]` tokens. */
 typedef struct {
     int32_t **toks;
     int32_t *len;
+    int32_t *out; /* max_tokens per request */
     int32_t n, cap;
 } prompts;
 
-static int parse_groups(const char **s, prompts *ps, int32_t *prefix, int32_t plen, int32_t suffix,
-                        cas_rng *rng, int32_t vocab, int depth);
+typedef struct {
+    int32_t suffix, output; /* own tokens and output tokens per request (scaled) */
+    double scale;           /* multiplies every T of the tree */
+    cas_rng *rng;
+} tree_gen;
 
-static int add_request(prompts *ps, const int32_t *prefix, int32_t plen, int32_t suffix, cas_rng *rng,
-                       int32_t vocab) {
+/* A token length times --scale: at least 1 token, 0 stays 0. */
+static int32_t scaled(double x, double scale) {
+    if (x <= 0) return 0;
+    double y = floor(x * scale + 0.5);
+    return y < 1 ? 1 : y > 1e9 ? 1000000000 : (int32_t)y;
+}
+
+static int add_request(prompts *ps, const int32_t *prefix, int32_t plen, int32_t own, int32_t out,
+                       cas_rng *rng) {
     if (ps->n == ps->cap) {
-        ps->cap = ps->cap ? ps->cap * 2 : 64;
-        ps->toks = realloc(ps->toks, sizeof(int32_t *) * (size_t)ps->cap);
-        ps->len = realloc(ps->len, sizeof(int32_t) * (size_t)ps->cap);
+        int32_t cap = ps->cap ? ps->cap * 2 : 64;
+        int32_t **t = realloc(ps->toks, sizeof(int32_t *) * (size_t)cap);
+        if (!t) return -1;
+        ps->toks = t;
+        int32_t *l = realloc(ps->len, sizeof(int32_t) * (size_t)cap);
+        if (!l) return -1;
+        ps->len = l;
+        int32_t *o = realloc(ps->out, sizeof(int32_t) * (size_t)cap);
+        if (!o) return -1;
+        ps->out = o;
+        ps->cap = cap;
     }
-    int32_t *t = malloc(sizeof(int32_t) * (size_t)(plen + suffix + 1));
-    memcpy(t, prefix, sizeof(int32_t) * (size_t)plen);
-    for (int32_t i = 0; i < suffix; i++) t[plen + i] = (int32_t)cas_rng_range(rng, 100, vocab - 1);
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)(plen + own + 1));
+    if (!t) return -1;
+    if (plen) memcpy(t, prefix, sizeof(int32_t) * (size_t)plen);
+    for (int32_t i = 0; i < own; i++) t[plen + i] = (int32_t)cas_rng_range(rng, TOKEN_LO, TOKEN_HI);
     ps->toks[ps->n] = t;
-    ps->len[ps->n] = plen + suffix;
+    ps->len[ps->n] = plen + own;
+    ps->out[ps->n] = out;
     ps->n++;
     return 0;
 }
 
-static int parse_group(const char **s, prompts *ps, int32_t *prefix, int32_t plen, int32_t suffix,
-                       cas_rng *rng, int32_t vocab, int depth) {
+static int parse_groups(const char **s, prompts *ps, const int32_t *prefix, int32_t plen, const tree_gen *g,
+                        int depth);
+
+static int parse_group(const char **s, prompts *ps, const int32_t *prefix, int32_t plen, const tree_gen *g,
+                       int depth) {
     char *end;
     long n = strtol(*s, &end, 10);
     if (end == *s || *end != '*' || n < 1 || n > 100000) return -1;
     *s = end + 1;
-    long t = strtol(*s, &end, 10);
-    if (end == *s || t < 0 || t > 1000000) return -1;
+    long t0 = strtol(*s, &end, 10);
+    if (end == *s || t0 < 0 || t0 > 1000000) return -1;
     *s = end;
+    const int32_t t = scaled((double)t0, g->scale);
     int32_t *p2 = malloc(sizeof(int32_t) * (size_t)(plen + t + 1));
-    memcpy(p2, prefix, sizeof(int32_t) * (size_t)plen);
-    for (long i = 0; i < t; i++) p2[plen + i] = (int32_t)cas_rng_range(rng, 100, vocab - 1);
-    int placed0 = ps->n;
+    if (!p2) return -1;
+    if (plen) memcpy(p2, prefix, sizeof(int32_t) * (size_t)plen);
+    for (int32_t i = 0; i < t; i++) p2[plen + i] = (int32_t)cas_rng_range(g->rng, TOKEN_LO, TOKEN_HI);
+    int32_t placed0 = ps->n;
     if (**s == '(') {
         (*s)++;
-        if (parse_groups(s, ps, p2, plen + (int32_t)t, suffix, rng, vocab, depth + 1) || **s != ')') {
+        if (parse_groups(s, ps, p2, plen + t, g, depth + 1) || **s != ')') {
             free(p2);
             return -1;
         }
         (*s)++;
     }
-    while (ps->n - placed0 < n) add_request(ps, p2, plen + (int32_t)t, suffix, rng, vocab);
+    while (ps->n - placed0 < n)
+        if (add_request(ps, p2, plen + t, g->suffix, g->output, g->rng)) {
+            free(p2);
+            return -1;
+        }
     free(p2);
     return ps->n - placed0 > n ? -1 : 0;
 }
 
-static int parse_groups(const char **s, prompts *ps, int32_t *prefix, int32_t plen, int32_t suffix,
-                        cas_rng *rng, int32_t vocab, int depth) {
+static int parse_groups(const char **s, prompts *ps, const int32_t *prefix, int32_t plen, const tree_gen *g,
+                        int depth) {
     if (depth > 16) return -1;
     for (;;) {
-        if (parse_group(s, ps, prefix, plen, suffix, rng, vocab, depth)) return -1;
+        if (parse_group(s, ps, prefix, plen, g, depth)) return -1;
         if (**s != '+') return 0;
         (*s)++;
     }
 }
 
+/* Lengths of the unshared workload: log-normal fits of chat traffic. A
+ * log-normal's mean is exp(mu + sigma^2 / 2), so for a mean m, mu = ln(m) -
+ * sigma^2 / 2. Prompts: mean 1000 tokens, sigma 1.0 (mu = ln 1000 - 0.5 =
+ * 6.408), clamped to [16, 8192]; outputs: mean 250, sigma 0.8 (mu = ln 250 -
+ * 0.32 = 5.201), clamped to [8, 2048]. The clamps trim the means by under
+ * 1%. Drawn from the --seed generator, so a seed fixes them. */
+#define LN_PROMPT_MEAN 1000.0
+#define LN_PROMPT_SIGMA 1.0
+#define LN_PROMPT_MIN 16
+#define LN_PROMPT_MAX 8192
+#define LN_OUTPUT_MEAN 250.0
+#define LN_OUTPUT_SIGMA 0.8
+#define LN_OUTPUT_MIN 8
+#define LN_OUTPUT_MAX 2048
+
+static double lognormal_len(cas_rng *rng, double mean, double sigma, double lo, double hi) {
+    double mu = log(mean) - sigma * sigma / 2;
+    double x = floor(exp(mu + sigma * cas_rng_normal(rng)) + 0.5);
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* ---- workload presets ------------------------------------------------------ */
+
+typedef struct {
+    int32_t requests, prefix, suffix, output;
+    const char *tree;
+    float temperature; /* < 0: the engine's default */
+    int lognormal_prompt, lognormal_output; /* unshared: lengths drawn per request */
+    const char *workload;
+    char tree_buf[256];
+} bench_cfg;
+
+static const char *const WORKLOADS =
+    "system-prompt, few-shot-tree, document-qa, parallel-sampling, unshared, long-context";
+
+/* Sets every field a preset decides; options after --workload override them. */
+static int apply_workload(bench_cfg *c, const char *name) {
+    c->tree = NULL;
+    c->prefix = 0;
+    c->temperature = -1;
+    c->lognormal_prompt = c->lognormal_output = 0;
+    if (!strcmp(name, "system-prompt")) {
+        /* one 8192-token system prompt shared by 64 requests, 512 tokens each of their own */
+        c->requests = 64, c->prefix = 8192, c->suffix = 512, c->output = 256;
+    } else if (!strcmp(name, "few-shot-tree")) {
+        /* 4096 tokens shared by all 128, 2048 more by each group of 32 */
+        c->tree = "128*4096(32*2048+32*2048+32*2048+32*2048)";
+        c->requests = 128, c->suffix = 256, c->output = 128;
+    } else if (!strcmp(name, "document-qa")) {
+        /* 16 documents of 4096 tokens, 16 questions of 64 tokens on each */
+        c->tree_buf[0] = 0;
+        for (int i = 0; i < 16; i++) strcat(c->tree_buf, i ? "+16*4096" : "16*4096");
+        c->tree = c->tree_buf;
+        c->requests = 256, c->suffix = 64, c->output = 128;
+    } else if (!strcmp(name, "parallel-sampling")) {
+        /* 8 prompts of 2048 tokens, 16 samples of each at temperature 1 (seeds differ) */
+        c->tree_buf[0] = 0;
+        for (int i = 0; i < 8; i++) strcat(c->tree_buf, i ? "+16*2048" : "16*2048");
+        c->tree = c->tree_buf;
+        c->requests = 128, c->suffix = 0, c->output = 256, c->temperature = 1.0f;
+    } else if (!strcmp(name, "unshared")) {
+        /* 256 requests with nothing shared, lengths as chat traffic (lognormal_len) */
+        c->requests = 256, c->suffix = 0, c->output = 0;
+        c->lognormal_prompt = c->lognormal_output = 1;
+    } else if (!strcmp(name, "long-context")) {
+        /* 8 questions of 256 tokens on one 65536-token document */
+        c->requests = 8, c->prefix = 65536, c->suffix = 256, c->output = 256;
+    } else {
+        return -1;
+    }
+    c->workload = name;
+    return 0;
+}
+
+/* ---- model shape, for the byte roofline ----------------------------------- */
+
+typedef struct {
+    cas_model_config cfg;
+    int64_t file_weight_bytes; /* a GGUF file: bytes of the tensors a decode step reads; 0 synthetic */
+} model_shape;
+
+/* The config of -m's model without building it: the shape by name for
+ * "synthetic:NAME", else the file's header (and its tensors' bytes). */
+static cas_status read_shape(const char *path, model_shape *m) {
+    memset(m, 0, sizeof *m);
+    if (!strncmp(path, "synthetic:", 10)) return cas_model_config_synthetic(path + 10, &m->cfg);
+    cas_gguf *g;
+    cas_status st = cas_gguf_open(path, &g);
+    if (st) return st;
+    if ((st = cas_model_config_read(g, &m->cfg))) goto out;
+    /* every tensor but the embedding table (a step reads a row of it per token);
+     * a model without output.weight reads the table as its output matrix */
+    const cas_gguf_tensor *emb = cas_gguf_find_tensor(g, "token_embd.weight");
+    for (int64_t i = 0; i < cas_gguf_n_tensors(g); i++) {
+        const cas_gguf_tensor *t = cas_gguf_tensor_at(g, i);
+        if (t != emb) m->file_weight_bytes += (int64_t)t->nbytes;
+    }
+    if (emb && !cas_gguf_find_tensor(g, "output.weight")) m->file_weight_bytes += (int64_t)emb->nbytes;
+out:
+    cas_gguf_close(g);
+    return st;
+}
+
+/* Bytes of weights one decode step reads. The GPU holds every matrix in
+ * bf16 (2 bytes per parameter) and the norms in f32: per layer wq, wk, wv,
+ * wo, gate, up, down and two norms, then the output norm and the output
+ * matrix (the tied embedding table where there is no output matrix). The
+ * CPU reads the file's tensors as they are (quantized). */
+static int64_t weight_bytes(const model_shape *m, cas_device dev) {
+    if (dev != CAS_DEVICE_CUDA) return m->file_weight_bytes;
+    const cas_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, F = c->n_ff, QD = (int64_t)c->n_head * c->head_dim,
+                  KD = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t per_layer = E * QD + 2 * E * KD + QD * E + 3 * E * F;
+    const int64_t matrices = c->n_layers * per_layer + (int64_t)c->n_vocab * E;
+    const int64_t norms = (2 * (int64_t)c->n_layers + 1) * E;
+    return 2 * matrices + 4 * norms;
+}
+
+/* K and V of one token in every layer: f16 on the CPU, bf16 on the GPU. */
+static int64_t kv_bytes_per_token(const model_shape *m) {
+    return 2 * (int64_t)m->cfg.n_layers * m->cfg.n_head_kv * m->cfg.head_dim * 2;
+}
+
+/* ---- steps ------------------------------------------------------------------ */
+
+typedef struct {
+    double t;     /* start, seconds after the first submission */
+    double s;     /* the engine's last_step_s */
+    int32_t seqs, tokens, prompt_tokens;
+    int64_t kv_tokens;
+} step_rec;
+
+/* ---- JSON output -------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+        else fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* a number, or null for NAN and infinities (which JSON lacks) */
+static void json_num(FILE *f, double v, int prec) {
+    if (isfinite(v)) fprintf(f, "%.*f", prec, v);
+    else fputs("null", f);
+}
+
+static void json_key(FILE *f, int *first, const char *k) {
+    fprintf(f, "%s\"%s\": ", *first ? "" : ", ", k);
+    *first = 0;
+}
+
+static void json_kstr(FILE *f, int *first, const char *k, const char *v) {
+    json_key(f, first, k);
+    if (v) json_str(f, v);
+    else fputs("null", f);
+}
+
+static void json_kint(FILE *f, int *first, const char *k, long long v) {
+    json_key(f, first, k);
+    fprintf(f, "%lld", v);
+}
+
+static void json_knum(FILE *f, int *first, const char *k, double v, int prec) {
+    json_key(f, first, k);
+    json_num(f, v, prec);
+}
+
+static void json_arr(FILE *f, const double *v, int64_t n, int prec) {
+    fputc('[', f);
+    for (int64_t i = 0; i < n; i++) {
+        if (i) fputs(", ", f);
+        json_num(f, v[i], prec);
+    }
+    fputc(']', f);
+}
+
+static void usage(void) {
+    printf("usage: cascade bench [-m MODEL] [--workload NAME] [--scale X] [--requests N] [--prefix T]\n"
+           "                     [--suffix T] [--output T] [--tree SPEC] [--rate R] [--temperature X]\n"
+           "                     [--no-cascade] [--no-prefix-cache] [--threads N] [--kv-cache-mb N]\n"
+           "                     [--max-batch-tokens N] [--max-context N] [--seed N] [--json] [--label S]\n"
+           "                     [--copy-gbps X] [--measure-copy] [--steps-json FILE] [--latency-json FILE]\n"
+           "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
+           "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X] [--enforce-eager]\n"
+           "  -m MODEL        a GGUF file, or synthetic:NAME (llama-3.2-1b, llama-3-8b, llama-3-70b;\n"
+           "                  random weights, --device cuda only)\n"
+           "  --workload NAME a preset; options after it override its settings:\n"
+           "                  system-prompt      64 requests: 8192 shared tokens + 512 own, 256 out\n"
+           "                  few-shot-tree      128 requests: 4096 shared by all, 2048 more by each\n"
+           "                                     group of 32, 256 own, 128 out\n"
+           "                  document-qa        16 documents of 4096 tokens x 16 questions of 64, 128 out\n"
+           "                  parallel-sampling  8 prompts of 2048 tokens x 16 samples at temperature 1,\n"
+           "                                     256 out\n"
+           "                  unshared           256 requests, nothing shared, log-normal lengths: prompt\n"
+           "                                     mean 1000 (sigma 1, [16, 8192]), output mean 250\n"
+           "                                     (sigma 0.8, [8, 2048])\n"
+           "                  long-context       8 requests on one 65536-token document, 256 own, 256 out\n"
+           "  --scale X       multiply every token length (tree, prefix, suffix, output, log-normal\n"
+           "                  draws) by X, at least 1 token (default 1)\n"
+           "  --tree SPEC     multi-level sharing as in attn-bench: '40*1024(20*512)+10*768'\n"
+           "                  (sets the request count; --requests and --prefix are then unused)\n"
+           "  --rate R        Poisson arrivals at R requests/s (default: all at once)\n"
+           "  --temperature X sampling temperature (default: greedy); request i gets seed --seed + i\n"
+           "  --max-context N tokens per sequence (default: the model's, raised to the longest request)\n"
+           "  --label S       a name for this run, copied into the JSON\n"
+           "  --copy-gbps X   device copy bandwidth, GB/s of bytes read + written: gives the decode\n"
+           "                  steps' byte roofline (else its fields are null)\n"
+           "  --measure-copy  cuda: measure that bandwidth on the GPU before the run\n"
+           "  --steps-json F  every step's start, time, sequences, tokens, KV tokens read, to F\n"
+           "  --latency-json F  TTFT, TPOT per request and inter-token latencies, to F (for CDFs)\n"
+           "  --device D      auto (default: the GPU where this build has CUDA and the machine a GPU,\n"
+           "                  else the CPU), cpu or cuda\n"
+           "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and KV (0.9)\n"
+           "  --enforce-eager cuda: launch every step eagerly, no CUDA graphs\n"
+           "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
+           "  --no-amx        never the AMX tile unit\n"
+           "  --debug-checks  check the KV pool's and scheduler's invariants after every change\n"
+           "A decode step is a step that computed no prompt token. Its byte roofline reads every\n"
+           "weight matrix once and the step's distinct KV tokens once, at the copy bandwidth.\n");
+}
+
 int cmd_bench(int argc, char **argv) {
     cas_engine_opts eo = cas_engine_opts_default();
-    int32_t requests = 64, prefix = 1024, suffix = 32, output = 64;
+    bench_cfg c;
+    memset(&c, 0, sizeof c);
+    c.requests = 64, c.prefix = 1024, c.suffix = 32, c.output = 64, c.temperature = -1;
     double rate = 0; /* 0: all at once */
-    const char *tree = NULL;
-    int json = 0;
+    double scale = 1, copy_gbps = 0;
+    int json = 0, measure_copy = 0;
     uint64_t seed = 1;
+    const char *label = NULL, *steps_path = NULL, *lat_path = NULL;
     eo.model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("usage: cascade bench [-m MODEL] [--requests N] [--prefix T] [--suffix T] [--output T]\n"
-                   "                     [--tree SPEC] [--rate R] [--no-cascade] [--no-prefix-cache]\n"
-                   "                     [--threads N] [--kv-cache-mb N] [--max-batch-tokens N] [--seed N] [--json]\n"
-                   "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
-                   "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X] [--enforce-eager]\n"
-                   "  --device D      auto (default: the GPU where this build has CUDA and the machine a GPU,\n"
-                   "                  else the CPU), cpu or cuda\n"
-                   "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and KV (0.9)\n"
-                   "  --enforce-eager cuda: launch every step eagerly, no CUDA graphs\n"
-                   "  --tree SPEC     multi-level sharing as in attn-bench: '40*1024(20*512)+10*768'\n"
-                   "  --rate R        Poisson arrivals at R requests/s (default: all at once)\n"
-                   "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
-                   "  --no-amx        never the AMX tile unit\n"
-                   "  --debug-checks  check the KV pool's and scheduler's invariants after every change\n");
+            usage();
             return 0;
         }
         int takes = !strcmp(a, "-m") || !strcmp(a, "--requests") || !strcmp(a, "--prefix") ||
                     !strcmp(a, "--suffix") || !strcmp(a, "--output") || !strcmp(a, "--tree") ||
                     !strcmp(a, "--rate") || !strcmp(a, "--seed") || !strcmp(a, "--threads") ||
                     !strcmp(a, "--kv-cache-mb") || !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--simd") ||
-                    !strcmp(a, "--device") || !strcmp(a, "--gpu-memory-fraction");
+                    !strcmp(a, "--device") || !strcmp(a, "--gpu-memory-fraction") || !strcmp(a, "--workload") ||
+                    !strcmp(a, "--scale") || !strcmp(a, "--temperature") || !strcmp(a, "--max-context") ||
+                    !strcmp(a, "--label") || !strcmp(a, "--copy-gbps") || !strcmp(a, "--steps-json") ||
+                    !strcmp(a, "--latency-json");
         if (takes) {
             if (!v) {
                 fprintf(stderr, "bench: %s needs a value\n", a);
@@ -161,23 +463,51 @@ int cmd_bench(int argc, char **argv) {
             i++;
         }
         if (!strcmp(a, "-m")) eo.model_path = v;
-        else if (!strcmp(a, "--requests")) requests = atoi(v);
-        else if (!strcmp(a, "--prefix")) prefix = atoi(v);
-        else if (!strcmp(a, "--suffix")) suffix = atoi(v);
-        else if (!strcmp(a, "--output")) output = atoi(v);
-        else if (!strcmp(a, "--tree")) tree = v;
+        else if (!strcmp(a, "--requests")) c.requests = atoi(v);
+        else if (!strcmp(a, "--prefix")) c.prefix = atoi(v), c.lognormal_prompt = 0;
+        else if (!strcmp(a, "--suffix")) c.suffix = atoi(v), c.lognormal_prompt = 0;
+        else if (!strcmp(a, "--output")) c.output = atoi(v), c.lognormal_output = 0;
+        else if (!strcmp(a, "--tree")) c.tree = v, c.lognormal_prompt = 0;
         else if (!strcmp(a, "--rate")) rate = atof(v);
         else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--threads")) eo.threads = atoi(v);
         else if (!strcmp(a, "--kv-cache-mb")) eo.kv_cache_bytes = (int64_t)atoll(v) << 20;
         else if (!strcmp(a, "--max-batch-tokens")) eo.max_batch_tokens = atoi(v);
+        else if (!strcmp(a, "--max-context")) eo.max_context = atoi(v);
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
         else if (!strcmp(a, "--no-prefix-cache")) eo.prefix_cache = 0;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-amx")) eo.amx_off = 1;
         else if (!strcmp(a, "--debug-checks")) eo.debug_checks = 1;
-        else if (!strcmp(a, "--device")) {
+        else if (!strcmp(a, "--measure-copy")) measure_copy = 1;
+        else if (!strcmp(a, "--label")) label = v;
+        else if (!strcmp(a, "--steps-json")) steps_path = v;
+        else if (!strcmp(a, "--latency-json")) lat_path = v;
+        else if (!strcmp(a, "--workload")) {
+            if (apply_workload(&c, v)) {
+                fprintf(stderr, "bench: no workload '%s' (%s)\n", v, WORKLOADS);
+                return 2;
+            }
+        } else if (!strcmp(a, "--scale")) {
+            scale = atof(v);
+            if (!(scale > 0 && scale <= 1000)) {
+                fprintf(stderr, "bench: --scale must be in (0, 1000]\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--temperature")) {
+            c.temperature = (float)atof(v);
+            if (!(c.temperature >= 0)) {
+                fprintf(stderr, "bench: --temperature must be >= 0\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--copy-gbps")) {
+            copy_gbps = atof(v);
+            if (!(copy_gbps > 0)) {
+                fprintf(stderr, "bench: --copy-gbps must be > 0\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--device")) {
             if (cas_device_parse(v, &eo.device)) {
                 fprintf(stderr, "bench: --device takes auto, cpu or cuda, not '%s'\n", v);
                 return 2;
@@ -198,37 +528,118 @@ int cmd_bench(int argc, char **argv) {
             return 2;
         }
     }
-    if (requests < 1 || prefix < 0 || suffix < 0 || output < 1 || rate < 0) {
-        fprintf(stderr, "bench: --requests and --output must be >= 1, --prefix/--suffix/--rate >= 0\n");
+    if (c.requests < 1 || c.prefix < 0 || c.suffix < 0 || (c.output < 1 && !c.lognormal_output) || rate < 0 ||
+        eo.max_context < 0) {
+        fprintf(stderr, "bench: --requests and --output must be >= 1, --prefix/--suffix/--rate/--max-context >= 0\n");
         return 2;
     }
-    cas_engine *e;
-    if (cas_engine_create(&e, &eo)) {
-        fprintf(stderr, "bench: %s\n", cas_last_error());
-        return 1;
-    }
-    fprintf(stderr, "bench: %s on %s\n", cas_engine_model_name(e), cas_engine_device_name(e));
+
+    /* the requests, before the engine: a bad spec fails at once, and the
+     * longest request sets the context */
     cas_rng rng;
     cas_rng_seed(&rng, seed);
     prompts ps = {0};
+    const int32_t prefix = scaled(c.prefix, scale), suffix = scaled(c.suffix, scale), output = scaled(c.output, scale);
     char spec[64];
-    if (!tree) {
-        snprintf(spec, sizeof spec, "%d*%d", requests, prefix);
-        tree = spec;
+    const char *tree = c.tree;
+    int rc = 0;
+    cas_engine *e = NULL;
+    bench_ctx ctx = {0};
+    step_rec *steps = NULL;
+    double *ttft = NULL, *tpot = NULL, *dec_ms = NULL, *dec_seqs = NULL, *dec_kv = NULL, *dec_bytes = NULL,
+           *dec_roof = NULL, *dec_ratio = NULL;
+    if (c.lognormal_prompt) {
+        tree = "lognormal";
+        for (int32_t i = 0; i < c.requests; i++) {
+            int32_t len = scaled(lognormal_len(&rng, LN_PROMPT_MEAN, LN_PROMPT_SIGMA, LN_PROMPT_MIN, LN_PROMPT_MAX),
+                                 scale);
+            int32_t out = c.lognormal_output
+                              ? scaled(lognormal_len(&rng, LN_OUTPUT_MEAN, LN_OUTPUT_SIGMA, LN_OUTPUT_MIN, LN_OUTPUT_MAX),
+                                       scale)
+                              : output;
+            if (add_request(&ps, NULL, 0, len, out, &rng)) {
+                fprintf(stderr, "bench: out of memory for the prompts\n");
+                rc = 1;
+                goto out;
+            }
+        }
+    } else {
+        if (!tree) {
+            /* the prefix is scaled here, so the spec carries it as it is */
+            snprintf(spec, sizeof spec, "%d*%d", c.requests, prefix);
+            tree = spec;
+        }
+        tree_gen g = {suffix, output, tree == spec ? 1.0 : scale, &rng};
+        const char *s = tree;
+        if (parse_groups(&s, &ps, NULL, 0, &g, 0) || *s) {
+            fprintf(stderr, "bench: bad --tree '%s'\n", tree);
+            rc = 2;
+            goto out;
+        }
+        if (c.lognormal_output) /* the prompts from the options, the outputs drawn */
+            for (int32_t i = 0; i < ps.n; i++)
+                ps.out[i] = scaled(lognormal_len(&rng, LN_OUTPUT_MEAN, LN_OUTPUT_SIGMA, LN_OUTPUT_MIN, LN_OUTPUT_MAX),
+                                   scale);
     }
-    const char *s = tree;
-    int32_t *empty = NULL;
-    if (parse_groups(&s, &ps, empty, 0, suffix, &rng, 49152, 0) || *s) {
-        fprintf(stderr, "bench: bad --tree '%s'\n", tree);
-        cas_engine_destroy(e);
-        return 2;
+    for (int32_t i = 0; i < ps.n; i++)
+        if (ps.len[i] < 1) {
+            fprintf(stderr, "bench: request %d has an empty prompt (give --prefix or --suffix > 0)\n", i);
+            rc = 2;
+            goto out;
+        }
+    int64_t max_len = 0, prompt_total = 0, out_asked = 0;
+    for (int32_t i = 0; i < ps.n; i++) {
+        if (ps.len[i] + ps.out[i] > max_len) max_len = ps.len[i] + ps.out[i];
+        prompt_total += ps.len[i];
+        out_asked += ps.out[i];
     }
-    bench_ctx ctx = {calloc((size_t)ps.n, sizeof(req_stat)), 0};
+
+    model_shape shape;
+    int have_shape = read_shape(eo.model_path, &shape) == CAS_OK;
+    if (!have_shape) fprintf(stderr, "bench: no model shape, no byte roofline: %s\n", cas_last_error());
+    if (have_shape && eo.max_context == 0 && max_len > shape.cfg.n_ctx_train) {
+        eo.max_context = (int32_t)max_len;
+        fprintf(stderr, "bench: context raised from the model's %d to %d tokens for the longest request\n",
+                shape.cfg.n_ctx_train, eo.max_context);
+    }
+
+    /* before the engine takes its share of the GPU's memory */
+    if (measure_copy) {
+#if CAS_WITH_CUDA
+        if (cas_device_resolve(eo.device) == CAS_DEVICE_CUDA) {
+            if (cas_cuda_measure_copy(eo.gpu_device, &copy_gbps)) {
+                fprintf(stderr, "bench: measuring the copy bandwidth: %s\n", cas_last_error());
+                rc = 1;
+                goto out;
+            }
+            fprintf(stderr, "bench: device copy %.0f GB/s (read + write)\n", copy_gbps);
+        } else
+            fprintf(stderr, "bench: --measure-copy measures a CUDA device only; not measured\n");
+#else
+        fprintf(stderr, "bench: --measure-copy needs a CUDA build (make CUDA=1); not measured\n");
+#endif
+    }
+
+    if (cas_engine_create(&e, &eo)) {
+        fprintf(stderr, "bench: %s\n", cas_last_error());
+        rc = 1;
+        goto out;
+    }
+    const char *model_name = cas_engine_model_name(e), *device_name = cas_engine_device_name(e);
+    fprintf(stderr, "bench: %s on %s\n", model_name, device_name);
+    const int64_t wbytes = have_shape ? weight_bytes(&shape, cas_engine_device(e)) : 0;
+    const int64_t kvb = have_shape ? kv_bytes_per_token(&shape) : 0;
+
+    ctx.st = calloc((size_t)ps.n, sizeof(req_stat));
+    if (!ctx.st) {
+        fprintf(stderr, "bench: out of memory\n");
+        rc = 1;
+        goto out;
+    }
     g_ctx = &ctx;
+    int64_t n_steps = 0, steps_cap = 0, steps_seen = 0;
     double t0 = cas_now_s(), next = t0;
     int32_t submitted = 0;
-    int64_t prompt_total = 0;
-    int rc = 0;
     while (ctx.n_done < ps.n) {
         double now = cas_now_s();
         while (submitted < ps.n && (rate <= 0 || now >= next)) {
@@ -237,8 +648,10 @@ int cmd_bench(int argc, char **argv) {
             rq.tokens = ps.toks[submitted];
             rq.n_tokens = ps.len[submitted];
             rq.sampling = cas_engine_sampling_default();
-            rq.sampling.max_tokens = output;
+            rq.sampling.max_tokens = ps.out[submitted];
             rq.sampling.ignore_eos = 1;
+            rq.sampling.seed = seed + (uint64_t)submitted;
+            if (c.temperature >= 0) rq.sampling.temperature = c.temperature;
             rq.cb = on_event;
             rq.user = &ctx.st[submitted];
             ctx.st[submitted].submit_t = now;
@@ -248,20 +661,48 @@ int cmd_bench(int argc, char **argv) {
                 rc = 1;
                 goto out;
             }
-            prompt_total += ps.len[submitted];
             submitted++;
             if (rate > 0) next += -log(1.0 - cas_rng_uniform(&rng)) / rate;
         }
         int busy = 0;
+        double ts = cas_now_s();
         if (cas_engine_step(e, &busy)) {
             fprintf(stderr, "bench: %s\n", cas_last_error());
             rc = 1;
             goto out;
         }
-        (void)busy;
+        cas_engine_stats st;
+        cas_engine_get_stats(e, &st);
+        if (st.steps == steps_seen) continue; /* nothing ran */
+        steps_seen = st.steps;
+        if (n_steps == steps_cap) {
+            int64_t cap = steps_cap ? steps_cap * 2 : 1024;
+            step_rec *p = realloc(steps, sizeof(step_rec) * (size_t)cap);
+            if (!p) {
+                fprintf(stderr, "bench: out of memory for the steps\n");
+                rc = 1;
+                goto out;
+            }
+            steps = p;
+            steps_cap = cap;
+        }
+        steps[n_steps++] = (step_rec){ts - t0, st.last_step_s, st.last_step_seqs, st.last_step_tokens,
+                                      st.last_step_prompt_tokens, st.last_step_kv_tokens};
     }
     double elapsed = cas_now_s() - t0;
-    double *ttft = malloc(sizeof(double) * (size_t)ps.n), *tpot = malloc(sizeof(double) * (size_t)ps.n);
+
+    /* per request */
+    ttft = malloc(sizeof(double) * (size_t)ps.n);
+    tpot = malloc(sizeof(double) * (size_t)ps.n);
+    /* per decode step */
+    size_t nd_bytes = sizeof(double) * (size_t)(n_steps + 1);
+    dec_ms = malloc(nd_bytes), dec_seqs = malloc(nd_bytes), dec_kv = malloc(nd_bytes);
+    dec_bytes = malloc(nd_bytes), dec_roof = malloc(nd_bytes), dec_ratio = malloc(nd_bytes);
+    if (!ttft || !tpot || !dec_ms || !dec_seqs || !dec_kv || !dec_bytes || !dec_roof || !dec_ratio) {
+        fprintf(stderr, "bench: out of memory\n");
+        rc = 1;
+        goto out;
+    }
     int n_tpot = 0;
     int64_t out_tokens = 0;
     for (int32_t i = 0; i < ps.n; i++) {
@@ -270,37 +711,192 @@ int cmd_bench(int argc, char **argv) {
         out_tokens += r->n_out;
         if (r->n_out > 1) tpot[n_tpot++] = (r->last_t - r->first_t) * 1e3 / (r->n_out - 1);
     }
+    /* the roofline per decode step: every weight and the step's distinct KV
+     * tokens read once. The copy bandwidth counts bytes read + written, a
+     * step only reads, so roofline_ms = bytes / (copy_gbps * 1e9) * 1e3;
+     * step_over_roofline is the median over decode steps of each step's
+     * time over its own roofline */
+    int64_t nd = 0;
+    for (int64_t i = 0; i < n_steps; i++) {
+        const step_rec *s = &steps[i];
+        if (s->prompt_tokens != 0) continue;
+        const double bytes = (double)wbytes + (double)s->kv_tokens * (double)kvb;
+        dec_ms[nd] = s->s * 1e3;
+        dec_seqs[nd] = s->seqs;
+        dec_kv[nd] = (double)s->kv_tokens;
+        dec_bytes[nd] = bytes;
+        dec_roof[nd] = copy_gbps > 0 && have_shape ? bytes / (copy_gbps * 1e9) * 1e3 : NAN;
+        dec_ratio[nd] = dec_ms[nd] / dec_roof[nd];
+        nd++;
+    }
     cas_engine_stats st;
     cas_engine_get_stats(e, &st);
-    double hit = st.prefix_queries_tokens ? (double)st.prefix_hit_tokens / (double)st.prefix_queries_tokens : 0;
-    double t50 = pct(ttft, ps.n, 50), t99 = pct(ttft, ps.n, 99);
-    double p50 = pct(tpot, n_tpot, 50), p99 = pct(tpot, n_tpot, 99);
-    if (json)
-        printf("{\"requests\": %d, \"prefix\": %d, \"suffix\": %d, \"output\": %d, \"tree\": \"%s\", \"rate\": %g, "
-               "\"cascade\": %d, \"prefix_cache\": %d, \"elapsed_s\": %.4f, \"output_tok_per_s\": %.3f, "
-               "\"total_tok_per_s\": %.3f, \"prompt_tokens\": %lld, \"prompt_tokens_computed\": %lld, "
-               "\"prefix_cache_hit_rate\": %.4f, \"ttft_ms_p50\": %.3f, \"ttft_ms_p99\": %.3f, "
-               "\"tpot_ms_p50\": %.3f, \"tpot_ms_p99\": %.3f, \"steps\": %lld, \"cascade_steps\": %lld, "
-               "\"preemptions\": %lld, \"graph_steps\": %lld, \"eager_steps\": %lld}\n",
-               ps.n, prefix, suffix, output, tree, rate, eo.cascade, eo.prefix_cache, elapsed,
-               out_tokens / elapsed, (out_tokens + prompt_total) / elapsed, (long long)prompt_total,
-               (long long)st.prompt_tokens_computed, hit, t50, t99, p50, p99, (long long)st.steps,
-               (long long)st.cascade_steps, (long long)st.preemptions, (long long)st.graph_steps,
-               (long long)st.eager_steps);
-    else
-        printf("%d requests in %.2f s: %.1f output tok/s; prompt tokens computed %lld of %lld (prefix-cache hit "
-               "rate %.1f%%); TTFT p50 %.1f ms p99 %.1f ms; TPOT p50 %.2f ms p99 %.2f ms; %lld steps, %lld with "
-               "cascade, %lld preemptions\n",
-               ps.n, elapsed, out_tokens / elapsed, (long long)st.prompt_tokens_computed, (long long)prompt_total,
-               100 * hit, t50, t99, p50, p99, (long long)st.steps, (long long)st.cascade_steps,
+    const double hit =
+        st.prefix_queries_tokens ? (double)st.prefix_hit_tokens / (double)st.prefix_queries_tokens : 0;
+    const double t50 = pct(ttft, ps.n, 50), t99 = pct(ttft, ps.n, 99);
+    const double p50 = pct(tpot, n_tpot, 50), p99 = pct(tpot, n_tpot, 99);
+    const double i50 = pct(ctx.itl.v, ctx.itl.n, 50), i99 = pct(ctx.itl.v, ctx.itl.n, 99);
+    const double d50 = pct(dec_ms, nd, 50), d99 = pct(dec_ms, nd, 99);
+    const double batch50 = pct(dec_seqs, nd, 50), kv50 = pct(dec_kv, nd, 50);
+    const double bytes50 = have_shape ? pct(dec_bytes, nd, 50) : NAN;
+    const double roof50 = pct(dec_roof, nd, 50), ratio50 = pct(dec_ratio, nd, 50);
+    const double out_per_s = (double)out_tokens / elapsed, total_per_s = (double)(out_tokens + prompt_total) / elapsed;
+    if (json) {
+        FILE *f = stdout;
+        int first = 1;
+        fputc('{', f);
+        json_kstr(f, &first, "workload", c.workload);
+        json_kstr(f, &first, "label", label);
+        json_kstr(f, &first, "model", model_name);
+        json_kstr(f, &first, "device", device_name);
+        json_kint(f, &first, "requests", ps.n);
+        json_kint(f, &first, "prefix", prefix);
+        json_kint(f, &first, "suffix", suffix);
+        json_kint(f, &first, "output", output);
+        json_kstr(f, &first, "tree", tree);
+        json_knum(f, &first, "prompt_len_mean", (double)prompt_total / ps.n, 1);
+        json_knum(f, &first, "output_len_mean", (double)out_asked / ps.n, 1);
+        json_knum(f, &first, "scale", scale, 4);
+        json_knum(f, &first, "rate", rate, 4);
+        json_knum(f, &first, "temperature", c.temperature >= 0 ? c.temperature : 0.0, 3);
+        json_kint(f, &first, "max_context", cas_engine_context_length(e));
+        json_kint(f, &first, "cascade", eo.cascade);
+        json_kint(f, &first, "prefix_cache", eo.prefix_cache);
+        json_knum(f, &first, "elapsed_s", elapsed, 4);
+        json_kint(f, &first, "output_tokens", (long long)out_tokens);
+        json_knum(f, &first, "output_tok_per_s", out_per_s, 3);
+        json_knum(f, &first, "total_tok_per_s", total_per_s, 3);
+        json_kint(f, &first, "prompt_tokens", (long long)prompt_total);
+        json_kint(f, &first, "prompt_tokens_computed", (long long)st.prompt_tokens_computed);
+        json_knum(f, &first, "prefix_cache_hit_rate", hit, 4);
+        json_knum(f, &first, "ttft_ms_p50", t50, 3);
+        json_knum(f, &first, "ttft_ms_p99", t99, 3);
+        json_knum(f, &first, "tpot_ms_p50", p50, 3);
+        json_knum(f, &first, "tpot_ms_p99", p99, 3);
+        json_knum(f, &first, "itl_ms_p50", i50, 3);
+        json_knum(f, &first, "itl_ms_p99", i99, 3);
+        json_kint(f, &first, "steps", (long long)st.steps);
+        json_kint(f, &first, "cascade_steps", (long long)st.cascade_steps);
+        json_kint(f, &first, "preemptions", (long long)st.preemptions);
+        json_kint(f, &first, "graph_steps", (long long)st.graph_steps);
+        json_kint(f, &first, "eager_steps", (long long)st.eager_steps);
+        json_kint(f, &first, "decode_steps", (long long)nd);
+        json_knum(f, &first, "decode_step_ms_p50", d50, 4);
+        json_knum(f, &first, "decode_step_ms_p99", d99, 4);
+        json_knum(f, &first, "decode_batch_median", batch50, 1);
+        json_knum(f, &first, "decode_kv_tokens_median", kv50, 1);
+        json_knum(f, &first, "weight_bytes", have_shape ? (double)wbytes : NAN, 0);
+        json_knum(f, &first, "kv_bytes_per_token", have_shape ? (double)kvb : NAN, 0);
+        json_knum(f, &first, "decode_step_bytes_median", bytes50, 0);
+        json_knum(f, &first, "copy_gbps", copy_gbps > 0 ? copy_gbps : NAN, 2);
+        json_knum(f, &first, "roofline_ms_median", roof50, 4);
+        json_knum(f, &first, "step_over_roofline", ratio50, 3);
+        fputs("}\n", f);
+    } else {
+        printf("%d requests in %.2f s: %.1f output tok/s, %.1f total tok/s; prompt tokens computed %lld of %lld "
+               "(prefix-cache hit rate %.1f%%); TTFT p50 %.1f ms p99 %.1f ms; TPOT p50 %.2f ms p99 %.2f ms; "
+               "ITL p50 %.2f ms p99 %.2f ms; %lld steps, %lld with cascade, %lld preemptions\n",
+               ps.n, elapsed, out_per_s, total_per_s, (long long)st.prompt_tokens_computed, (long long)prompt_total,
+               100 * hit, t50, t99, p50, p99, i50, i99, (long long)st.steps, (long long)st.cascade_steps,
                (long long)st.preemptions);
+        printf("decode steps %lld: p50 %.3f ms p99 %.3f ms, batch p50 %.0f, KV tokens p50 %.0f", (long long)nd, d50,
+               d99, batch50, kv50);
+        if (have_shape) printf(", %.1f MB read p50", bytes50 / 1e6);
+        if (isfinite(roof50)) printf(", roofline p50 %.3f ms at %.0f GB/s copy, %.2fx it", roof50, copy_gbps, ratio50);
+        printf("; graph steps %lld, eager steps %lld\n", (long long)st.graph_steps, (long long)st.eager_steps);
+    }
+    fflush(stdout);
+
+    if (steps_path) {
+        FILE *f = fopen(steps_path, "w");
+        if (!f) {
+            fprintf(stderr, "bench: cannot write %s\n", steps_path);
+            rc = 1;
+            goto out;
+        }
+        int first = 1;
+        fputc('{', f);
+        json_kstr(f, &first, "workload", c.workload);
+        json_kstr(f, &first, "label", label);
+        json_kstr(f, &first, "model", model_name);
+        json_kstr(f, &first, "device", device_name);
+        json_kint(f, &first, "cascade", eo.cascade);
+        json_kint(f, &first, "prefix_cache", eo.prefix_cache);
+        json_kint(f, &first, "weight_bytes", (long long)wbytes);
+        json_kint(f, &first, "kv_bytes_per_token", (long long)kvb);
+        json_knum(f, &first, "copy_gbps", copy_gbps > 0 ? copy_gbps : NAN, 2);
+        /* t: start in s after the first submission; s: the step's time in s;
+         * kv_tokens: distinct KV tokens its attention reads; decode: no prompt
+         * token computed; bytes: weights + kv_tokens * kv_bytes_per_token */
+        json_key(f, &first, "steps");
+        fputs("[\n", f);
+        for (int64_t i = 0; i < n_steps; i++) {
+            const step_rec *s = &steps[i];
+            fprintf(f,
+                    "{\"t\": %.6f, \"s\": %.6f, \"seqs\": %d, \"tokens\": %d, \"prompt_tokens\": %d, "
+                    "\"kv_tokens\": %lld, \"decode\": %d, \"bytes\": %.0f}%s\n",
+                    s->t, s->s, s->seqs, s->tokens, s->prompt_tokens, (long long)s->kv_tokens, s->prompt_tokens == 0,
+                    (double)wbytes + (double)s->kv_tokens * (double)kvb, i + 1 < n_steps ? "," : "");
+        }
+        fputs("]}\n", f);
+        if (fclose(f)) {
+            fprintf(stderr, "bench: cannot write %s\n", steps_path);
+            rc = 1;
+        }
+    }
+    if (lat_path) {
+        FILE *f = fopen(lat_path, "w");
+        if (!f) {
+            fprintf(stderr, "bench: cannot write %s\n", lat_path);
+            rc = 1;
+            goto out;
+        }
+        int first = 1;
+        fputc('{', f);
+        json_kstr(f, &first, "workload", c.workload);
+        json_kstr(f, &first, "label", label);
+        json_kstr(f, &first, "model", model_name);
+        json_kstr(f, &first, "device", device_name);
+        json_kint(f, &first, "cascade", eo.cascade);
+        json_kint(f, &first, "prefix_cache", eo.prefix_cache);
+        /* per request, in submission order */
+        json_key(f, &first, "ttft_ms");
+        json_arr(f, ttft, ps.n, 3);
+        json_key(f, &first, "tpot_ms");
+        json_arr(f, tpot, n_tpot, 4);
+        /* all inter-token gaps sorted; past ITL_SAMPLES_MAX, evenly spaced
+         * order statistics of them (the same CDF, coarser) */
+        qsort(ctx.itl.v, (size_t)ctx.itl.n, sizeof(double), cmp_d);
+        json_kint(f, &first, "itl_count", (long long)ctx.itl.n);
+        json_key(f, &first, "itl_ms");
+        fputc('[', f);
+        const int64_t k = ctx.itl.n < ITL_SAMPLES_MAX ? ctx.itl.n : ITL_SAMPLES_MAX;
+        for (int64_t i = 0; i < k; i++) {
+            int64_t j = k > 1 ? i * (ctx.itl.n - 1) / (k - 1) : 0;
+            fprintf(f, "%s%.4f", i ? ", " : "", ctx.itl.v[j]);
+        }
+        fputs("]}\n", f);
+        if (fclose(f)) {
+            fprintf(stderr, "bench: cannot write %s\n", lat_path);
+            rc = 1;
+        }
+    }
+out:
     free(ttft);
     free(tpot);
-out:
+    free(dec_ms);
+    free(dec_seqs);
+    free(dec_kv);
+    free(dec_bytes);
+    free(dec_roof);
+    free(dec_ratio);
+    free(steps);
+    free(ctx.itl.v);
     for (int32_t i = 0; i < ps.n; i++) free(ps.toks[i]);
     free(ps.toks);
     free(ps.len);
+    free(ps.out);
     free(ctx.st);
-    cas_engine_destroy(e);
+    if (e) cas_engine_destroy(e);
     return rc;
 }
