@@ -187,10 +187,22 @@ $(CUDA_BENCH_BIN): bench/cuda/attn_bench_cuda.c $(BUILD)/libcascade_attn.a
 	$(CC) $(ALL_FLAGS) -o $@ $< $(BUILD)/libcascade_attn.a $(LDLIBS) $(LDFLAGS)
 
 ifeq ($(CUDA),1)
+# The GPU timeline recorder (tools/cuda_trace.c, loaded through
+# CUDA_INJECTION64_PATH; tools/cuda_idle.py reads its CSV). It needs CUPTI,
+# which not every toolkit install has: cuda-build-check compiles it when the
+# header and library are there.
+CUDA_TRACE_LIB := $(BUILD)/libcas_cuda_trace.so
+ifneq ($(and $(wildcard $(CUDA_HOME)/include/cupti.h),$(wildcard $(CUDA_HOME)/lib64/libcupti.so*)),)
+CUDA_TRACE_CHECK := $(CUDA_TRACE_LIB)
+endif
+$(CUDA_TRACE_LIB): tools/cuda_trace.c
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -O2 -Wall -Wextra -isystem $(CUDA_HOME)/include $< -o $@ \
+	  -L$(CUDA_HOME)/lib64 -lcupti -Wl,-rpath,$(CUDA_HOME)/lib64
 test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(BUILD)/tests/cuda/gpu_logits $(BUILD)/tests/test_engine
 	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) \
 	  tests/cuda/engine_on_gpu.sh tests/cuda/check_gpu_transformers.py
-cuda-build-check: $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(STUB_TESTS) $(STUB_MODEL)
+cuda-build-check: $(CUDA_TRACE_CHECK) $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(STUB_TESTS) $(STUB_MODEL)
 	@BUILD=$(BUILD) STUB_MODEL=$(STUB_MODEL) bash tests/run_all.sh $(CUDA_PLAN_TEST) tests/cuda/on_stubs.sh
 	@bash tests/cuda/check_wgmma_serial.sh $(CUDA_OBJ:=.log)
 	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled; the planner's and the stand-ins' tests ran"
