@@ -11,7 +11,7 @@
 #   .devcarry/model.gguf (tools/truncate_gguf.py: the default model's first
 #   layers, what fits a call's 64 MiB), .devcarry/.whl (gguf for transformers)
 #   (.devcarry/lib.tar.xz instead of lib/: the libraries packed)
-# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test engine hf generate bench synthetic memcheck)
+# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test engine hf generate bench synthetic memcheck anchor trace e2e prefill)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-"test engine hf generate bench synthetic memcheck"}
@@ -99,4 +99,32 @@ if has memcheck; then
   echo "== compute-sanitizer memcheck on test_gpu_model"
   timeout ${MEMCHECK_S:-200} compute-sanitizer --tool memcheck --leak-check no "$B/test_gpu_model" "$M" > "$W/memcheck.log" 2>&1
   echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|passed, |^FAIL|=====" "$W/memcheck.log" | head -30
+fi
+if has anchor && [ -f "$C/torch_e2e_anchor.py" ]; then
+  echo "== the PyTorch peer (../shared/anchors/torch_e2e_anchor.py, carried): the 8B step as one CUDA graph"
+  OUT=$OUT timeout ${ANCHOR_S:-150} python3 "$C/torch_e2e_anchor.py" 2>&1 | tail -25
+fi
+if has trace && [ -f "$C/libcas_cuda_trace.so" ]; then
+  echo "== GPU idle share of a decode step (CUPTI activity records through tools/cuda_trace.c), graphs and eager"
+  mkdir -p models; [ -e models/SmolLM2-135M-Instruct.Q4_1.gguf ] || ln -s "../$M" models/SmolLM2-135M-Instruct.Q4_1.gguf
+  for g in graphs eager; do
+    for b in 1 16 64; do
+      ex=; [ $g = eager ] && ex=--enforce-eager
+      CUDA_INJECTION64_PATH=$PWD/$C/libcas_cuda_trace.so CAS_TRACE_OUT=$W/trace_${g}_b$b.csv timeout 90 "$B/cascade" bench \
+        -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 64 --output 40 $ex --json \
+        > "$W/trace_${g}_b$b.json" 2> "$W/trace_${g}_b$b.err"
+      echo "$g batch $b rc=$?"
+      python3 tools/cuda_idle.py "$W/trace_${g}_b$b.csv" --last 30 --json "$OUT/idle_${g}_b$b.json" 2>&1 | head -${TRACE_LINES:-8}
+    done
+  done
+fi
+if has prefill && [ -x "$B/cascade" ]; then
+  echo "== prefill of one 8192-token prompt (TTFT of a lone request, one chunk)"
+  timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests 1 --prefix 0 --suffix 8192 --output 2 \
+    --max-batch-tokens 8192 --json > "$OUT/prefill-8192.json" 2> "$W/prefill.err"; echo "rc=$?"; cat "$OUT/prefill-8192.json"; tail -2 "$W/prefill.err"
+fi
+if has e2e && [ -x "$B/cascade" ]; then
+  echo "== end-to-end workloads (bench/cuda/e2e_bench.sh)"
+  CASCADE=$B/cascade OUT=$OUT/e2e TOKENIZER_GGUF=$M WORKLOADS="${E2E_WORKLOADS:-system-prompt}" MODES="${E2E_MODES:-cascade prefix}" \
+    DEADLINE=${E2E_S:-150} EXTRA_ARGS="${E2E_ARGS:---max-batch-tokens 2048}" bash bench/cuda/e2e_bench.sh ${E2E_RUN_S:-100} 2>&1 | tail -20
 fi
