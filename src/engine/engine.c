@@ -39,6 +39,18 @@ typedef struct req {
     cas_sampler *sampler; /* the CPU's draws */
     cas_rng rng;          /* the GPU's draws (the same seed) */
     cas_stopper *stopper;
+    /* what the request does to its logits row (cas_engine_sampling) */
+    int32_t *stop_ids;    /* [sp.n_stop_token_ids] owned */
+    int32_t *bias_ids;    /* [sp.n_logit_bias] owned */
+    float *bias;          /* [sp.n_logit_bias] owned */
+    int32_t *min_mask;    /* [n_min_mask] ids masked until min_tokens: end-of-generation ids
+                             (unless ignore_eos) and stop_ids; owned */
+    int32_t n_min_mask;
+    int32_t *out_toks;    /* [sp.max_tokens] generated tokens, kept when a penalty needs them */
+    int32_t n_out;
+    int32_t adjust;       /* 1: biases or penalties: every row is adjusted on the host */
+    char *echo;           /* the prompt's text until the first event carries it; owned */
+    size_t echo_len;
     int32_t n_generated;
     int32_t cached_tokens;
     int32_t prompt_computed; /* prompt tokens this request ran itself */
@@ -94,6 +106,10 @@ struct cas_engine {
     float *lp_buf;      /* [MAX_LOGPROBS + 1] */
     int32_t *lp_ids;
     uint32_t *page_mark; /* [pages] the step that last counted the page (distinct KV tokens) */
+    float *adj_row;      /* [n_vocab] a row with a request's biases and penalties (engine thread) */
+    int32_t *adj_scratch; /* [n_vocab] zeros between uses (cas_logits_adjust) */
+    int32_t *eog_ids;    /* [n_eog] the vocabulary's end-of-generation tokens */
+    int32_t n_eog;
     uint32_t mark_step;
 
     /* requests by id: open hashing */
@@ -185,6 +201,12 @@ static void req_free(req *r) {
     if (r->stops)
         for (int32_t i = 0; i < r->sp.n_stop; i++) free(r->stops[i]);
     free(r->stops);
+    free(r->stop_ids);
+    free(r->bias_ids);
+    free(r->bias);
+    free(r->min_mask);
+    free(r->out_toks);
+    free(r->echo);
     cas_sampler_destroy(r->sampler);
     cas_stopper_destroy(r->stopper);
     free(r);
@@ -218,13 +240,36 @@ static void *load_model(void *arg) {
 
 /* ---- the forward on each device (engine_fwd) ------------------------------ */
 
+/* 1 when r's next token is picked from an adjusted row: biases or penalties,
+ * or tokens masked until min_tokens. */
+static int needs_adjust(const req *r) { return r->adjust || (r->n_generated < r->sp.min_tokens && r->n_min_mask > 0); }
+
+/* The row r samples its next token from: the model's row, or a copy in
+ * e->adj_row with r's mask, biases and penalties applied (cas_logits_adjust).
+ * The model's row stays as it is for the reported log-probabilities. */
+static const float *sampling_row(cas_engine *e, const req *r, const float *row) {
+    if (!needs_adjust(r)) return row;
+    const int32_t V = e->cfg->n_vocab;
+    memcpy(e->adj_row, row, sizeof(float) * (size_t)V);
+    const cas_logit_adjust a = {r->sp.presence_penalty,
+                                r->sp.frequency_penalty,
+                                r->sp.repetition_penalty,
+                                r->sp.n_logit_bias,
+                                r->bias_ids,
+                                r->bias,
+                                r->n_generated < r->sp.min_tokens ? r->n_min_mask : 0,
+                                r->min_mask};
+    cas_logits_adjust(e->adj_row, V, &a, r->prompt, r->n_prompt, r->out_toks, r->n_out, e->adj_scratch);
+    return e->adj_row;
+}
+
 static cas_status cpu_forward(cas_engine *e, const cas_model_batch *mb, req *const *row_req) {
     cas_status st = cas_model_forward(e->model, e->cache, mb, e->logits);
     if (st) return st;
     const int32_t V = e->cfg->n_vocab;
     for (int32_t i = 0; i < mb->n_logits; i++) {
         const float *row = e->logits + (size_t)i * V;
-        e->row_tokens[i] = row_req[i] ? cas_sampler_sample(row_req[i]->sampler, row) : -1;
+        e->row_tokens[i] = row_req[i] ? cas_sampler_sample(row_req[i]->sampler, sampling_row(e, row_req[i], row)) : -1;
     }
     return CAS_OK;
 }
@@ -247,10 +292,20 @@ static cas_status gpu_forward(cas_engine *e, const cas_model_batch *mb, req *con
         /* the request's own generator, drawn only when sampling (as the CPU's) */
         g->u = r->sp.temperature > 0.0f ? (float)cas_rng_uniform(&row_req[i]->rng) : 0.0f;
         if (g->u >= 1.0f) g->u = nextafterf(1.0f, 0.0f);
-        g->want_logits = r->sp.logprobs > 0;
+        /* a row with biases, penalties or a mask comes to the host and is picked there */
+        g->want_logits = r->sp.logprobs > 0 || needs_adjust(r);
         any_logits |= g->want_logits;
     }
-    return cas_gpu_forward_sample(e->gpu, e->gkv, mb, e->gsamp, e->row_tokens, any_logits ? e->logits : NULL);
+    cas_status st = cas_gpu_forward_sample(e->gpu, e->gkv, mb, e->gsamp, e->row_tokens, any_logits ? e->logits : NULL);
+    if (st) return st;
+    const int32_t V = e->cfg->n_vocab;
+    for (int32_t i = 0; i < mb->n_logits; i++) {
+        req *r = row_req[i];
+        if (!r || !needs_adjust(r)) continue;
+        /* the same draw as the device's, so the request's generator advances alike on either side */
+        e->row_tokens[i] = cas_sampler_sample_u(r->sampler, sampling_row(e, r, e->logits + (size_t)i * V), e->gsamp[i].u);
+    }
+    return CAS_OK;
 }
 
 static void gpu_plan_info(const cas_engine *e, cas_attn_plan_info *info) { cas_gpu_plan_info(e->gpu, info); }
@@ -467,7 +522,13 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->table_cap = 1024;
     e->table = calloc((size_t)e->table_cap, sizeof(req *));
     e->page_mark = calloc((size_t)pages, sizeof(uint32_t));
-    if (!e->page_mark || !e->logits || !e->logit_rows || !e->row_req || !e->row_tokens || !e->sampled || !e->stop || !e->finished || !e->text_buf ||
+    e->adj_row = malloc(sizeof(float) * (size_t)V);
+    e->adj_scratch = calloc((size_t)V, sizeof(int32_t));
+    e->eog_ids = malloc(sizeof(int32_t) * (size_t)V);
+    if (e->eog_ids)
+        for (int32_t t = 0; t < V; t++)
+            if (cas_tok_is_eog(e->tok, t)) e->eog_ids[e->n_eog++] = t;
+    if (!e->adj_row || !e->adj_scratch || !e->eog_ids || !e->page_mark || !e->logits || !e->logit_rows || !e->row_req || !e->row_tokens || !e->sampled || !e->stop || !e->finished || !e->text_buf ||
         !e->lp_buf || !e->lp_ids || !e->table) {
         st = cas_error(CAS_ERR_NOMEM, "engine: out of memory");
         goto fail;
@@ -519,6 +580,9 @@ void cas_engine_destroy(cas_engine *e) {
     free(e->lp_buf);
     free(e->lp_ids);
     free(e->page_mark);
+    free(e->adj_row);
+    free(e->adj_scratch);
+    free(e->eog_ids);
     free(e->table);
     free(e->aborts);
     pthread_mutex_destroy(&e->mu);
@@ -527,6 +591,91 @@ void cas_engine_destroy(cas_engine *e) {
 }
 
 /* ---- submit / abort ------------------------------------------------------ */
+
+/* The token lists, penalties and biases of a request's sampling. */
+static cas_status check_adjust(const cas_engine *e, const cas_engine_sampling *sp) {
+    const int32_t V = e->cfg->n_vocab;
+    if (sp->min_tokens < 0 || sp->min_tokens > sp->max_tokens)
+        return cas_error(CAS_ERR_INVALID, "min_tokens must be between 0 and max_tokens (%d), got %d", sp->max_tokens,
+                         sp->min_tokens);
+    if (sp->n_stop_token_ids < 0 || (sp->n_stop_token_ids > 0 && !sp->stop_token_ids))
+        return cas_error(CAS_ERR_INVALID, "bad stop_token_ids list");
+    for (int32_t i = 0; i < sp->n_stop_token_ids; i++)
+        if (sp->stop_token_ids[i] < 0 || sp->stop_token_ids[i] >= V)
+            return cas_error(CAS_ERR_INVALID, "stop_token_ids: token id %d is outside the vocabulary (0..%d)",
+                             sp->stop_token_ids[i], V - 1);
+    if (!(sp->presence_penalty >= -2.0f && sp->presence_penalty <= 2.0f))
+        return cas_error(CAS_ERR_INVALID, "presence_penalty must be between -2 and 2 (got %g)", (double)sp->presence_penalty);
+    if (!(sp->frequency_penalty >= -2.0f && sp->frequency_penalty <= 2.0f))
+        return cas_error(CAS_ERR_INVALID, "frequency_penalty must be between -2 and 2 (got %g)",
+                         (double)sp->frequency_penalty);
+    if (!(sp->repetition_penalty >= 0.0f && isfinite(sp->repetition_penalty)))
+        return cas_error(CAS_ERR_INVALID, "repetition_penalty must be > 0 (got %g)", (double)sp->repetition_penalty);
+    if (sp->n_logit_bias < 0 || (sp->n_logit_bias > 0 && (!sp->logit_bias_ids || !sp->logit_bias)))
+        return cas_error(CAS_ERR_INVALID, "bad logit_bias list");
+    for (int32_t i = 0; i < sp->n_logit_bias; i++) {
+        if (sp->logit_bias_ids[i] < 0 || sp->logit_bias_ids[i] >= V)
+            return cas_error(CAS_ERR_INVALID, "logit_bias: token id %d is outside the vocabulary (0..%d)",
+                             sp->logit_bias_ids[i], V - 1);
+        if (!(sp->logit_bias[i] >= -100.0f && sp->logit_bias[i] <= 100.0f))
+            return cas_error(CAS_ERR_INVALID, "logit_bias values must be between -100 and 100 (got %g)",
+                             (double)sp->logit_bias[i]);
+    }
+    return CAS_OK;
+}
+
+/* Copies n values of size sz (NULL when n is 0). */
+static void *dup_array(const void *a, int32_t n, size_t sz) {
+    if (n <= 0) return NULL;
+    void *d = malloc(sz * (size_t)n);
+    if (d) memcpy(d, a, sz * (size_t)n);
+    return d;
+}
+
+/* r's own copies of the sampling's lists, its min_tokens mask, its output
+ * list for the penalties and its echo text. */
+static cas_status setup_adjust(cas_engine *e, req *r, const cas_engine_request *rq) {
+    const cas_engine_sampling *sp = &rq->sampling;
+    const int32_t ns = sp->n_stop_token_ids, nb = sp->n_logit_bias;
+    r->stop_ids = dup_array(sp->stop_token_ids, ns, sizeof(int32_t));
+    r->bias_ids = dup_array(sp->logit_bias_ids, nb, sizeof(int32_t));
+    r->bias = dup_array(sp->logit_bias, nb, sizeof(float));
+    if ((ns && !r->stop_ids) || (nb && (!r->bias_ids || !r->bias))) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    r->sp.stop_token_ids = r->stop_ids;
+    r->sp.logit_bias_ids = r->bias_ids;
+    r->sp.logit_bias = r->bias;
+    if (sp->min_tokens > 0) {
+        const int32_t ne = sp->ignore_eos ? 0 : e->n_eog;
+        if (ne + ns > 0 && !(r->min_mask = malloc(sizeof(int32_t) * (size_t)(ne + ns))))
+            return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+        for (int32_t i = 0; i < ne; i++) r->min_mask[r->n_min_mask++] = e->eog_ids[i];
+        for (int32_t i = 0; i < ns; i++) r->min_mask[r->n_min_mask++] = r->stop_ids[i];
+    }
+    const int rep = sp->repetition_penalty > 0.0f && sp->repetition_penalty != 1.0f;
+    const int pen = sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f || rep;
+    r->adjust = pen || nb > 0;
+    if (pen && !(r->out_toks = malloc(sizeof(int32_t) * (size_t)r->sp.max_tokens)))
+        return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    if (sp->echo) {
+        if (rq->prompt) {
+            r->echo_len = strlen(rq->prompt);
+            r->echo = strdup(rq->prompt);
+        } else {
+            /* the ids decoded as the generated text is (control tokens render as nothing) */
+            size_t cap = 64, len = 0;
+            for (int32_t i = 0; i < r->n_prompt; i++) {
+                size_t n = 0;
+                cas_tok_piece(e->tok, r->prompt[i], 0, &n);
+                cap += n;
+            }
+            if ((r->echo = malloc(cap)) && cas_tok_decode(e->tok, r->prompt, (size_t)r->n_prompt, 0, r->echo, cap, &len))
+                len = 0;
+            r->echo_len = len;
+        }
+        if (!r->echo) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
+    }
+    return CAS_OK;
+}
 
 cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64_t *id) {
     if (!e || !rq || !id) return cas_error(CAS_ERR_INVALID, "engine: NULL argument");
@@ -541,6 +690,7 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
     if (st) return st;
     for (int32_t i = 0; i < sp->n_stop; i++)
         if (!sp->stop[i] || !sp->stop[i][0]) return cas_error(CAS_ERR_INVALID, "stop strings must not be empty");
+    if ((st = check_adjust(e, sp))) return st;
 
     req *r = calloc(1, sizeof *r);
     if (!r) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
@@ -593,6 +743,10 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
     r->sp = *sp;
     if (r->sp.max_tokens > e->max_context - r->n_prompt) r->sp.max_tokens = e->max_context - r->n_prompt;
     r->sp.stop = NULL;
+    if ((st = setup_adjust(e, r, rq))) {
+        req_free(r);
+        return st;
+    }
     if (sp->n_stop) {
         r->stops = calloc((size_t)sp->n_stop, sizeof(char *));
         for (int32_t i = 0; r->stops && i < sp->n_stop; i++) r->stops[i] = strdup(sp->stop[i]);
@@ -606,6 +760,7 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
         req_free(r);
         return st;
     }
+    cas_stopper_keep_stop(r->stopper, sp->include_stop_str);
     pthread_mutex_lock(&e->mu);
     r->id = e->next_id++;
     if (e->incoming_tail) e->incoming_tail->next = r;
@@ -672,6 +827,22 @@ static size_t utf8_complete(const char *s, size_t n) {
         back++;
     }
     return n; /* not UTF-8 anyway: pass the bytes on */
+}
+
+/* The first event of an echoing request: the prompt's text (an incomplete
+ * last character is held back for the generated bytes that complete it). */
+static void emit_echo(cas_engine *e, req *r) {
+    size_t whole = utf8_complete(r->echo, r->echo_len);
+    size_t rest = r->echo_len - whole;
+    if (rest <= sizeof r->utf8_hold) {
+        memcpy(r->utf8_hold, r->echo + whole, rest);
+        r->n_hold = (int32_t)rest;
+    } else {
+        whole = r->echo_len;
+    }
+    emit(e, r, r->echo, whole, NULL, 0, NULL, NULL, NULL, CAS_FINISH_NONE);
+    free(r->echo);
+    r->echo = NULL;
 }
 
 static void finish_req(cas_engine *e, req *r, cas_finish_reason why) {
@@ -847,11 +1018,16 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         if (r->n_generated == 0) {
             int32_t c = r->n_prompt - r->prompt_computed;
             r->cached_tokens = c > 0 ? c : 0;
+            if (r->echo) emit_echo(e, r);
         }
         r->n_generated++;
-        int eog = !r->sp.ignore_eos && cas_tok_is_eog(e->tok, tok);
+        if (r->out_toks && r->n_out < r->sp.max_tokens) r->out_toks[r->n_out++] = tok;
+        /* end-of-generation and stop tokens end it from min_tokens on (vLLM's check_stop) */
+        const int may_stop = r->n_generated >= r->sp.min_tokens;
+        int eog = may_stop && !r->sp.ignore_eos && cas_tok_is_eog(e->tok, tok);
+        for (int32_t k = 0; may_stop && !eog && k < r->sp.n_stop_token_ids; k++) eog = tok == r->stop_ids[k];
         size_t plen = 0;
-        const char *piece = eog ? "" : cas_tok_piece(e->tok, tok, 0, &plen);
+        const char *piece = eog && !r->sp.include_stop_str ? "" : cas_tok_piece(e->tok, tok, 0, &plen);
         /* hold back an incomplete UTF-8 character across tokens */
         char buf[256];
         size_t n = 0;
@@ -862,9 +1038,10 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         r->n_hold = (int32_t)(n - whole);
         if (r->n_hold > (int32_t)sizeof r->utf8_hold) r->n_hold = 0;
         memcpy(r->utf8_hold, buf + whole, (size_t)r->n_hold);
-        const char *out = NULL;
-        size_t out_len = 0;
-        int hit_stop = cas_stopper_push(r->stopper, buf, whole, &out, &out_len);
+        const char *out = buf;
+        size_t out_len = whole;
+        /* stop strings are looked for only in the text after min_tokens tokens (vLLM) */
+        int hit_stop = r->n_generated > r->sp.min_tokens ? cas_stopper_push(r->stopper, buf, whole, &out, &out_len) : 0;
         float lp = 0;
         int32_t nlp = r->sp.logprobs;
         if (nlp > 0) logprobs_of(row, V, tok, nlp, &lp, e->lp_ids, e->lp_buf);

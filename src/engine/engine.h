@@ -86,6 +86,34 @@ typedef struct {
     const char *const *stop;
     int32_t logprobs;    /* number of top log-probabilities to report per token (0..20) */
     int32_t ignore_eos;  /* 1: keep going past end-of-generation tokens */
+    /* Token ids that end generation when sampled (copied at submit), as
+     * end-of-generation tokens do; the token's text is not in the output. */
+    int32_t n_stop_token_ids;
+    const int32_t *stop_token_ids;
+    int32_t min_tokens;  /* >= 0, <= max_tokens: end-of-generation tokens and stop_token_ids
+                            are masked (logit -inf) until this many tokens are generated,
+                            and stop strings are looked for only in the text after them */
+    int32_t include_stop_str; /* 1: the matched stop string, or the stop token's text, stays
+                                 in the output (vLLM's include_stop_str_in_output) */
+    /* OpenAI's penalties over the generated tokens: the logit of a token
+     * generated c > 0 times drops by frequency_penalty * c + presence_penalty;
+     * each in [-2, 2], 0 = off */
+    float presence_penalty;
+    float frequency_penalty;
+    float repetition_penalty; /* vLLM's: > 0, 0 or 1 = off; a token of the prompt or the
+                                 output has its logit divided by it (logit > 0) or
+                                 multiplied by it (logit <= 0) */
+    /* OpenAI's logit_bias: logit_bias[i], in [-100, 100], is added to the logit
+     * of token logit_bias_ids[i] (copied at submit) */
+    int32_t n_logit_bias;
+    const int32_t *logit_bias_ids;
+    const float *logit_bias;
+    int32_t echo;        /* 1: the first event's text is the prompt (the text as given, or the
+                            token ids decoded), before any generated text */
+    /* Biases, penalties and the min_tokens mask change the row the sampler
+     * picks from (greedy too), in cas_logits_adjust's order, before
+     * temperature, top-k, min-p and top-p; reported log-probabilities are the
+     * model's own (vLLM's raw logprobs). */
 } cas_engine_sampling;
 
 cas_engine_sampling cas_engine_sampling_default(void);

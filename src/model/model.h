@@ -459,6 +459,35 @@ cas_status cas_sampler_create(const cas_sampler_params *p, int32_t n_vocab, cas_
 void cas_sampler_destroy(cas_sampler *s);
 /* Picks a token from logits[n_vocab] (not modified). Allocates nothing. */
 int32_t cas_sampler_sample(cas_sampler *s, const float *logits);
+/* The same with the draw u in [0, 1) given instead of taken from the
+ * sampler's generator (ignored when greedy): a caller that keeps its own
+ * generator (the engine's GPU path) picks on the host as it would on the
+ * device. */
+int32_t cas_sampler_sample_u(cas_sampler *s, const float *logits, double u);
+
+/* What a request does to its logits row before the sampler, as vLLM and
+ * OpenAI define it. Applied in this order: masked tokens to -inf and logit
+ * biases added (vLLM's min_tokens and logit_bias processors), then the
+ * repetition penalty on every token of the prompt or the output (a positive
+ * logit divided by it, any other multiplied), then for each token generated
+ * c > 0 times, logit -= frequency_penalty * c, then -= presence_penalty. */
+typedef struct {
+    float presence_penalty;   /* 0: off */
+    float frequency_penalty;  /* 0: off */
+    float repetition_penalty; /* > 0; 1 or 0: off */
+    int32_t n_bias;
+    const int32_t *bias_ids;  /* [n_bias] token ids */
+    const float *bias;        /* [n_bias] added to those logits */
+    int32_t n_mask;
+    const int32_t *mask_ids;  /* [n_mask] token ids whose logits become -inf */
+} cas_logit_adjust;
+
+/* Applies a to logits[n_vocab] in place. prompt[n_prompt] and out[n_out] are
+ * the request's prompt and generated tokens. scratch: [n_vocab] zeros,
+ * zeros again on return. Ids outside the vocabulary are skipped. Allocates
+ * nothing; O(n_mask + n_bias + n_prompt + n_out). */
+void cas_logits_adjust(float *logits, int32_t n_vocab, const cas_logit_adjust *a, const int32_t *prompt,
+                       int32_t n_prompt, const int32_t *out, int32_t n_out, int32_t *scratch);
 
 typedef struct cas_stopper cas_stopper;
 /* stops: n NUL-terminated strings (copied); n may be 0. */
@@ -470,6 +499,9 @@ void cas_stopper_destroy(cas_stopper *st);
  * no longer be the start of a stop string); valid until the next call. */
 int cas_stopper_push(cas_stopper *st, const char *text, size_t len, const char **emit,
                      size_t *emit_len);
+/* keep 1: when a stop string appears, the text up to and including it is
+ * released (vLLM's include_stop_str_in_output); 0 (default): up to it. */
+void cas_stopper_keep_stop(cas_stopper *st, int keep);
 /* The held-back bytes at the end of generation (no stop string came). */
 void cas_stopper_flush(cas_stopper *st, const char **emit, size_t *emit_len);
 
