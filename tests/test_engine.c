@@ -401,6 +401,359 @@ static void test_devices(void) {
     cas_engine_destroy(e);
 }
 
+/* ---- the request's sampling fields (cas_engine_sampling) ------------------- */
+
+/* One request's whole output: tokens, text, the first event's text. */
+typedef struct {
+    int32_t toks[256];
+    int32_t n;
+    char text[8192];
+    size_t len;
+    char first[4096]; /* the first event's text */
+    int32_t first_tokens;
+    int events;
+    int finish;
+} tout_t;
+
+static void on_text(void *user, const cas_engine_event *ev) {
+    tout_t *o = user;
+    for (int32_t i = 0; i < ev->n_tokens && o->n < 256; i++) o->toks[o->n++] = ev->tokens[i];
+    if (o->events++ == 0) {
+        size_t k = ev->text_len < sizeof o->first - 1 ? ev->text_len : sizeof o->first - 1;
+        memcpy(o->first, ev->text, k);
+        o->first[k] = 0;
+        o->first_tokens = ev->n_tokens;
+    }
+    size_t k = ev->text_len < sizeof o->text - 1 - o->len ? ev->text_len : sizeof o->text - 1 - o->len;
+    memcpy(o->text + o->len, ev->text, k);
+    o->len += k;
+    o->text[o->len] = 0;
+    if (ev->finish != CAS_FINISH_NONE) o->finish = ev->finish;
+}
+
+static cas_engine_sampling greedy(int32_t max_tokens) {
+    cas_engine_sampling sp = cas_engine_sampling_default();
+    sp.max_tokens = max_tokens;
+    return sp;
+}
+
+/* Runs one request alone to the end; -1 when submit or a step fails. */
+static int run_one(cas_engine *e, const char *prompt, const cas_engine_sampling *sp, tout_t *o) {
+    memset(o, 0, sizeof *o);
+    cas_engine_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = prompt;
+    r.sampling = *sp;
+    r.cb = on_text;
+    r.user = o;
+    uint64_t id;
+    if (cas_engine_submit(e, &r, &id)) {
+        printf("submit: %s\n", cas_last_error());
+        return -1;
+    }
+    return cas_engine_run_until_idle(e) == CAS_OK ? 0 : -1;
+}
+
+/* The text of tokens toks[0..n) as the engine streams it (control tokens render as nothing). */
+static void text_of(const cas_tok *t, const int32_t *toks, int32_t n, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = 0;
+    if (cas_tok_decode(t, toks, (size_t)n, 0, buf, cap, &len)) buf[0] = 0;
+}
+
+static cas_tok *g_tok;
+static cas_gguf *g_gguf;
+static const char *FIELD_PROMPT = "<|im_start|>user\nWrite a short story about a cat.<|im_end|>\n<|im_start|>assistant\n";
+
+/* cas_logits_adjust on a row worked out by hand, in vLLM's order: mask and
+ * bias, then repetition (prompt and output), then frequency and presence. */
+static void test_adjust_by_hand(void) {
+    float x[8] = {1.0f, 2.0f, -1.0f, 4.0f, 0.5f, 3.0f, -2.0f, 0.0f};
+    int32_t scratch[8] = {0};
+    const int32_t prompt[] = {1, 6, 1};
+    const int32_t out[] = {2, 3, 3, 99}; /* 99: outside the vocabulary, skipped */
+    const int32_t bias_ids[] = {4, 0};
+    const float bias[] = {1.5f, -100.0f};
+    const int32_t mask[] = {5};
+    const cas_logit_adjust a = {0.25f, 0.5f, 2.0f, 2, bias_ids, bias, 1, mask};
+    cas_logits_adjust(x, 8, &a, prompt, 3, out, 4, scratch);
+    const float want[8] = {
+        1.0f - 100.0f,          /* bias -100, not repeated */
+        2.0f / 2.0f,            /* in the prompt twice: one repetition division */
+        -1.0f * 2.0f - 0.5f - 0.25f, /* generated once: repetition (negative: times 2), frequency, presence */
+        4.0f / 2.0f - 0.5f * 2.0f - 0.25f, /* generated twice */
+        0.5f + 1.5f,            /* bias */
+        -INFINITY,              /* masked */
+        -2.0f * 2.0f,           /* in the prompt, negative */
+        0.0f,                   /* untouched */
+    };
+    for (int i = 0; i < 8; i++) CHECKF(x[i] == want[i], "logit %d: %g, want %g", i, (double)x[i], (double)want[i]);
+    int clean = 1;
+    for (int i = 0; i < 8; i++) clean &= scratch[i] == 0;
+    CHECK(clean);
+    /* penalties off: nothing changes */
+    float y[3] = {1.0f, -2.0f, 3.0f};
+    const cas_logit_adjust off = {0};
+    cas_logits_adjust(y, 3, &off, prompt, 1, out, 2, scratch);
+    CHECK(y[0] == 1.0f && y[1] == -2.0f && y[2] == 3.0f);
+}
+
+static void test_logit_bias(void) {
+    cas_engine *e = make_engine(0, 0, 32 << 20, 512);
+    REQUIRE(e);
+    tout_t base_o, o;
+    cas_engine_sampling sp = greedy(8);
+    sp.ignore_eos = 1;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &base_o) == 0 && base_o.n == 8);
+    /* +100 forces a token the model would not pick, greedy and sampled alike */
+    int32_t forced = base_o.toks[0] == 1000 ? 1001 : 1000;
+    int32_t ids[1] = {forced};
+    float b[1] = {100.0f};
+    sp.n_logit_bias = 1;
+    sp.logit_bias_ids = ids;
+    sp.logit_bias = b;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    int all = o.n == 8;
+    for (int32_t i = 0; i < o.n; i++) all &= o.toks[i] == forced;
+    CHECKF(all, "greedy with +100 on %d: first token %d of %d", forced, o.toks[0], o.n);
+    sp.temperature = 1.0f;
+    sp.seed = 7;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    all = o.n == 8;
+    for (int32_t i = 0; i < o.n; i++) all &= o.toks[i] == forced;
+    CHECKF(all, "sampled with +100 on %d: first token %d", forced, o.toks[0]);
+    /* -100 on the greedy first token: another one comes first */
+    sp.temperature = 0.0f;
+    ids[0] = base_o.toks[0];
+    b[0] = -100.0f;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    CHECKF(o.n >= 1 && o.toks[0] != base_o.toks[0], "-100 on %d, still first", base_o.toks[0]);
+    cas_engine_stats st;
+    cas_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0);
+    cas_engine_destroy(e);
+}
+
+/* The first k >= from whose token does not occur before it. */
+static int32_t first_new(const tout_t *o, int32_t from) {
+    for (int32_t k = from; k < o->n; k++) {
+        int seen = 0;
+        for (int32_t j = 0; j < k; j++) seen |= o->toks[j] == o->toks[k];
+        if (!seen) return k;
+    }
+    return -1;
+}
+
+static void test_stop_token_ids_and_include(void) {
+    cas_engine *e = make_engine(0, 0, 32 << 20, 512);
+    REQUIRE(e);
+    tout_t base_o, o;
+    cas_engine_sampling sp = greedy(16);
+    sp.ignore_eos = 1;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &base_o) == 0 && base_o.n == 16);
+    const int32_t k = first_new(&base_o, 4);
+    REQUIRE(k > 0);
+    int32_t stop_id = base_o.toks[k];
+    sp.n_stop_token_ids = 1;
+    sp.stop_token_ids = &stop_id;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    char want[4096];
+    CHECKF(o.n == k + 1 && o.toks[k] == stop_id && o.finish == CAS_FINISH_STOP, "stopped after %d tokens (want %d), finish %d",
+           o.n, k + 1, o.finish);
+    text_of(g_tok, base_o.toks, k, want, sizeof want);
+    CHECKF(!strcmp(o.text, want), "text '%s', want '%s' (without the stop token)", o.text, want);
+    /* include_stop_str: the stop token's text stays */
+    sp.include_stop_str = 1;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    text_of(g_tok, base_o.toks, k + 1, want, sizeof want);
+    CHECKF(o.n == k + 1 && !strcmp(o.text, want), "include: text '%s', want '%s'", o.text, want);
+
+    /* stop strings: the matched string is dropped, or kept with include_stop_str */
+    char full[4096];
+    text_of(g_tok, base_o.toks, base_o.n, full, sizeof full);
+    const char *mid = full + strlen(full) / 2;
+    const char *sp_at = strchr(mid, ' ');
+    REQUIRE(sp_at && sp_at[1]);
+    char stop_str[4] = {sp_at[0], sp_at[1], 0, 0};
+    const size_t at = (size_t)(strstr(full, stop_str) - full);
+    const char *stops[1] = {stop_str};
+    sp.n_stop_token_ids = 0;
+    sp.stop_token_ids = NULL;
+    sp.n_stop = 1;
+    sp.stop = stops;
+    sp.include_stop_str = 0;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    CHECKF(o.len == at && !strncmp(o.text, full, at) && o.finish == CAS_FINISH_STOP, "stop '%s': '%s'", stop_str, o.text);
+    sp.include_stop_str = 1;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    CHECKF(o.len == at + 2 && !strncmp(o.text, full, at + 2) && o.finish == CAS_FINISH_STOP,
+           "stop '%s' kept: '%s' (want %zu bytes)", stop_str, o.text, at + 2);
+    cas_engine_destroy(e);
+}
+
+static void test_min_tokens(void) {
+    cas_engine *e = make_engine(0, 0, 32 << 20, 512);
+    REQUIRE(e);
+    const int32_t eos = cas_tok_lookup(g_tok, "<|im_end|>", 10);
+    REQUIRE(eos >= 0 && cas_tok_is_eog(g_tok, eos));
+    tout_t o;
+    /* +100 on the end token: it comes at once ... */
+    int32_t ids[1] = {eos};
+    float b[1] = {100.0f};
+    cas_engine_sampling sp = greedy(32);
+    sp.n_logit_bias = 1;
+    sp.logit_bias_ids = ids;
+    sp.logit_bias = b;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    CHECKF(o.n == 1 && o.toks[0] == eos && o.finish == CAS_FINISH_STOP && o.len == 0, "%d tokens", o.n);
+    /* ... but not before min_tokens: masked for 5 tokens, the sixth ends it */
+    sp.min_tokens = 5;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    int none_early = 1;
+    for (int32_t i = 0; i + 1 < o.n; i++) none_early &= o.toks[i] != eos;
+    CHECKF(o.n == 6 && o.toks[5] == eos && none_early && o.finish == CAS_FINISH_STOP && o.len > 0,
+           "min_tokens 5: %d tokens, finish %d", o.n, o.finish);
+    /* the same for a stop token id */
+    tout_t base_o;
+    cas_engine_sampling g = greedy(8);
+    g.ignore_eos = 1;
+    REQUIRE(run_one(e, FIELD_PROMPT, &g, &base_o) == 0);
+    int32_t stop_id = base_o.toks[0];
+    ids[0] = stop_id;
+    sp.n_stop_token_ids = 1;
+    sp.stop_token_ids = &stop_id;
+    sp.min_tokens = 3;
+    REQUIRE(run_one(e, FIELD_PROMPT, &sp, &o) == 0);
+    CHECKF(o.n == 4 && o.toks[3] == stop_id && o.toks[0] != stop_id && o.finish == CAS_FINISH_STOP,
+           "stop id under min_tokens 3: %d tokens, first %d", o.n, o.toks[0]);
+    /* stop strings in the first min_tokens tokens' text do not end it */
+    char first_piece[256];
+    text_of(g_tok, base_o.toks, 1, first_piece, sizeof first_piece);
+    REQUIRE(first_piece[0]);
+    const char *stops[1] = {first_piece};
+    g.n_stop = 1;
+    g.stop = stops;
+    REQUIRE(run_one(e, FIELD_PROMPT, &g, &o) == 0);
+    CHECKF(o.n == 1 && o.len == 0, "stop string at once: %d tokens", o.n);
+    g.min_tokens = 1;
+    REQUIRE(run_one(e, FIELD_PROMPT, &g, &o) == 0);
+    CHECKF(o.n > 1 && !strncmp(o.text, first_piece, strlen(first_piece)), "min_tokens 1 and a stop string: %d tokens '%s'",
+           o.n, o.text);
+    /* bad values are refused at submit */
+    cas_engine_request r;
+    memset(&r, 0, sizeof r);
+    r.prompt = FIELD_PROMPT;
+    r.cb = on_text;
+    r.user = &o;
+    uint64_t id;
+    r.sampling = greedy(4);
+    r.sampling.min_tokens = 5;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    r.sampling = greedy(4);
+    int32_t bad_id = 1 << 30;
+    r.sampling.n_stop_token_ids = 1;
+    r.sampling.stop_token_ids = &bad_id;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    r.sampling = greedy(4);
+    r.sampling.n_logit_bias = 1;
+    r.sampling.logit_bias_ids = &bad_id;
+    r.sampling.logit_bias = b;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    r.sampling = greedy(4);
+    r.sampling.presence_penalty = 2.5f;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    r.sampling = greedy(4);
+    r.sampling.repetition_penalty = -1.0f;
+    CHECK(cas_engine_submit(e, &r, &id) == CAS_ERR_INVALID);
+    cas_engine_stats st;
+    cas_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0 && st.running == 0);
+    cas_engine_destroy(e);
+}
+
+/* Distinct tokens among n. */
+static int32_t distinct(const int32_t *t, int32_t n) {
+    int32_t d = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int seen = 0;
+        for (int32_t j = 0; j < i; j++) seen |= t[j] == t[i];
+        d += !seen;
+    }
+    return d;
+}
+
+static void test_penalties(void) {
+    cas_engine *e = make_engine(0, 0, 32 << 20, 512);
+    REQUIRE(e);
+    /* a prompt whose greedy continuation repeats itself */
+    const char *rep = "one two one two one two one two one two one two one two";
+    tout_t base_o, o;
+    cas_engine_sampling sp = greedy(24);
+    sp.ignore_eos = 1;
+    REQUIRE(run_one(e, rep, &sp, &base_o) == 0 && base_o.n == 24);
+    const int32_t d0 = distinct(base_o.toks, base_o.n);
+    static const char *names[3] = {"repetition_penalty", "frequency_penalty", "presence_penalty"};
+    for (int k = 0; k < 3; k++) {
+        cas_engine_sampling p = sp;
+        if (k == 0) p.repetition_penalty = 1.8f;
+        if (k == 1) p.frequency_penalty = 1.5f;
+        if (k == 2) p.presence_penalty = 2.0f;
+        REQUIRE(run_one(e, rep, &p, &o) == 0 && o.n == 24);
+        const int32_t d = distinct(o.toks, o.n);
+        CHECKF(memcmp(o.toks, base_o.toks, sizeof(int32_t) * 24) != 0 && d > d0,
+               "%s: %d distinct tokens of 24, %d without ('%s')", names[k], d, d0, o.text);
+        /* a negative frequency or presence penalty rewards repeats instead */
+        if (k > 0) {
+            if (k == 1) p.frequency_penalty = -1.5f;
+            else p.presence_penalty = -2.0f;
+            REQUIRE(run_one(e, rep, &p, &o) == 0);
+            CHECKF(distinct(o.toks, o.n) <= d0, "negative %s: %d distinct", names[k], distinct(o.toks, o.n));
+        }
+        /* seeded sampling with a penalty is reproducible */
+        p = sp;
+        p.repetition_penalty = 1.3f;
+        p.frequency_penalty = 0.5f;
+        p.temperature = 0.9f;
+        p.seed = 4242;
+        tout_t a, b;
+        REQUIRE(run_one(e, rep, &p, &a) == 0 && run_one(e, rep, &p, &b) == 0);
+        CHECK(a.n == b.n && !memcmp(a.toks, b.toks, sizeof(int32_t) * (size_t)a.n));
+    }
+    cas_engine_destroy(e);
+}
+
+static void test_echo(void) {
+    cas_engine *e = make_engine(0, 0, 32 << 20, 512);
+    REQUIRE(e);
+    const char *prompt = "The capital of France is";
+    tout_t plain, o;
+    cas_engine_sampling sp = greedy(6);
+    REQUIRE(run_one(e, prompt, &sp, &plain) == 0);
+    sp.echo = 1;
+    REQUIRE(run_one(e, prompt, &sp, &o) == 0);
+    CHECKF(!strcmp(o.first, prompt) && o.first_tokens == 0, "first event '%s' (%d tokens)", o.first, o.first_tokens);
+    char want[sizeof plain.text + 64];
+    snprintf(want, sizeof want, "%s%s", prompt, plain.text);
+    CHECKF(!strcmp(o.text, want), "echo: '%s', want '%s'", o.text, want);
+    CHECK(o.n == plain.n && !memcmp(o.toks, plain.toks, sizeof(int32_t) * (size_t)o.n));
+    /* token ids: the prompt decoded */
+    int32_t ids[64];
+    size_t n = 0;
+    REQUIRE(cas_tok_encode(g_tok, prompt, strlen(prompt), 0, ids, 64, &n) == CAS_OK);
+    memset(&o, 0, sizeof o);
+    cas_engine_request r;
+    memset(&r, 0, sizeof r);
+    r.tokens = ids;
+    r.n_tokens = (int32_t)n;
+    r.sampling = sp;
+    r.cb = on_text;
+    r.user = &o;
+    uint64_t id;
+    REQUIRE(cas_engine_submit(e, &r, &id) == CAS_OK && cas_engine_run_until_idle(e) == CAS_OK);
+    CHECKF(!strcmp(o.first, prompt), "token prompt echo '%s'", o.first);
+    cas_engine_destroy(e);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) {
@@ -429,6 +782,19 @@ int main(int argc, char **argv) {
     RUN(test_bad_requests_and_abort);
     RUN(test_load_progress);
     RUN(test_devices);
+    if (cas_gguf_open(MODEL, &g_gguf) == CAS_OK && cas_tok_create(g_gguf, &g_tok) == CAS_OK) {
+        RUN(test_adjust_by_hand);
+        RUN(test_logit_bias);
+        RUN(test_stop_token_ids_and_include);
+        RUN(test_min_tokens);
+        RUN(test_penalties);
+        RUN(test_echo);
+    } else {
+        printf("FAIL: the tokenizer of %s: %s\n", MODEL, cas_last_error());
+        check_tests_failed++;
+    }
+    cas_tok_destroy(g_tok);
+    cas_gguf_close(g_gguf);
     printf("(%d comparisons diverged at a reference near-tie; largest margin shift where tokens agreed: %.4f nats)\n",
            diverged_at_tie, (double)max_margin_shift);
     return check_summary();
