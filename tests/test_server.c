@@ -435,6 +435,20 @@ static void test_parse_completions(void) {
     CHECK(p.sampling.max_tokens == 16 && p.n == 1 && !p.seed_set);
     cas_srv_parsed_free(&p);
 
+    const char *f = "{\"prompt\":\"a\",\"presence_penalty\":0.5,\"frequency_penalty\":-1,\"repetition_penalty\":1.2,"
+                    "\"logit_bias\":{\"7\":-100,\"12\":2.5},\"stop_token_ids\":[3,4],\"min_tokens\":2,"
+                    "\"include_stop_str_in_output\":true,\"echo\":true,\"use_beam_search\":false,\"bad_words\":[]}";
+    REQUIRE(cas_srv_parse(&lim_default, "POST", "/v1/completions", NULL, f, strlen(f), &p, &err) ==
+            CAS_SRV_ROUTE_COMPLETIONS);
+    CHECK(p.sampling.presence_penalty == 0.5f && p.sampling.frequency_penalty == -1.0f &&
+          p.sampling.repetition_penalty == 1.2f);
+    CHECK(p.sampling.n_logit_bias == 2 && p.sampling.n_stop_token_ids == 2 && p.sampling.stop_token_ids[1] == 4);
+    for (int32_t i = 0; i < p.sampling.n_logit_bias; i++)
+        CHECK(p.sampling.logit_bias_ids[i] == 7 ? p.sampling.logit_bias[i] == -100.0f
+                                                : p.sampling.logit_bias_ids[i] == 12 && p.sampling.logit_bias[i] == 2.5f);
+    CHECK(p.sampling.min_tokens == 2 && p.sampling.include_stop_str && p.sampling.echo);
+    cas_srv_parsed_free(&p);
+
     static const struct {
         const char *body, *param;
     } bads[] = {
@@ -468,10 +482,20 @@ static void test_parse_completions(void) {
         {"{\"prompt\":\"a\",\"stream_options\":1}", "stream_options"},
         {"{\"prompt\":\"a\",\"logprobs\":21}", "logprobs"},
         {"{\"prompt\":\"a\",\"logprobs\":true}", "logprobs"},
-        {"{\"prompt\":\"a\",\"echo\":true}", "echo"},
-        {"{\"prompt\":\"a\",\"presence_penalty\":1}", "presence_penalty"},
+        {"{\"prompt\":\"a\",\"echo\":true,\"logprobs\":1}", "echo"},
+        {"{\"prompt\":\"a\",\"presence_penalty\":2.5}", "presence_penalty"},
         {"{\"prompt\":\"a\",\"frequency_penalty\":3}", "frequency_penalty"},
-        {"{\"prompt\":\"a\",\"logit_bias\":{\"1\":5}}", "logit_bias"},
+        {"{\"prompt\":\"a\",\"repetition_penalty\":0}", "repetition_penalty"},
+        {"{\"prompt\":\"a\",\"logit_bias\":{\"1\":500}}", "logit_bias"},
+        {"{\"prompt\":\"a\",\"logit_bias\":{\"x\":5}}", "logit_bias"},
+        {"{\"prompt\":\"a\",\"logit_bias\":[1]}", "logit_bias"},
+        {"{\"prompt\":\"a\",\"stop_token_ids\":[1,-2]}", "stop_token_ids"},
+        {"{\"prompt\":\"a\",\"min_tokens\":17}", "min_tokens"},
+        {"{\"prompt\":\"a\",\"include_stop_str_in_output\":1}", "include_stop_str_in_output"},
+        {"{\"prompt\":\"a\",\"top_p\":1e-300}", "top_p"},
+        {"{\"prompt\":\"a\",\"guided_json\":{}}", "guided_json"},
+        {"{\"prompt\":\"a\",\"prompt_logprobs\":1}", "prompt_logprobs"},
+        {"{\"prompt\":\"a\",\"use_beam_search\":true}", "use_beam_search"},
         {"{\"prompt\":\"a\",\"best_of\":3}", "best_of"},
     };
     for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
@@ -516,6 +540,9 @@ static void test_parse_chat(void) {
         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":-1}",
         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}",
         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":[]}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"guided_regex\":\"a+\"}",
     };
     for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
         cas_srv_route r =

@@ -6,12 +6,17 @@
  * libFuzzer hammers it (fuzz/fuzz_server.c).
  *
  * Validation follows OpenAI's API: a mistyped or out-of-range field is a 400
- * naming the field in "param"; fields we do not implement are refused (400)
- * only when they would change the output (echo, suffix, penalties, logit
- * bias, tools), and ignored when they would not (user, metadata). JSON is
+ * naming the field in "param", found here rather than later, so that every
+ * refusal names its field. OpenAI's and vLLM's sampling fields are either
+ * carried to the engine (cas_engine_sampling: penalties, logit_bias,
+ * stop_token_ids, min_tokens, include_stop_str_in_output, echo) or refused
+ * (400) when they would change the output and we do not implement them
+ * (the `unsupported` table: guided decoding, prompt_logprobs, beam search,
+ * tools, suffix), and ignored when they would not (user, metadata). JSON is
  * parsed by jansson, never by hand.
  */
 #include <ctype.h>
+#include <float.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,6 +28,8 @@
 #define MAX_PROMPTS 256  /* prompts times n per request: a bound on one request's work */
 #define MAX_STOPS 16
 #define MAX_TOP_LOGPROBS 20
+#define MAX_STOP_TOKEN_IDS 1024
+#define MAX_LOGIT_BIAS 65536
 
 void cas_srv_error_set(cas_srv_error *err, int status, const char *type, const char *code,
                        const char *param, const char *fmt, ...) {
@@ -106,6 +113,10 @@ void cas_srv_parsed_free(cas_srv_parsed *p) {
     free(p->msgs);
     for (int32_t i = 0; i < p->n_stops; i++) free(p->stops[i]);
     free(p->stops);
+    /* the sampling's token lists are the parse's own (parse_common) */
+    free((void *)p->sampling.stop_token_ids);
+    free((void *)p->sampling.logit_bias_ids);
+    free((void *)p->sampling.logit_bias);
     memset(p, 0, sizeof *p);
 }
 
@@ -175,7 +186,8 @@ static int get_num(json_t *o, const char *k, double lo, double hi, int lo_open, 
         return -1;
     }
     double d = json_number_value(x);
-    if (!(d >= lo && d <= hi) || (lo_open && d <= lo)) {
+    /* the engine holds floats: a value that rounds to the open bound is out too (top_p 1e-300) */
+    if (!(d >= lo && d <= hi) || (lo_open && (d <= lo || (float)d <= (float)lo))) {
         char msg[160];
         snprintf(msg, sizeof msg, "'%s' must be %s %g and <= %g, got %g", k, lo_open ? ">" : ">=", lo, hi, d);
         bad(err, k, "%s", msg);
@@ -245,12 +257,153 @@ static int parse_stop(json_t *o, cas_srv_parsed *p, cas_srv_error *err) {
     return 0;
 }
 
-static int refuse_nonzero(json_t *o, const char *k, cas_srv_error *err) {
-    double v = 0;
-    int r = get_num(o, k, -2.0, 2.0, 0, &v, err);
-    if (r < 0) return -1;
-    if (r > 0 && v != 0.0) {
-        bad(err, k, "'%s' is not supported by this server", k);
+/* Fields that would change the output and that this server does not
+ * implement, refused when set: any value but null (PRESENT), true, false, or
+ * anything but null, an empty list, object or string (NONEMPTY). */
+typedef enum { REFUSE_PRESENT, REFUSE_TRUE, REFUSE_FALSE, REFUSE_NONEMPTY } refuse_when;
+
+static const struct {
+    const char *name;
+    refuse_when when;
+} unsupported[] = {
+    /* vLLM's guided decoding and structured outputs */
+    {"guided_json", REFUSE_PRESENT},
+    {"guided_regex", REFUSE_PRESENT},
+    {"guided_choice", REFUSE_PRESENT},
+    {"guided_grammar", REFUSE_PRESENT},
+    {"structured_outputs", REFUSE_PRESENT},
+    /* vLLM's sampling extras */
+    {"prompt_logprobs", REFUSE_PRESENT}, /* needs every prompt row's logits; the engine computes the last */
+    {"allowed_token_ids", REFUSE_PRESENT},
+    {"bad_words", REFUSE_NONEMPTY},
+    {"logits_processors", REFUSE_NONEMPTY},
+    {"use_beam_search", REFUSE_TRUE},
+    {"truncate_prompt_tokens", REFUSE_PRESENT},
+    {"skip_special_tokens", REFUSE_FALSE}, /* control tokens always render as nothing */
+    {"return_tokens_as_token_ids", REFUSE_TRUE},
+    /* vLLM's chat template controls */
+    {"chat_template", REFUSE_PRESENT},
+    {"chat_template_kwargs", REFUSE_NONEMPTY},
+    {"add_generation_prompt", REFUSE_FALSE},
+    {"continue_final_message", REFUSE_TRUE},
+    {"documents", REFUSE_NONEMPTY},
+    /* OpenAI's fields for other modalities and tools */
+    {"audio", REFUSE_PRESENT},
+    {"functions", REFUSE_NONEMPTY},
+    {"web_search_options", REFUSE_PRESENT},
+};
+
+static int refuse_unsupported(json_t *o, cas_srv_error *err) {
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        const char *k = unsupported[i].name;
+        json_t *x = json_object_get(o, k);
+        if (!x || json_is_null(x)) continue;
+        int set = 1;
+        switch (unsupported[i].when) {
+        case REFUSE_PRESENT: break;
+        case REFUSE_TRUE:
+        case REFUSE_FALSE:
+            if (!json_is_boolean(x)) {
+                bad(err, k, "'%s' must be a boolean", k);
+                return -1;
+            }
+            set = json_is_true(x) == (unsupported[i].when == REFUSE_TRUE);
+            break;
+        case REFUSE_NONEMPTY:
+            set = !((json_is_array(x) && json_array_size(x) == 0) || (json_is_object(x) && json_object_size(x) == 0) ||
+                    (json_is_string(x) && json_string_length(x) == 0));
+            break;
+        }
+        if (set) {
+            bad(err, k, "'%s' is not supported by this server", k);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* stop_token_ids: a list of token ids >= 0 (the engine checks the vocabulary). */
+static int parse_stop_token_ids(json_t *o, cas_engine_sampling *s, cas_srv_error *err) {
+    json_t *x = json_object_get(o, "stop_token_ids");
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_array(x)) {
+        bad(err, "stop_token_ids", "'%s' must be a list of token ids", "stop_token_ids");
+        return -1;
+    }
+    size_t n = json_array_size(x);
+    if (n > MAX_STOP_TOKEN_IDS) {
+        bad(err, "stop_token_ids", "'stop_token_ids' has more than %d entries", MAX_STOP_TOKEN_IDS);
+        return -1;
+    }
+    if (n == 0) return 0;
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids) {
+        oom(err);
+        return -1;
+    }
+    s->stop_token_ids = ids; /* owned by the parse from here (cas_srv_parsed_free) */
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(x, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX) {
+            bad(err, "stop_token_ids", "'%s' must be a list of token ids (integers >= 0)", "stop_token_ids");
+            return -1;
+        }
+        ids[i] = (int32_t)json_integer_value(t);
+    }
+    s->n_stop_token_ids = (int32_t)n;
+    return 0;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI's. */
+static int parse_logit_bias(json_t *o, cas_engine_sampling *s, cas_srv_error *err) {
+    const char *k = "logit_bias";
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_object(x)) {
+        bad(err, k, "'%s' must be an object mapping token ids to biases", k);
+        return -1;
+    }
+    size_t n = json_object_size(x);
+    if (n > MAX_LOGIT_BIAS) {
+        bad(err, k, "'logit_bias' has more than %d entries", MAX_LOGIT_BIAS);
+        return -1;
+    }
+    if (n == 0) return 0;
+    int32_t *ids = malloc(n * sizeof *ids);
+    float *bias = malloc(n * sizeof *bias);
+    s->logit_bias_ids = ids; /* owned by the parse from here (cas_srv_parsed_free) */
+    s->logit_bias = bias;
+    if (!ids || !bias) {
+        oom(err);
+        return -1;
+    }
+    const char *key;
+    json_t *v;
+    size_t i = 0;
+    json_object_foreach(x, key, v) {
+        char *end = NULL;
+        long long id = isdigit((unsigned char)key[0]) ? strtoll(key, &end, 10) : -1;
+        if (id < 0 || id > INT32_MAX || !end || *end) {
+            bad(err, k, "'logit_bias' keys must be token ids (decimal integers >= 0), got '%.40s'", key);
+            return -1;
+        }
+        if (!json_is_number(v) || !(json_number_value(v) >= -100.0 && json_number_value(v) <= 100.0)) {
+            bad(err, k, "'logit_bias' values must be numbers between -100 and 100 (token %lld)", id);
+            return -1;
+        }
+        ids[i] = (int32_t)id;
+        bias[i] = (float)json_number_value(v);
+        i++;
+    }
+    s->n_logit_bias = (int32_t)i;
+    return 0;
+}
+
+/* min_tokens against the max_tokens the request ends up with (vLLM's rule). */
+static int check_min_tokens(const cas_srv_parsed *p, cas_srv_error *err) {
+    if (p->max_tokens_set && p->sampling.min_tokens > p->sampling.max_tokens) {
+        bad(err, "min_tokens", "'min_tokens' (%d) must be at most max_tokens (%d)", (int)p->sampling.min_tokens,
+            (int)p->sampling.max_tokens);
         return -1;
     }
     return 0;
@@ -306,20 +459,32 @@ static int parse_common(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim,
     if (parse_stop(o, p, err) < 0) return -1;
     s->stop = (const char *const *)p->stops;
     s->n_stop = p->n_stops;
-    if (refuse_nonzero(o, "presence_penalty", err) < 0) return -1;
-    if (refuse_nonzero(o, "frequency_penalty", err) < 0) return -1;
-    json_t *lb = json_object_get(o, "logit_bias");
-    if (lb && !json_is_null(lb)) {
-        if (!json_is_object(lb)) {
-            bad(err, "logit_bias", "'%s' must be an object", "logit_bias");
-            return -1;
-        }
-        if (json_object_size(lb)) {
-            bad(err, "logit_bias", "'%s' is not supported by this server", "logit_bias");
+    if ((r = get_num(o, "presence_penalty", -2.0, 2.0, 0, &d, err)) < 0) return -1;
+    if (r) s->presence_penalty = (float)d;
+    if ((r = get_num(o, "frequency_penalty", -2.0, 2.0, 0, &d, err)) < 0) return -1;
+    if (r) s->frequency_penalty = (float)d;
+    if ((r = get_num(o, "repetition_penalty", 0.0, FLT_MAX, 1, &d, err)) < 0) return -1;
+    if (r) s->repetition_penalty = (float)d;
+    if (parse_logit_bias(o, s, err) < 0) return -1;
+    if (parse_stop_token_ids(o, s, err) < 0) return -1;
+    if ((r = get_int(o, "min_tokens", 0, INT32_MAX, &i, err)) < 0) return -1;
+    if (r) s->min_tokens = (int32_t)i;
+    if ((r = get_bool(o, "include_stop_str_in_output", &b, err)) < 0) return -1;
+    if (r) s->include_stop_str = b;
+    if ((r = get_int(o, "best_of", 1, 1 << 20, &i, err)) < 0) return -1;
+    if (r && i != p->n) {
+        bad(err, "best_of", "'%s' other than n is not supported by this server", "best_of");
+        return -1;
+    }
+    json_t *rf = json_object_get(o, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text")) {
+            bad(err, "response_format", "'%s' other than {\"type\": \"text\"} is not supported", "response_format");
             return -1;
         }
     }
-    return 0;
+    return refuse_unsupported(o, err);
 }
 
 /* ---- /v1/completions ------------------------------------------------------- */
@@ -422,10 +587,13 @@ static int parse_completions(json_t *o, cas_srv_parsed *p, const cas_srv_limits 
     }
     int echo = 0;
     if (get_bool(o, "echo", &echo, err) < 0) return -1;
-    if (echo) {
-        bad(err, "echo", "'%s' is not supported by this server", "echo");
+    if (echo && p->logprobs) {
+        /* OpenAI's echo with logprobs scores the prompt too: prompt_logprobs */
+        bad(err, "echo", "'%s' with 'logprobs' is not supported by this server (it needs the prompt's log-probabilities)",
+            "echo");
         return -1;
     }
+    p->sampling.echo = echo;
     json_t *suffix = json_object_get(o, "suffix");
     if (suffix && !json_is_null(suffix)) {
         if (!json_is_string(suffix)) {
@@ -437,19 +605,16 @@ static int parse_completions(json_t *o, cas_srv_parsed *p, const cas_srv_limits 
             return -1;
         }
     }
-    if ((r = get_int(o, "best_of", 1, 1 << 20, &v, err)) < 0) return -1;
-    if (r && v != p->n) {
-        bad(err, "best_of", "'%s' other than n is not supported by this server", "best_of");
-        return -1;
-    }
-    return 0;
+    return check_min_tokens(p, err);
 }
 
 /* ---- /v1/chat/completions -------------------------------------------------- */
 
-/* Content: a string, a list of text parts, or null (assistant only). */
-static char *message_content(json_t *c, int allow_null, cas_srv_error *err) {
-    const char *param = "messages";
+/* Content: a string, a non-empty list of text parts (their texts
+ * concatenated), or null (assistant only). Errors name messages[i].content. */
+static char *message_content(json_t *c, size_t idx, int allow_null, cas_srv_error *err) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%zu].content", idx);
     if (!c || json_is_null(c)) {
         if (allow_null) return dup_n("", 0);
         bad(err, param, "'%s' entries need a 'content'", "messages");
@@ -457,16 +622,28 @@ static char *message_content(json_t *c, int allow_null, cas_srv_error *err) {
     }
     if (json_is_string(c)) return dup_n(json_string_value(c), json_string_length(c));
     if (!json_is_array(c)) {
-        bad(err, param, "'%s' content must be a string or a list of text parts", "messages");
+        bad(err, param, "'%s' must be a string or a list of text parts", param);
         return NULL;
     }
     size_t total = 0, n = json_array_size(c);
+    if (n == 0) {
+        bad(err, param, "'%s' must not be an empty list", param);
+        return NULL;
+    }
     for (size_t i = 0; i < n; i++) {
         json_t *part = json_array_get(c, i);
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
-        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
-            !json_is_string(text)) {
-            bad(err, param, "'%s' content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
+        if (!json_is_object(part) || !json_is_string(type)) {
+            bad(err, param, "'%s' parts must be objects with a 'type'", param);
+            return NULL;
+        }
+        if (strcmp(json_string_value(type), "text")) {
+            bad(err, param, "'%s' part type '%.40s' is not supported by this server (only 'text')", param,
+                json_string_value(type));
+            return NULL;
+        }
+        if (!json_is_string(text)) {
+            bad(err, param, "'%s' text parts need a string 'text'", param);
             return NULL;
         }
         total += json_string_length(text);
@@ -514,7 +691,7 @@ static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, c
             bad(err, "messages", "'%s' role must be system, developer, user or assistant", "messages");
             return -1;
         }
-        char *content = message_content(json_object_get(m, "content"), !strcmp(canon, "assistant"), err);
+        char *content = message_content(json_object_get(m, "content"), i, !strcmp(canon, "assistant"), err);
         if (!content) {
             if (!err->message[0]) goto nomem;
             return -1;
@@ -546,15 +723,38 @@ static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, c
         bad(err, "tools", "'%s' are not supported by this server", "tools");
         return -1;
     }
-    json_t *rf = json_object_get(o, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *t = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text")) {
-            bad(err, "response_format", "'%s' other than {\"type\": \"text\"} is not supported", "response_format");
+    json_t *tc = json_object_get(o, "tool_choice");
+    if (tc && !json_is_null(tc) &&
+        !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto")))) {
+        bad(err, "tool_choice", "'%s' other than \"none\" is not supported by this server", "tool_choice");
+        return -1;
+    }
+    json_t *fc = json_object_get(o, "function_call");
+    if (fc && !json_is_null(fc) &&
+        !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto")))) {
+        bad(err, "function_call", "'%s' is not supported by this server", "function_call");
+        return -1;
+    }
+    /* vLLM's chat echo repeats the last message when it is the assistant's: not implemented */
+    int echo = 0;
+    if (get_bool(o, "echo", &echo, err) < 0) return -1;
+    if (echo) {
+        bad(err, "echo", "'%s' is not supported on chat completions by this server", "echo");
+        return -1;
+    }
+    json_t *mod = json_object_get(o, "modalities");
+    if (mod && !json_is_null(mod)) {
+        int text_only = json_is_array(mod);
+        for (size_t i = 0; text_only && i < json_array_size(mod); i++) {
+            json_t *m = json_array_get(mod, i);
+            text_only = json_is_string(m) && !strcmp(json_string_value(m), "text");
+        }
+        if (!text_only) {
+            bad(err, "modalities", "'%s' other than [\"text\"] are not supported by this server", "modalities");
             return -1;
         }
     }
-    return 0;
+    return check_min_tokens(p, err);
 nomem:
     oom(err);
     return -1;
