@@ -19,14 +19,38 @@
  * so a client that disconnects never leaves the engine a dangling pointer.
  *
  * Cancellation. While waiting, the connection thread polls its socket for a
- * hang-up (POLLRDHUP), so a client that goes away is noticed within 50 ms
- * even when no token is due (a request still queued). Then, and whenever
- * libmicrohttpd ends a request early, every unfinished engine request of it
- * is aborted, which frees its KV pages in the engine.
+ * hang-up, so a client that goes away is noticed within 50 ms even when no
+ * token is due (a request still queued). Then, and whenever libmicrohttpd
+ * ends a request early, every unfinished engine request of it is aborted,
+ * which frees its KV pages in the engine. A client may half-close its socket
+ * after sending the request (shutdown(SHUT_WR)): that alone (POLLRDHUP) does
+ * not end a stream; instead the stream sends an SSE comment line (": ping",
+ * which SSE clients ignore) at most once a second while no token is due, and
+ * a client that really closed answers it with a reset, which ends the stream.
+ * A non-streaming request cannot write before its answer, so for it a
+ * half-close still counts as gone.
+ *
+ * Connections (design). Each connection has a srv_conn (libmicrohttpd's
+ * socket context, set when it opens), in a list oldest first. A watchdog
+ * thread shuts down any connection still waiting for its request headers
+ * header_timeout after it opened or after its previous response ended: a
+ * hard deadline that dribbling bytes does not extend, unlike libmicrohttpd's
+ * inactivity timeout. When the last free connection is taken, the oldest
+ * connection waiting for headers is shut down to make room, so a flood of
+ * idle connections cannot keep a real client out; the per-address limit
+ * (libmicrohttpd's, which refuses at accept) keeps one address from taking
+ * them all. libmicrohttpd's own inactivity timeout (idle_timeout) covers a
+ * body that stops coming and a client that stops reading; while a
+ * connection waits on the engine it is off (0), and it is set again (which
+ * restarts its clock) when there is something to write.
+ *
+ * Drain. cas_server_drain makes new requests 503 and /health 503 while the
+ * admitted requests (a list, under s->mu) run to their end; cas_server_abort_all
+ * aborts their engine requests so that streams end at once, cleanly.
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <inttypes.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -35,14 +59,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "server_impl.h"
 
 #define WAIT_SLICE_NS 50000000L   /* 50 ms between hang-up checks */
-#define IDLE_TIMEOUT_S 120        /* idle keep-alive connections close after this */
+#define PROBE_EVERY_S 1.0         /* SSE ": ping" to a half-closed stream client */
+#define WATCH_SLICE_NS 100000000L /* the watchdog looks at connections every 100 ms */
+#define MAX_HEADER_BYTES 32768    /* larger request headers get our own 431 */
+#define CONN_MEMORY (128u << 10)  /* libmicrohttpd's per-connection buffer (its 431 beyond) */
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(8))
+
+#ifndef CAS_VERSION_STRING
+#define CAS_VERSION_STRING "0.1.0" /* the Makefile's CAS_VERSION */
+#endif
+
+/* One TCP connection (libmicrohttpd's socket context). */
+typedef struct srv_conn {
+    struct srv_conn *prev, *next; /* s->conns, oldest first; guarded by s->conn_mu */
+    int fd;
+    double since; /* cas_now_s() when it began waiting for request headers */
+    int busy;     /* a request's headers came and its response has not ended */
+    int shut;     /* shut down by the server; gone soon */
+} srv_conn;
+
+struct srv_req;
 
 struct cas_server {
     cas_srv_engine_ops ops;
@@ -52,11 +97,26 @@ struct cas_server {
     int32_t port;
     long created;
     cas_srv_metrics metrics;
-    pthread_mutex_t mu; /* guards live */
+    pthread_mutex_t mu; /* guards live, active, admitted */
     pthread_cond_t cv;
     int64_t live;       /* engine requests whose final event has not come yet */
+    int64_t active;     /* admitted requests not yet completed */
+    struct srv_req *admitted; /* those requests, a list */
     atomic_int closing;
-    atomic_uint_fast64_t counter; /* ids and default seeds */
+    atomic_int draining, aborting;
+    atomic_uint_fast64_t counter; /* fallback ids and default seeds */
+    /* connections */
+    int32_t max_conns;
+    double header_timeout;     /* seconds; <= 0: none */
+    unsigned idle_timeout;     /* seconds; 0: none */
+    pthread_mutex_t conn_mu;   /* guards the list, n_conns, watch_stop */
+    pthread_cond_t conn_cv;
+    srv_conn *conns, *conns_tail;
+    int64_t n_conns;
+    pthread_t watchdog;
+    int watch_started, watch_stop;
+    cas_status (*tokenize)(void *ctx, const char *text, int add_special, int32_t **ids, int32_t *n);
+    void *tokenize_ctx;
 };
 
 /* One engine event, copied (with its arrays) into one allocation. */
@@ -74,8 +134,6 @@ typedef struct srv_ev {
     size_t text_len;
     char *text;             /* NUL-terminated */
 } srv_ev;
-
-struct srv_req;
 
 typedef struct {
     struct srv_req *req;
@@ -117,6 +175,12 @@ typedef struct srv_req {
     size_t out_len, out_pos, out_cap;
     int finished_stream;  /* [DONE] rendered */
     int gone;             /* the client went away */
+    /* connection-thread state */
+    srv_conn *sc;         /* its connection, or NULL (untracked) */
+    int admitted;         /* counted in s->active, on s->admitted */
+    struct srv_req *adm_prev, *adm_next; /* guarded by s->mu */
+    int timeout_off;      /* libmicrohttpd's inactivity timeout is off while waiting on the engine */
+    double last_probe;    /* when the last ": ping" went to a half-closed client */
 } srv_req;
 
 /* ---- requests and their lifetime ------------------------------------------- */
@@ -235,12 +299,32 @@ static void on_event(void *user, const cas_engine_event *ev) {
 
 /* ---- waiting on the engine, watching the client --------------------------- */
 
-static int peer_gone(srv_req *r) {
+/* 0: connected; 1: gone (reset, error, or the server closing); 2: the
+ * client shut its sending side (POLLRDHUP alone), which a half-close and a
+ * full close both look like until something is written. */
+static int peer_state(srv_req *r) {
     if (atomic_load(&r->s->closing)) return 1;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return 0;
     struct pollfd pf = {.fd = ci->connect_fd, .events = POLLRDHUP};
-    return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    if (poll(&pf, 1, 0) <= 0) return 0;
+    if (pf.revents & (POLLHUP | POLLERR | POLLNVAL)) return 1;
+    return pf.revents & POLLRDHUP ? 2 : 0;
+}
+
+/* libmicrohttpd's inactivity timeout: off while the engine works (waiting on
+ * it is not the client's inactivity), back on when there is something to
+ * write; setting it after 0 restarts its clock. */
+static void timeout_off(srv_req *r) {
+    if (r->timeout_off || !r->s->idle_timeout) return;
+    MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    r->timeout_off = 1;
+}
+
+static void timeout_on(srv_req *r) {
+    if (!r->timeout_off) return;
+    MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, r->s->idle_timeout);
+    r->timeout_off = 0;
 }
 
 /* Takes the queued events (oldest first); *live is the number of choices
@@ -264,9 +348,15 @@ static srv_ev *take_events(srv_req *r, int *live, int wait) {
     return e;
 }
 
+/* Aborts the request's unfinished engine requests. Any thread (the
+ * connection's, or cas_server_abort_all's): choices and n_choices are read
+ * under r->mu, where generate sets them. */
 static void abort_all(srv_req *r) {
     cas_server *s = r->s;
-    for (int32_t i = 0; i < r->n_choices; i++) {
+    pthread_mutex_lock(&r->mu);
+    int32_t n = r->n_choices;
+    pthread_mutex_unlock(&r->mu);
+    for (int32_t i = 0; i < n; i++) {
         pthread_mutex_lock(&r->mu);
         int todo = r->choices[i].submitted && !r->choices[i].engine_done;
         uint64_t id = r->choices[i].id;
@@ -525,6 +615,8 @@ static enum MHD_Result send_text(srv_req *r, int status, const char *ctype, char
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (atomic_load(&r->s->draining)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    timeout_on(r);
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     cas_srv_metrics_http(&r->s->metrics, status);
@@ -553,6 +645,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     for (;;) {
         if (r->out_pos < r->out_len) {
+            timeout_on(r);
             size_t n = r->out_len - r->out_pos < max ? r->out_len - r->out_pos : max;
             memcpy(buf, r->out + r->out_pos, n);
             r->out_pos += n;
@@ -563,10 +656,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         int live;
         srv_ev *e = take_events(r, &live, 0);
         if (!e && live > 0) {
-            if (peer_gone(r)) {
+            int ps = peer_state(r);
+            if (ps == 1) {
                 r->gone = 1;
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             }
+            if (ps == 2 && cas_now_s() - r->last_probe >= PROBE_EVERY_S) {
+                /* half-closed or gone: a comment line tells (a closed socket answers with a reset) */
+                r->last_probe = cas_now_s();
+                out_put(r, ": ping\n\n", 8);
+                continue;
+            }
+            timeout_off(r);
             e = take_events(r, &live, 1);
         }
         for (srv_ev *n; e; e = n) {
@@ -594,6 +695,28 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) { req_release(cls); }
 
+/* ---- errors and facts shared by routes -------------------------------------- */
+
+static int model_known(const cas_server *s, const char *name) {
+    return !strcmp(name, s->model_name) || (s->model_alias && !strcmp(name, s->model_alias));
+}
+
+static void model_not_found(const cas_server *s, cas_srv_error *err, const char *name) {
+    cas_srv_error_set(err, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model `%.200s` does not exist (this server serves `%.200s`)", name, s->model_name);
+}
+
+static void shutting_down(cas_srv_error *err) {
+    cas_srv_error_set(err, 503, "server_error", "server_shutting_down", NULL,
+                      "The server is shutting down and takes no new requests");
+}
+
+static json_t *model_json(cas_server *s) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:n,s:i}", "id", s->model_name, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "cascade", "root", s->model_name, "parent",
+                     "max_model_len", (int)s->ops.context_length(s->ops.ctx));
+}
+
 /* ---- generation requests --------------------------------------------------- */
 
 static uint64_t mix64(uint64_t x) {
@@ -601,6 +724,55 @@ static uint64_t mix64(uint64_t x) {
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return x ^ (x >> 31);
+}
+
+/* n bytes from the kernel's random source: getrandom(2), else /dev/urandom.
+ * Returns 0, or -1 when neither answered. */
+static int random_bytes(void *p, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = getrandom((char *)p + got, n - got, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        got += (size_t)k;
+    }
+    if (got == n) return 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    while (got < n) {
+        ssize_t k = read(fd, (char *)p + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    close(fd);
+    return got == n ? 0 : -1;
+}
+
+static atomic_uint_fast64_t id_fallback;
+
+int cas_server_make_id(char *buf, size_t cap, const char *prefix) {
+    unsigned char b[16];
+    int rc = random_bytes(b, sizeof b);
+    if (rc) { /* no random source: still distinct within this process */
+        uint64_t c = atomic_fetch_add(&id_fallback, 1);
+        uint64_t x = mix64(c ^ (uint64_t)(cas_now_s() * 1e9)), y = mix64(x ^ (uint64_t)getpid() ^ (c << 32));
+        memcpy(b, &x, 8);
+        memcpy(b + 8, &y, 8);
+    }
+    static const char hex[] = "0123456789abcdef";
+    size_t pl = prefix ? strlen(prefix) : 0;
+    if (!cap) return rc;
+    size_t w = 0;
+    for (size_t i = 0; i < pl && w + 1 < cap; i++) buf[w++] = prefix[i];
+    for (size_t i = 0; i < sizeof b && w + 2 < cap; i++) {
+        buf[w++] = hex[b[i] >> 4];
+        buf[w++] = hex[b[i] & 15];
+    }
+    buf[w] = 0;
+    return rc;
 }
 
 static enum MHD_Result generate(srv_req *r) {
@@ -611,9 +783,12 @@ static enum MHD_Result generate(srv_req *r) {
     char *chat_text = NULL;
     enum MHD_Result ret;
 
-    if (p->model && strcmp(p->model, s->model_name) && !(s->model_alias && !strcmp(p->model, s->model_alias))) {
-        cas_srv_error_set(&err, 404, "invalid_request_error", "model_not_found", "model",
-                          "The model `%.200s` does not exist (this server serves `%.200s`)", p->model, s->model_name);
+    if (p->model && !model_known(s, p->model)) {
+        model_not_found(s, &err, p->model);
+        return send_error(r, &err);
+    }
+    if (atomic_load(&s->aborting)) {
+        shutting_down(&err);
         return send_error(r, &err);
     }
     if (chat) {
@@ -668,21 +843,23 @@ static enum MHD_Result generate(srv_req *r) {
         }
     }
 
-    r->n_choices = p->n_prompts * p->n;
-    r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
-    if (!r->choices) {
+    srv_choice *choices = calloc((size_t)(p->n_prompts * p->n), sizeof *choices);
+    if (!choices) {
         free(plen);
-        r->n_choices = 0;
         cas_srv_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
         return send_error(r, &err);
     }
-    uint64_t salt = atomic_fetch_add(&s->counter, 1);
-    snprintf(r->id, sizeof r->id, "%s%016" PRIx64, chat ? "chatcmpl-" : "cmpl-", mix64(salt ^ (uint64_t)time(NULL)));
+    pthread_mutex_lock(&r->mu); /* cas_server_abort_all may look at them from another thread */
+    r->choices = choices;
+    r->n_choices = p->n_prompts * p->n;
+    pthread_mutex_unlock(&r->mu);
+    cas_server_make_id(r->id, sizeof r->id, chat ? "chatcmpl-" : "cmpl-");
     r->created = (long)time(NULL);
-    uint64_t seed = p->seed_set ? p->sampling.seed : mix64(salt * 0x2545F4914F6CDD1Dull + (uint64_t)(cas_now_s() * 1e9));
+    uint64_t seed = p->sampling.seed;
+    if (!p->seed_set && random_bytes(&seed, sizeof seed))
+        seed = mix64(atomic_fetch_add(&s->counter, 1) * 0x2545F4914F6CDD1Dull + (uint64_t)(cas_now_s() * 1e9));
 
-    /* no connection timeout while the engine works on it */
-    MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    timeout_off(r); /* waiting on the engine is not the client's inactivity */
 
     cas_status st = CAS_OK;
     for (int32_t i = 0; i < r->n_choices; i++) {
@@ -729,6 +906,9 @@ static enum MHD_Result generate(srv_req *r) {
         abort_all(r);
         return send_error(r, &err);
     }
+    /* cas_server_abort_all sets the flag before it walks the admitted
+     * requests: it saw these choices, or this sees the flag */
+    if (atomic_load(&s->aborting)) abort_all(r);
 
     if (p->stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, r, stream_free);
@@ -742,6 +922,7 @@ static enum MHD_Result generate(srv_req *r) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        if (atomic_load(&s->draining)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
         ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);
         cas_srv_metrics_http(&s->metrics, 200);
@@ -764,7 +945,7 @@ static enum MHD_Result generate(srv_req *r) {
             if (drained) break;
             continue;
         }
-        if (peer_gone(r)) {
+        if (peer_state(r)) { /* no write can tell a half-close from a close here */
             r->gone = 1;
             abort_all(r);
             return MHD_NO;
@@ -783,22 +964,273 @@ static enum MHD_Result generate(srv_req *r) {
     return send_text(r, 200, "application/json", body, NULL);
 }
 
+/* ---- tokenizer routes (vLLM's /tokenize and /detokenize) ----------------------- */
+
+/* The body as a JSON object, or NULL with *err filled. */
+static json_t *body_object(srv_req *r, cas_srv_error *err) {
+    json_error_t jerr;
+    json_t *o = r->body_len ? json_loadb(r->body, r->body_len, 0, &jerr) : NULL;
+    if (!o) {
+        if (r->body_len)
+            cas_srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL,
+                              "Invalid JSON body: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);
+        else
+            cas_srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL, "The request needs a JSON body");
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        cas_srv_error_set(err, 400, "invalid_request_error", "invalid_json", NULL,
+                          "The request body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+/* The optional boolean o[key] into *v; -1 with *err filled when it is not one. */
+static int opt_bool(json_t *o, const char *key, int *v, cas_srv_error *err) {
+    json_t *j = json_object_get(o, key);
+    if (!j || json_is_null(j)) return 0;
+    if (!json_is_boolean(j)) {
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, key, "'%s' must be a boolean", key);
+        return -1;
+    }
+    *v = json_is_true(j);
+    return 0;
+}
+
+/* The optional "model" field: absent, or a string naming this model. */
+static int check_model_field(cas_server *s, json_t *o, cas_srv_error *err) {
+    json_t *m = json_object_get(o, "model");
+    if (!m || json_is_null(m)) return 0;
+    if (!json_is_string(m)) {
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, "model", "'model' must be a string");
+        return -1;
+    }
+    if (!model_known(s, json_string_value(m))) {
+        model_not_found(s, err, json_string_value(m));
+        return -1;
+    }
+    return 0;
+}
+
+/* POST /tokenize {"model", "prompt" | "messages", "add_special_tokens",
+ * "add_generation_prompt", "return_token_strs"} -> {"count", "max_model_len",
+ * "tokens", "token_strs"}. Messages are validated by the chat parser and
+ * rendered by the chat template, as a chat request's would be. */
+static enum MHD_Result tokenize(srv_req *r) {
+    cas_server *s = r->s;
+    cas_srv_error err;
+    char *text = NULL;
+    int32_t *ids = NULL, n = 0;
+    json_t *o = body_object(r, &err), *out = NULL;
+    if (!o) return send_error(r, &err);
+    if (!s->tokenize) {
+        cas_srv_error_set(&err, 501, "server_error", "not_implemented", NULL, "This server cannot tokenize");
+        goto fail;
+    }
+    if (check_model_field(s, o, &err)) goto fail;
+    json_t *prompt = json_object_get(o, "prompt"), *msgs = json_object_get(o, "messages");
+    if (!prompt == !msgs) {
+        cas_srv_error_set(&err, 400, "invalid_request_error", NULL, prompt ? "messages" : "prompt",
+                          "Give either 'prompt' (a string) or 'messages'");
+        goto fail;
+    }
+    int add_special = prompt != NULL, gen_prompt = 1, cont = 0, strs = 0;
+    if (opt_bool(o, "add_special_tokens", &add_special, &err) || opt_bool(o, "add_generation_prompt", &gen_prompt, &err) ||
+        opt_bool(o, "continue_final_message", &cont, &err) || opt_bool(o, "return_token_strs", &strs, &err))
+        goto fail;
+    /* the chat template always ends with the assistant's turn opened */
+    if (msgs && (!gen_prompt || cont)) {
+        cas_srv_error_set(&err, 400, "invalid_request_error", "unsupported_parameter",
+                          !gen_prompt ? "add_generation_prompt" : "continue_final_message",
+                          "Only add_generation_prompt=true and continue_final_message=false are supported");
+        goto fail;
+    }
+    static const char *const refused[] = {"chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        json_t *j = json_object_get(o, refused[i]);
+        if (j && !json_is_null(j)) {
+            cas_srv_error_set(&err, 400, "invalid_request_error", "unsupported_parameter", refused[i],
+                              "'%s' is not supported", refused[i]);
+            goto fail;
+        }
+    }
+    if (prompt) {
+        if (!json_is_string(prompt)) {
+            cas_srv_error_set(&err, 400, "invalid_request_error", NULL, "prompt", "'prompt' must be a string");
+            goto fail;
+        }
+        text = strdup(json_string_value(prompt));
+    } else {
+        /* the chat parser validates the messages exactly as for /v1/chat/completions */
+        json_t *only = json_pack("{s:O}", "messages", msgs);
+        char *body = only ? json_dumps(only, JSON_COMPACT) : NULL;
+        json_decref(only);
+        cas_srv_parsed p;
+        if (!body) {
+            cas_srv_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
+        cas_srv_limits lim = s->lim;
+        lim.api_key = NULL;
+        cas_srv_route rt = cas_srv_parse(&lim, "POST", "/v1/chat/completions", NULL, body, strlen(body), &p, &err);
+        free(body);
+        if (rt == CAS_SRV_ROUTE_NONE) goto fail;
+        cas_status st = s->ops.apply_chat(s->ops.ctx, p.msgs, p.n_msgs, &text);
+        cas_srv_parsed_free(&p);
+        if (st != CAS_OK) {
+            cas_srv_error_set(&err, 400, "invalid_request_error", NULL, "messages", "chat template: %s", cas_last_error());
+            goto fail;
+        }
+    }
+    if (!text || s->tokenize(s->tokenize_ctx, text, add_special, &ids, &n) != CAS_OK) {
+        cas_srv_error_set(&err, text ? 400 : 500, text ? "invalid_request_error" : "server_error", NULL,
+                          text ? (prompt ? "prompt" : "messages") : NULL, "%s", text ? cas_last_error() : "out of memory");
+        goto fail;
+    }
+    json_t *toks = json_array(), *tstrs = strs ? json_array() : json_null();
+    for (int32_t i = 0; i < n; i++) {
+        json_array_append_new(toks, json_integer(ids[i]));
+        if (strs) json_array_append_new(tstrs, token_str(s, ids[i], NULL));
+    }
+    out = json_pack("{s:i,s:i,s:o,s:o}", "count", (int)n, "max_model_len", (int)s->ops.context_length(s->ops.ctx),
+                    "tokens", toks, "token_strs", tstrs);
+    free(ids);
+    free(text);
+    json_decref(o);
+    return send_json(r, 200, out);
+fail:
+    free(ids);
+    free(text);
+    json_decref(o);
+    return send_error(r, &err);
+}
+
+/* POST /detokenize {"model", "tokens": [ids]} -> {"prompt": text}; special
+ * tokens are rendered as their text, as vLLM does. */
+static enum MHD_Result detokenize(srv_req *r) {
+    cas_server *s = r->s;
+    cas_srv_error err;
+    json_t *o = body_object(r, &err);
+    if (!o) return send_error(r, &err);
+    char *text = NULL;
+    size_t len = 0;
+    if (check_model_field(s, o, &err)) goto fail;
+    if (!s->ops.token_text) {
+        cas_srv_error_set(&err, 501, "server_error", "not_implemented", NULL, "This server cannot detokenize");
+        goto fail;
+    }
+    json_t *toks = json_object_get(o, "tokens");
+    if (!json_is_array(toks)) {
+        cas_srv_error_set(&err, 400, "invalid_request_error", NULL, "tokens", "'tokens' must be an array of token ids");
+        goto fail;
+    }
+    size_t cap = 64;
+    text = malloc(cap);
+    for (size_t i = 0; text && i < json_array_size(toks); i++) {
+        json_t *t = json_array_get(toks, i);
+        json_int_t id = json_is_integer(t) ? json_integer_value(t) : -1;
+        size_t k = 0;
+        const char *piece = id >= 0 && id <= INT32_MAX ? s->ops.token_text(s->ops.ctx, (int32_t)id, &k) : NULL;
+        if (!piece) {
+            cas_srv_error_set(&err, 400, "invalid_request_error", NULL, "tokens",
+                              "tokens[%zu] is not a token id of this model", i);
+            goto fail;
+        }
+        if (len + k + 1 > cap) {
+            while (len + k + 1 > cap) cap *= 2;
+            char *p = realloc(text, cap);
+            if (!p) {
+                free(text);
+                text = NULL;
+                break;
+            }
+            text = p;
+        }
+        memcpy(text + len, piece, k);
+        len += k;
+    }
+    if (!text) {
+        cas_srv_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
+        goto fail;
+    }
+    json_decref(o);
+    json_t *out = json_pack("{s:o}", "prompt", jstr(text, len));
+    free(text);
+    return send_json(r, 200, out);
+fail:
+    free(text);
+    json_decref(o);
+    return send_error(r, &err);
+}
+
 /* ---- dispatch ---------------------------------------------------------------- */
+
+/* Routes served here, before the parser (which knows the OpenAI routes):
+ * vLLM's extras. Returns 1 and answers when the path is one of them. */
+static int extra_route(srv_req *r, const char *url, const char *method, enum MHD_Result *ret) {
+    cas_server *s = r->s;
+    cas_srv_error err;
+    size_t plen = strcspn(url, "?");
+    static const char models[] = "/v1/models/";
+    const size_t mlen = sizeof models - 1;
+    const char *want = NULL; /* the one method the route takes */
+    int which = 0;
+    if (plen == 9 && !strncmp(url, "/tokenize", 9)) want = "POST", which = 1;
+    else if (plen == 11 && !strncmp(url, "/detokenize", 11)) want = "POST", which = 2;
+    else if (plen == 8 && !strncmp(url, "/version", 8)) want = "GET", which = 3;
+    else if (plen > mlen && !strncmp(url, models, mlen)) want = "GET", which = 4;
+    if (!which) return 0;
+    if (strcmp(method, want)) {
+        cas_srv_error_set(&err, 405, "invalid_request_error", "method_not_allowed", NULL,
+                          "Method %.16s not allowed on %.200s (use %s)", method, url, want);
+        err.allow = want;
+        *ret = send_error(r, &err);
+        return 1;
+    }
+    switch (which) {
+    case 1: *ret = tokenize(r); break;
+    case 2: *ret = detokenize(r); break;
+    case 3: *ret = send_json(r, 200, json_pack("{s:s}", "version", CAS_VERSION_STRING)); break;
+    default: {
+        /* the parser's own API-key check, through the route it knows */
+        cas_srv_parsed p;
+        const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (cas_srv_parse(&s->lim, "GET", "/v1/models", auth, NULL, 0, &p, &err) == CAS_SRV_ROUTE_NONE) {
+            *ret = send_error(r, &err);
+            break;
+        }
+        cas_srv_parsed_free(&p);
+        char id[256];
+        snprintf(id, sizeof id, "%.*s", (int)(plen - mlen), url + mlen);
+        if (!model_known(s, id)) {
+            model_not_found(s, &err, id);
+            *ret = send_error(r, &err);
+        } else {
+            *ret = send_json(r, 200, model_json(s));
+        }
+    }
+    }
+    return 1;
+}
 
 static enum MHD_Result handle(srv_req *r, const char *url, const char *method) {
     cas_server *s = r->s;
     cas_srv_error err;
+    if (!r->admitted && !(strcspn(url, "?") == 8 && !strncmp(url, "/metrics", 8))) {
+        /* draining: everything but /metrics gets 503, /health included */
+        shutting_down(&err);
+        return send_error(r, &err);
+    }
+    enum MHD_Result ret;
+    if (extra_route(r, url, method, &ret)) return ret;
     const char *auth = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     cas_srv_route route = cas_srv_parse(&s->lim, method, url, auth, r->body, r->body_len, &r->p, &err);
     switch (route) {
     case CAS_SRV_ROUTE_NONE: return send_error(r, &err);
     case CAS_SRV_ROUTE_HEALTH: return send_json(r, 200, json_pack("{s:s}", "status", "ok"));
-    case CAS_SRV_ROUTE_MODELS: {
-        json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", s->model_name, "object", "model", "created",
-                              (json_int_t)s->created, "owned_by", "cascade", "max_model_len",
-                              (int)s->ops.context_length(s->ops.ctx));
-        return send_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", m));
-    }
+    case CAS_SRV_ROUTE_MODELS: return send_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(s)));
     case CAS_SRV_ROUTE_METRICS: {
         cas_engine_stats st;
         memset(&st, 0, sizeof st);
@@ -816,6 +1248,51 @@ static enum MHD_Result handle(srv_req *r, const char *url, const char *method) {
     return MHD_NO;
 }
 
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF */
+    return MHD_YES;
+}
+
+/* A request's headers are in: its connection is busy (no header deadline)
+ * and, unless the server drains, the request is admitted. */
+static void request_begins(cas_server *s, srv_req *r) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    r->sc = ci ? ci->socket_context : NULL;
+    if (r->sc) {
+        pthread_mutex_lock(&s->conn_mu);
+        r->sc->busy = 1;
+        pthread_mutex_unlock(&s->conn_mu);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (!atomic_load(&s->draining)) {
+        r->admitted = 1;
+        s->active++;
+        r->adm_next = s->admitted;
+        if (s->admitted) s->admitted->adm_prev = r;
+        s->admitted = r;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void request_ends(cas_server *s, srv_req *r) {
+    if (r->sc) {
+        pthread_mutex_lock(&s->conn_mu);
+        r->sc->busy = 0;
+        r->sc->since = cas_now_s();
+        pthread_mutex_unlock(&s->conn_mu);
+    }
+    if (!r->admitted) return;
+    pthread_mutex_lock(&s->mu);
+    if (r->adm_prev) r->adm_prev->adm_next = r->adm_next;
+    else s->admitted = r->adm_next;
+    if (r->adm_next) r->adm_next->adm_prev = r->adm_prev;
+    r->admitted = 0;
+    s->active--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     cas_server *s = cls;
@@ -824,6 +1301,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!r) {
         if (!(r = req_new(s, conn))) return MHD_NO;
         *con_cls = r;
+        request_begins(s, r);
+        size_t hbytes = strlen(url);
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, add_header_bytes, &hbytes);
+        MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_header_bytes, &hbytes);
+        if (hbytes > MAX_HEADER_BYTES) {
+            /* libmicrohttpd's buffer holds more than this, so that this
+             * answer, not its HTML page, is what most clients see */
+            cas_srv_error err;
+            cas_srv_error_set(&err, 431, "invalid_request_error", "request_header_too_large", NULL,
+                              "Request headers of %zu bytes exceed the limit of %d bytes", hbytes, MAX_HEADER_BYTES);
+            return send_error(r, &err);
+        }
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         unsigned long long len = cl ? strtoull(cl, NULL, 10) : 0;
         if (s->lim.max_body_bytes && len > s->lim.max_body_bytes)
@@ -888,8 +1377,144 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         s->metrics.requests_cancelled++;
         pthread_mutex_unlock(&s->metrics.mu);
     }
-    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S);
+    MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, s->idle_timeout);
+    request_ends(s, r);
     req_release(r);
+}
+
+/* ---- connections: the header deadline and room at the limit ------------------ */
+
+/* Shuts a connection down (libmicrohttpd's thread then reads the end and
+ * closes it). Under conn_mu: the fd stays open until the CLOSED
+ * notification, which takes conn_mu, so it cannot be another socket's. */
+static void conn_shut(srv_conn *c) {
+    if (c->shut || c->fd < 0) return;
+    c->shut = 1;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    cas_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        srv_conn *c = calloc(1, sizeof *c);
+        if (!c) return; /* untracked: only libmicrohttpd's timeout applies to it */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->fd = ci ? ci->connect_fd : -1;
+        c->since = cas_now_s();
+        int evicted = 0;
+        pthread_mutex_lock(&s->conn_mu);
+        c->prev = s->conns_tail;
+        if (s->conns_tail) s->conns_tail->next = c;
+        else s->conns = c;
+        s->conns_tail = c;
+        s->n_conns++;
+        if (s->n_conns >= s->max_conns) {
+            /* the last free connection is taken: free one, the oldest still
+             * waiting for its headers (a real client sends them at once) */
+            for (srv_conn *o = s->conns; o && o != c; o = o->next)
+                if (!o->busy && !o->shut) {
+                    conn_shut(o);
+                    evicted = 1;
+                    break;
+                }
+        }
+        pthread_mutex_unlock(&s->conn_mu);
+        *socket_context = c;
+        pthread_mutex_lock(&s->metrics.mu);
+        s->metrics.conns_open++;
+        s->metrics.conns_evicted += (uint64_t)evicted;
+        pthread_mutex_unlock(&s->metrics.mu);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        srv_conn *c = *socket_context;
+        if (!c) return;
+        *socket_context = NULL;
+        pthread_mutex_lock(&s->conn_mu);
+        if (c->prev) c->prev->next = c->next;
+        else s->conns = c->next;
+        if (c->next) c->next->prev = c->prev;
+        else s->conns_tail = c->prev;
+        s->n_conns--;
+        pthread_mutex_unlock(&s->conn_mu);
+        free(c);
+        pthread_mutex_lock(&s->metrics.mu);
+        s->metrics.conns_open--;
+        pthread_mutex_unlock(&s->metrics.mu);
+    }
+}
+
+/* Every WATCH_SLICE: shuts down connections whose request headers did not
+ * come within header_timeout. */
+static void *watchdog_main(void *arg) {
+    cas_server *s = arg;
+    pthread_mutex_lock(&s->conn_mu);
+    while (!s->watch_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += WATCH_SLICE_NS;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
+        if (s->watch_stop || s->header_timeout <= 0) continue;
+        double now = cas_now_s();
+        uint64_t n = 0;
+        for (srv_conn *c = s->conns; c; c = c->next)
+            if (!c->busy && !c->shut && now - c->since > s->header_timeout) {
+                conn_shut(c);
+                n++;
+            }
+        if (n) {
+            pthread_mutex_lock(&s->metrics.mu);
+            s->metrics.conns_header_timeout += n;
+            pthread_mutex_unlock(&s->metrics.mu);
+        }
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    return NULL;
+}
+
+/* ---- drain -------------------------------------------------------------------- */
+
+void cas_server_drain(cas_server *s) {
+    if (!s) return;
+    atomic_store(&s->draining, 1);
+    pthread_mutex_lock(&s->metrics.mu);
+    s->metrics.draining = 1;
+    pthread_mutex_unlock(&s->metrics.mu);
+}
+
+int64_t cas_server_active(cas_server *s) {
+    if (!s) return 0;
+    pthread_mutex_lock(&s->mu);
+    int64_t n = s->active;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void cas_server_abort_all(cas_server *s) {
+    if (!s) return;
+    cas_server_drain(s);
+    atomic_store(&s->aborting, 1);
+    /* take a reference to each admitted request, then abort outside s->mu */
+    pthread_mutex_lock(&s->mu);
+    int64_t n = 0;
+    for (srv_req *r = s->admitted; r; r = r->adm_next) n++;
+    srv_req **all = n ? malloc((size_t)n * sizeof *all) : NULL;
+    int64_t k = 0;
+    for (srv_req *r = s->admitted; r && all; r = r->adm_next) {
+        pthread_mutex_lock(&r->mu);
+        r->refs++;
+        pthread_mutex_unlock(&r->mu);
+        all[k++] = r;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int64_t i = 0; i < k; i++) {
+        abort_all(all[i]);
+        req_release(all[i]);
+    }
+    free(all);
 }
 
 /* ---- create and destroy ------------------------------------------------------ */
@@ -954,20 +1579,53 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     s->lim.max_body_bytes = o.max_body_bytes ? o.max_body_bytes : (size_t)8 << 20;
     s->lim.max_n = o.max_n > 0 ? o.max_n : 16;
     s->created = (long)time(NULL);
+    s->tokenize = o.tokenize;
+    s->tokenize_ctx = o.tokenize_ctx;
     cas_srv_metrics_init(&s->metrics);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     atomic_init(&s->closing, 0);
+    atomic_init(&s->draining, 0);
+    atomic_init(&s->aborting, 0);
     atomic_init(&s->counter, (uint64_t)time(NULL));
+
+    /* Connections: one thread and one descriptor each; the open-file limit
+     * keeps room for the model, the listening socket and the engine. */
+    long room = 1L << 30;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) room = (long)rl.rlim_cur - 64;
+    if (room < 4) room = 4;
+    long maxc = o.max_connections > 0 ? o.max_connections : 1024;
+    if (maxc > room) {
+        if (o.max_connections > 0)
+            cas_log(CAS_LOG_WARN, "server: %ld connections do not fit the open-file limit; %ld instead", maxc, room);
+        maxc = room;
+    }
+    s->max_conns = (int32_t)maxc;
+    unsigned per_ip = o.max_connections_per_ip < 0 ? 0u : o.max_connections_per_ip > 0 ? (unsigned)o.max_connections_per_ip : 256u;
+    s->header_timeout = o.header_timeout_s < 0 ? 0.0 : o.header_timeout_s > 0 ? o.header_timeout_s : 10.0;
+    double idle = o.idle_timeout_s < 0 ? 0.0 : o.idle_timeout_s > 0 ? o.idle_timeout_s : 30.0;
+    s->idle_timeout = idle > 0 ? (unsigned)(idle + 0.999) : 0u; /* whole seconds, at least 1 */
+    pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->conn_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0) {
+        cas_server_destroy(s);
+        return cas_error(CAS_ERR_IO, "server: cannot start a thread");
+    }
+    s->watch_started = 1;
 
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | ipv6 |
                      MHD_USE_ERROR_LOG;
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)(o.max_connections > 0 ? o.max_connections : 1024), MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)IDLE_TIMEOUT_S, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-        MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!s->daemon) {
         int e = errno;
         cas_server_destroy(s);
@@ -984,6 +1642,14 @@ int32_t cas_server_port(const cas_server *s) { return s ? s->port : 0; }
 void cas_server_destroy(cas_server *s) {
     if (!s) return;
     atomic_store(&s->closing, 1);
+    if (s->watch_started) {
+        pthread_mutex_lock(&s->conn_mu);
+        s->watch_stop = 1;
+        pthread_cond_signal(&s->conn_cv);
+        pthread_mutex_unlock(&s->conn_mu);
+        pthread_join(s->watchdog, NULL);
+        s->watch_started = 0;
+    }
     if (s->daemon) MHD_stop_daemon(s->daemon); /* joins connection threads; on_completed aborts their requests */
     /* wait for the engine's final events, which still point into our requests */
     pthread_mutex_lock(&s->mu);
@@ -1004,6 +1670,8 @@ void cas_server_destroy(cas_server *s) {
     cas_srv_metrics_destroy(&s->metrics);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->conn_cv);
+    pthread_mutex_destroy(&s->conn_mu);
     free(s->api_key);
     free(s->model_name);
     free(s->model_alias);

@@ -128,6 +128,11 @@ typedef struct {
     cas_srv_hist ttft, tpot, e2e;
     uint64_t http_by_status[6]; /* 1xx..5xx at [1..5] */
     uint64_t requests_cancelled; /* clients that went away before their output was complete */
+    /* connections, kept by the HTTP layer */
+    int64_t conns_open;
+    uint64_t conns_header_timeout; /* closed for headers not complete within header_timeout */
+    uint64_t conns_evicted;        /* closed waiting for headers to make room at the limit */
+    int draining;                  /* 1 once a drain began */
 } cas_srv_metrics;
 
 void cas_srv_metrics_init(cas_srv_metrics *m);

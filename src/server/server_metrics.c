@@ -116,7 +116,10 @@ char *cas_srv_metrics_text(cas_srv_metrics *m, const cas_engine_stats *st) {
     metric(&b, "cascade_num_requests_waiting", "gauge", "Requests waiting to be scheduled.", st->waiting);
     metric(&b, "cascade_kv_pages_total", "gauge", "KV cache pages (blocks) in the pool.", (double)st->kv_blocks_total);
     metric(&b, "cascade_kv_pages_used", "gauge", "KV pages held by live requests.", (double)st->kv_blocks_used);
-    metric(&b, "cascade_kv_pages_free", "gauge", "KV pages not held by any request.", (double)st->kv_blocks_free);
+    /* The engine counts free pages after each step; before its first step no
+     * page was ever taken, so every page is free. */
+    int64_t kv_free = st->steps == 0 && st->kv_blocks_used == 0 ? st->kv_blocks_total : st->kv_blocks_free;
+    metric(&b, "cascade_kv_pages_free", "gauge", "KV pages not held by any request.", (double)kv_free);
     metric(&b, "cascade_kv_pages_cached", "gauge", "Free KV pages that still hold a cached prefix.",
            (double)st->kv_blocks_cached);
     metric(&b, "cascade_kv_cache_usage_perc", "gauge", "Fraction of KV pages held by live requests.",
@@ -150,6 +153,14 @@ char *cas_srv_metrics_text(cas_srv_metrics *m, const cas_engine_stats *st) {
     put(&b, "# HELP cascade_requests_cancelled_total Requests whose client went away before the end.\n"
             "# TYPE cascade_requests_cancelled_total counter\ncascade_requests_cancelled_total %llu\n",
         (unsigned long long)m->requests_cancelled);
+    metric(&b, "cascade_http_connections", "gauge", "Open client connections.", (double)m->conns_open);
+    put(&b, "# HELP cascade_http_connections_closed_total Connections the server closed while they waited for "
+            "request headers: past the header timeout, or the oldest such at the connection limit.\n"
+            "# TYPE cascade_http_connections_closed_total counter\n"
+            "cascade_http_connections_closed_total{reason=\"header_timeout\"} %llu\n"
+            "cascade_http_connections_closed_total{reason=\"evicted\"} %llu\n",
+        (unsigned long long)m->conns_header_timeout, (unsigned long long)m->conns_evicted);
+    metric(&b, "cascade_server_draining", "gauge", "1 while the server drains for shutdown.", (double)m->draining);
     pthread_mutex_unlock(&m->mu);
     if (b.failed) {
         free(b.p);
