@@ -709,16 +709,16 @@ static void test_penalties(void) {
             REQUIRE(run_one(e, rep, &p, &o) == 0);
             CHECKF(distinct(o.toks, o.n) <= d0, "negative %s: %d distinct", names[k], distinct(o.toks, o.n));
         }
-        /* seeded sampling with a penalty is reproducible */
-        p = sp;
-        p.repetition_penalty = 1.3f;
-        p.frequency_penalty = 0.5f;
-        p.temperature = 0.9f;
-        p.seed = 4242;
-        tout_t a, b;
-        REQUIRE(run_one(e, rep, &p, &a) == 0 && run_one(e, rep, &p, &b) == 0);
-        CHECK(a.n == b.n && !memcmp(a.toks, b.toks, sizeof(int32_t) * (size_t)a.n));
     }
+    /* seeded sampling with penalties is reproducible */
+    cas_engine_sampling p = sp;
+    p.repetition_penalty = 1.3f;
+    p.frequency_penalty = 0.5f;
+    p.temperature = 0.9f;
+    p.seed = 4242;
+    tout_t a, b;
+    REQUIRE(run_one(e, rep, &p, &a) == 0 && run_one(e, rep, &p, &b) == 0);
+    CHECK(a.n == b.n && !memcmp(a.toks, b.toks, sizeof(int32_t) * (size_t)a.n));
     cas_engine_destroy(e);
 }
 
