@@ -35,9 +35,9 @@
  * thread shuts down any connection still waiting for its request headers
  * header_timeout after it opened or after its previous response ended: a
  * hard deadline that dribbling bytes does not extend, unlike libmicrohttpd's
- * inactivity timeout. When the last free connection is taken, the oldest
- * connection waiting for headers is shut down to make room, so a flood of
- * idle connections cannot keep a real client out; the per-address limit
+ * inactivity timeout. When the connections near the limit (all but 1/16 of
+ * them taken), each new one shuts down the oldest connection waiting for
+ * headers, so a flood of idle connections cannot keep a real client out; the per-address limit
  * (libmicrohttpd's, which refuses at accept) keeps one address from taking
  * them all. libmicrohttpd's own inactivity timeout (idle_timeout) covers a
  * body that stops coming and a client that stops reading; while a
@@ -107,6 +107,7 @@ struct cas_server {
     atomic_uint_fast64_t counter; /* fallback ids and default seeds */
     /* connections */
     int32_t max_conns;
+    int32_t headroom;          /* connections kept free by evicting (1/16 of them, 1 to 64) */
     double header_timeout;     /* seconds; <= 0: none */
     unsigned idle_timeout;     /* seconds; 0: none */
     pthread_mutex_t conn_mu;   /* guards the list, n_conns, watch_stop */
@@ -1409,9 +1410,12 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         else s->conns = c;
         s->conns_tail = c;
         s->n_conns++;
-        if (s->n_conns >= s->max_conns) {
-            /* the last free connection is taken: free one, the oldest still
-             * waiting for its headers (a real client sends them at once) */
+        if (s->n_conns > s->max_conns - s->headroom) {
+            /* into the last free connections: free one, the oldest still
+             * waiting for its headers (a real client sends them at once).
+             * libmicrohttpd refuses a connection at the limit (accepts and
+             * closes it), so a few stay free for the moments an evicted
+             * connection takes to close. */
             for (srv_conn *o = s->conns; o && o != c; o = o->next)
                 if (!o->busy && !o->shut) {
                     conn_shut(o);
@@ -1602,6 +1606,7 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
         maxc = room;
     }
     s->max_conns = (int32_t)maxc;
+    s->headroom = s->max_conns / 16 < 1 ? 1 : s->max_conns / 16 > 64 ? 64 : s->max_conns / 16;
     unsigned per_ip = o.max_connections_per_ip < 0 ? 0u : o.max_connections_per_ip > 0 ? (unsigned)o.max_connections_per_ip : 256u;
     s->header_timeout = o.header_timeout_s < 0 ? 0.0 : o.header_timeout_s > 0 ? o.header_timeout_s : 10.0;
     double idle = o.idle_timeout_s < 0 ? 0.0 : o.idle_timeout_s > 0 ? o.idle_timeout_s : 30.0;
