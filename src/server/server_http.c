@@ -382,10 +382,15 @@ static json_t *token_str(cas_server *s, int32_t id, const srv_ev *e) {
     return json_string(buf);
 }
 
-static json_t *bytes_of(json_t *str) {
+/* OpenAI's "bytes" of a token: its raw bytes, which differ from its string
+ * when it holds part of a UTF-8 character (the string has U+FFFD there). */
+static json_t *bytes_of(cas_server *s, int32_t id, const srv_ev *e, json_t *str) {
+    const char *p = NULL;
+    size_t n = 0;
+    if (s->ops.token_text) p = s->ops.token_text(s->ops.ctx, id, &n);
+    if (!p && e && e->n_tokens == 1 && e->tokens[0] == id) p = e->text, n = e->text_len;
+    if (!p) p = json_string_value(str), n = json_string_length(str);
     json_t *a = json_array();
-    const char *p = json_string_value(str);
-    size_t n = json_string_length(str);
     for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)p[i]));
     return a;
 }
@@ -410,14 +415,15 @@ static void add_logprobs(srv_req *r, srv_choice *c, const srv_ev *e, json_t **lp
         if (chat) {
             json_t *alts = json_array();
             for (int32_t j = 0; j < top; j++) {
-                json_t *at = token_str(s, e->top_ids[(size_t)t * (size_t)e->k + (size_t)j], NULL);
+                int32_t aid = e->top_ids[(size_t)t * (size_t)e->k + (size_t)j];
+                json_t *at = token_str(s, aid, NULL);
                 json_array_append_new(alts, json_pack("{s:o,s:f,s:o}", "token", at, "logprob",
                                                       lp_value(e->top_lp[(size_t)t * (size_t)e->k + (size_t)j]),
-                                                      "bytes", bytes_of(at)));
+                                                      "bytes", bytes_of(s, aid, NULL, at)));
             }
             json_array_append_new(json_object_get(*lp, "content"),
                                   json_pack("{s:O,s:f,s:o,s:o}", "token", tok, "logprob", v, "bytes",
-                                            bytes_of(tok), "top_logprobs", alts));
+                                            bytes_of(s, e->tokens[t], e, tok), "top_logprobs", alts));
         } else {
             json_t *alts = json_object();
             for (int32_t j = 0; j < top; j++) {
