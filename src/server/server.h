@@ -13,8 +13,8 @@
  * Connections. A client cannot hold the server with idle or half-sent
  * requests: connections per address are capped, a request's headers must
  * arrive within header_timeout of the connection opening (or of the previous
- * response on a kept-alive connection), and when every connection is taken
- * the oldest one still waiting for its headers is closed to make room.
+ * response on a kept-alive connection), and as connections run short the
+ * oldest one still waiting for its headers is closed to make room.
  * Inactivity (a body that stops coming, a client that stops reading) closes a
  * connection after idle_timeout; waiting on the engine never counts.
  *

@@ -37,9 +37,9 @@
  * hard deadline that dribbling bytes does not extend, unlike libmicrohttpd's
  * inactivity timeout. When the connections near the limit (all but 1/16 of
  * them taken), each new one shuts down the oldest connection waiting for
- * headers, so a flood of idle connections cannot keep a real client out; the per-address limit
- * (libmicrohttpd's, which refuses at accept) keeps one address from taking
- * them all. libmicrohttpd's own inactivity timeout (idle_timeout) covers a
+ * headers, so a flood of idle connections cannot keep a real client out;
+ * the per-address limit (libmicrohttpd's, which refuses at accept) keeps one
+ * address from taking them all. libmicrohttpd's own inactivity timeout (idle_timeout) covers a
  * body that stops coming and a client that stops reading; while a
  * connection waits on the engine it is off (0), and it is set again (which
  * restarts its clock) when there is something to write.

@@ -43,7 +43,7 @@ static void usage(FILE *f) {
             "  --served-model-name ID  the model id clients use (default: the file name without .gguf)\n"
             "  --max-body-mb N         largest request body (default 8)\n"
             "  --max-connections N     simultaneous connections, one thread each (default 1024, fewer\n"
-            "                          where the open-file limit is lower); when all are taken, the\n"
+            "                          where the open-file limit is lower); as they run short, the\n"
             "                          oldest one still waiting for its request headers is closed\n"
             "  --max-connections-per-ip N  from one client address (default 256; 0 = no limit;\n"
             "                          behind a proxy every client has the proxy's address)\n"
