@@ -534,6 +534,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
         goto fail;
     }
     e->stats.kv_blocks_total = pages;
+    e->stats.kv_blocks_free = pages; /* all free before the first step refreshes it */
     *out = e;
     const size_t kv_bytes = e->gkv ? cas_gpu_kv_bytes(e->gkv) : cas_model_kv_bytes(e->cache);
     cas_log(CAS_LOG_INFO,
