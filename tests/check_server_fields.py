@@ -8,9 +8,10 @@ effect, greedy, against the same request without them: stop_token_ids,
 min_tokens, include_stop_str_in_output, presence/frequency/repetition
 penalties, logit_bias, completions' echo (text and token-id prompts,
 streaming), chat content given as a list of text parts, and logprobs'
-"bytes" (a token holding part of a UTF-8 character included). Refused fields (guided decoding, prompt_logprobs, beam search, ...),
-out-of-range values (top_p 1e-300 among them) and bad content lists must
-come back as 400 with the field in error.param. Prints "N passed, N failed"
+"bytes" (a token holding part of a UTF-8 character included). Refused
+fields (guided decoding, prompt_logprobs, beam search, ...), out-of-range
+values (top_p 1e-300 among them) and bad content lists must come back as
+400 with the field in error.param. Prints "N passed, N failed"
 like the C tests; when `serve` or the model is missing it prints a skip line
 and "0 passed, 0 failed".
 
