@@ -164,7 +164,9 @@ static void test_baseline(void) {
 static void test_cascade_and_prefix_cache_same_tokens(void) {
     out_t o[NP];
     cas_engine_stats st;
-    REQUIRE(run_all(1, 1, 64 << 20, 512, o, &st) == 0);
+    /* every shared run as a cascade pass (cascade 2): the GPU's cost model keeps the small model's
+     * short prefix flat, and this test is about the cascade path's tokens */
+    REQUIRE(run_all(2, 1, 64 << 20, 512, o, &st) == 0);
     for (int i = 0; i < NP; i++) {
         CHECKF(agree(&o[i], &base[i]), "prompt %d differs with cascade + prefix cache", i);
     }
@@ -551,7 +553,10 @@ static void test_stop_token_ids_and_include(void) {
     cas_engine_sampling sp = greedy(16);
     sp.ignore_eos = 1;
     REQUIRE(run_one(e, FIELD_PROMPT, &sp, &base_o) == 0 && base_o.n == 16);
-    const int32_t k = first_new(&base_o, 4);
+    /* a token first seen at k > 0 (past the first few when the text has one: a model cut to a few
+     * layers, as the GPU machine's copy is, may repeat itself early) */
+    int32_t k = first_new(&base_o, 4);
+    if (k < 0) k = first_new(&base_o, 1);
     REQUIRE(k > 0);
     int32_t stop_id = base_o.toks[k];
     sp.n_stop_token_ids = 1;
@@ -571,9 +576,12 @@ static void test_stop_token_ids_and_include(void) {
     /* stop strings: the matched string is dropped, or kept with include_stop_str */
     char full[4096];
     text_of(g_tok, base_o.toks, base_o.n, full, sizeof full);
-    const char *mid = full + strlen(full) / 2;
-    const char *sp_at = strchr(mid, ' ');
-    REQUIRE(sp_at && sp_at[1]);
+    /* two printable ASCII bytes from the second half of the text (a word's start where there is one) */
+    const char *mid = full + strlen(full) / 2, *sp_at = strchr(mid, ' ');
+    if (!sp_at || !sp_at[1])
+        for (sp_at = mid; sp_at[0] && !(sp_at[0] >= 0x20 && sp_at[0] < 0x7f && sp_at[1] >= 0x20 && sp_at[1] < 0x7f);)
+            sp_at++;
+    REQUIRE(sp_at[0] && sp_at[1]);
     char stop_str[4] = {sp_at[0], sp_at[1], 0, 0};
     const size_t at = (size_t)(strstr(full, stop_str) - full);
     const char *stops[1] = {stop_str};

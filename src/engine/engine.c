@@ -313,6 +313,11 @@ static void gpu_plan_info(const cas_engine *e, cas_attn_plan_info *info) { cas_g
 static const engine_fwd cpu_fwd = {cpu_forward, cpu_plan_info};
 static const engine_fwd gpu_fwd = {gpu_forward, gpu_plan_info};
 
+/* The planner's mode for the engine's cascade option (0 off, 1 auto, 2 all). */
+static cas_cascade_mode cascade_mode(int32_t c) {
+    return c == 0 ? CAS_CASCADE_OFF : c == 2 ? CAS_CASCADE_ALL : CAS_CASCADE_AUTO;
+}
+
 /* The context length: the option, else the model's (2048 when it says none). */
 static void set_context(cas_engine *e) {
     e->max_context = e->opts.max_context > 0 ? e->opts.max_context : e->cfg->n_ctx_train;
@@ -345,7 +350,7 @@ static cas_status cpu_open(cas_engine *e, int32_t *pages_out, int32_t *per_seq_o
     mo.max_seqs = o->max_seqs;
     mo.max_logits = o->max_seqs;
     mo.threads = o->threads;
-    mo.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    mo.cascade = cascade_mode(o->cascade);
     mo.simd = o->simd;
     mo.amx_off = o->amx_off;
     load_job job = {.path = o->model_path, .mo = &mo, .model = &e->model, .st = CAS_OK, .err = ""};
@@ -399,7 +404,7 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
     go.max_seqs = o->max_seqs;
     go.max_logits = o->max_seqs;
     go.max_pages_per_seq = per_seq + 1;
-    go.cascade = o->cascade ? CAS_CASCADE_AUTO : CAS_CASCADE_OFF;
+    go.cascade = cascade_mode(o->cascade);
     go.graphs = !o->enforce_eager;
     if ((st = synthetic ? cas_gpu_model_create_synthetic(&e->gcfg, SYNTHETIC_SEED, &go, &e->gpu)
                         : cas_gpu_model_create(e->gguf, &go, &e->gpu)))
@@ -455,6 +460,11 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     o->device = cas_device_resolve(o->device);
     if (o->device != CAS_DEVICE_CPU && o->device != CAS_DEVICE_CUDA) {
         st = cas_error(CAS_ERR_INVALID, "engine: device %d is not auto, cpu or cuda", (int)o->device);
+        goto fail;
+    }
+    if (o->cascade < 0 || o->cascade > 2) {
+        st = cas_error(CAS_ERR_INVALID, "engine: cascade must be 0 (off), 1 (cost model) or 2 (all) (got %d)",
+                       o->cascade);
         goto fail;
     }
     if (o->gpu_memory_fraction == 0.0f) o->gpu_memory_fraction = 0.9f;

@@ -44,7 +44,9 @@ typedef struct {
     int32_t max_batch_tokens; /* tokens per step (decode tokens + prefill chunks); 0 = 512 */
     int32_t max_seqs;         /* sequences per step; 0 = 256 */
     int32_t max_context;      /* tokens per sequence; 0 = the model's context length */
-    int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat */
+    int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat; 2: every
+                                 run of pages two requests share as a cascade pass, whatever
+                                 the cost model says (tests: the cascade path on any device) */
     int32_t enforce_eager;    /* CUDA: 1 launches every step's kernels eagerly; 0 (default):
                                  decode steps replay CUDA graphs captured per batch-size bucket
                                  (cas_gpu_opts.graphs), as vLLM without --enforce-eager */

@@ -21,8 +21,12 @@
  * new summation order flips some roundings and the flips grow through the
  * layers: cascade against flat measured 0.054 max, 0.0035 mean after 4
  * layers on the runtime stand-ins (tests/cuda/gpu_stub.c; the same bf16
- * roundings on the CPU); SELF_TOL leaves room for the 30 layers of the
- * default model.
+ * roundings on the CPU). On an H100 through the 16 layers of the device's
+ * copy: cascade against flat 0.50 max, 0.047 mean (the attention kernels of
+ * the two plans each differ from float64 by ~2e-3 of a row's norm, below a
+ * bf16 step), chunked against whole prefill 0.11 / 0.023 (other product
+ * shapes, other cuBLASLt kernels), greedy tokens the same; SELF_TOL and
+ * SELF_MEAN_TOL leave room above that for the 30 layers of the whole model.
  * Bad batches are refused with a message and leave the model usable.
  */
 #include <math.h>
@@ -38,8 +42,8 @@
 #define CROSS_TOL 2.5f
 #define CROSS_MEAN_TOL 0.4
 #define MARGIN 2.0f
-#define SELF_TOL 0.3f
-#define SELF_MEAN_TOL 0.03
+#define SELF_TOL 0.75f
+#define SELF_MEAN_TOL 0.07
 
 static cas_model *g_cpu;
 static cas_gpu_model *g_gpu;
