@@ -69,11 +69,11 @@ fi
 if has synthetic && [ -x "$B/cascade" ]; then
   echo "== synthetic Llama-3-8B shape (random bf16 weights): decode at batch 1, 16, 64; a shared prefix with and without cascade"
   mkdir -p models; [ -e models/SmolLM2-135M-Instruct.Q4_1.gguf ] || ln -s "../$M" models/SmolLM2-135M-Instruct.Q4_1.gguf
-  for b in 1 16 64; do
+  for b in ${SYN_BATCHES:-1 16 64}; do
     timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 128 --output 64 \
       --json > "$W/syn_b$b.json" 2> "$W/syn_b$b.err"; echo "batch $b rc=$? $(tail -1 "$W/syn_b$b.err")"
   done
-  for b in 1 64; do
+  for b in ${SYN_EAGER_BATCHES:-1 64}; do
     timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 128 --output 64 \
       --enforce-eager --json > "$W/syn_b${b}_eager.json" 2> "$W/syn_b${b}_eager.err"; echo "batch $b eager rc=$? $(tail -1 "$W/syn_b${b}_eager.err")"
   done
@@ -107,14 +107,15 @@ fi
 if has trace && [ -f "$C/libcas_cuda_trace.so" ]; then
   echo "== GPU idle share of a decode step (CUPTI activity records through tools/cuda_trace.c), graphs and eager"
   mkdir -p models; [ -e models/SmolLM2-135M-Instruct.Q4_1.gguf ] || ln -s "../$M" models/SmolLM2-135M-Instruct.Q4_1.gguf
-  for g in graphs eager; do
-    for b in 1 16 64; do
+  for g in ${TRACE_MODES:-graphs eager}; do
+    for b in ${TRACE_BATCHES:-1 16 64}; do
       ex=; [ $g = eager ] && ex=--enforce-eager
       CUDA_INJECTION64_PATH=$PWD/$C/libcas_cuda_trace.so CAS_TRACE_OUT=$W/trace_${g}_b$b.csv timeout 90 "$B/cascade" bench \
         -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 64 --output 40 $ex --json \
         > "$W/trace_${g}_b$b.json" 2> "$W/trace_${g}_b$b.err"
       echo "$g batch $b rc=$?"
-      python3 tools/cuda_idle.py "$W/trace_${g}_b$b.csv" --last 30 --json "$OUT/idle_${g}_b$b.json" 2>&1 | head -${TRACE_LINES:-8}
+      python3 tools/cuda_idle.py "$W/trace_${g}_b$b.csv" --last 30 --json "$OUT/idle_${g}_b$b.json" > "$W/idle_${g}_b$b.txt" 2>&1
+      head -${TRACE_LINES:-8} "$W/idle_${g}_b$b.txt"
     done
   done
 fi
