@@ -161,54 +161,7 @@ extern "C" int cas_gpu_embed(const void *table, const int32_t *tokens, float *x,
     return (int)cudaGetLastError();
 }
 
-/* One block per row. A decode step's norm is one row: its time is the
- * latency of the row's loads, so each thread loads its NV float4 of the row
- * at once and keeps them in registers for the scaling (one read of x). */
-template <int NV>
-__global__ void rmsnorm_vec_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
-                                   const float *__restrict__ w, __nv_bfloat16 *__restrict__ out, int32_t E,
-                                   float eps) {
-    const int i = blockIdx.x, n4 = E >> 2;
-    const float4 *xr = reinterpret_cast<const float4 *>(x + (int64_t)(rows ? rows[i] : i) * E);
-    const float4 *w4 = reinterpret_cast<const float4 *>(w);
-    float4 v[NV];
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        const int k = threadIdx.x + j * blockDim.x;
-        v[j] = k < n4 ? xr[k] : make_float4(0.f, 0.f, 0.f, 0.f);
-        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    }
-    __shared__ float part[32];
-    __shared__ float scale;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float t = threadIdx.x < (blockDim.x + 31) / 32 ? part[threadIdx.x] : 0.f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (threadIdx.x == 0) scale = rsqrtf(t / (float)E + eps);
-    }
-    __syncthreads();
-    const float s = scale;
-    uint2 *o2 = reinterpret_cast<uint2 *>(out + (int64_t)i * E);
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-        const int k = threadIdx.x + j * blockDim.x;
-        if (k >= n4) break;
-        const float4 g = w4[k];
-        __nv_bfloat162 lo = __floats2bfloat162_rn(v[j].x * s * g.x, v[j].y * s * g.y);
-        __nv_bfloat162 hi = __floats2bfloat162_rn(v[j].z * s * g.z, v[j].w * s * g.w);
-        uint2 u;
-        u.x = *reinterpret_cast<unsigned *>(&lo);
-        u.y = *reinterpret_cast<unsigned *>(&hi);
-        o2[k] = u;
-    }
-}
-
-/* rows whose length is not a multiple of 4 or past 16384: 256 threads, two passes */
+/* one block of 256 threads per row */
 __global__ void rmsnorm_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
                                const float *__restrict__ w, __nv_bfloat16 *__restrict__ out, int32_t E, float eps) {
     const int i = blockIdx.x;
@@ -230,17 +183,7 @@ __global__ void rmsnorm_kernel(const float *__restrict__ x, const int32_t *__res
 extern "C" int cas_gpu_rmsnorm(const float *x, const int32_t *rows, const float *w, void *out, int32_t n, int32_t E,
                                float eps, void *stream) {
     if (n <= 0) return 0;
-    cudaStream_t st = (cudaStream_t)stream;
-    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
-    const int n4 = E / 4;
-    if (E % 4 == 0 && n4 <= 4 * 1024) {
-        const int threads = n4 <= 1024 ? (n4 + 31) / 32 * 32 : 1024, nv = (n4 + threads - 1) / threads;
-        if (nv == 1) rmsnorm_vec_kernel<1><<<n, threads, 0, st>>>(x, rows, w, o, E, eps);
-        else if (nv == 2) rmsnorm_vec_kernel<2><<<n, threads, 0, st>>>(x, rows, w, o, E, eps);
-        else rmsnorm_vec_kernel<4><<<n, threads, 0, st>>>(x, rows, w, o, E, eps);
-    } else {
-        rmsnorm_kernel<<<n, 256, 0, st>>>(x, rows, w, o, E, eps);
-    }
+    rmsnorm_kernel<<<n, 256, 0, (cudaStream_t)stream>>>(x, rows, w, (__nv_bfloat16 *)out, E, eps);
     return (int)cudaGetLastError();
 }
 
