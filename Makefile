@@ -55,7 +55,7 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -Wl,-rpat
 BASEFLAGS += -DCAS_WITH_CUDA=1 -isystem $(CUDA_HOME)/include
 endif
 
-.PHONY: all test asan clean model bench fuzz test-cuda cuda-build-check cuda-bench
+.PHONY: all test asan clean model bench fuzz test-cuda cuda-build-check cuda-bench soak
 all: $(BUILD)/libcascade.a $(BUILD)/libcascade.so $(BUILD)/cascade
 
 $(BUILD)/libcascade.a: $(LIB_OBJ)
@@ -113,6 +113,12 @@ TEST_SCRIPTS := $(wildcard tests/check_*.py) tests/install/check_install.sh
 
 test: all $(TEST_BIN)
 	@BUILD=$(BUILD) bash tests/run_all.sh $(TEST_BIN) $(TEST_SCRIPTS)
+
+# A bounded soak of `cascade serve` (about 2.5 minutes; not part of `make test`):
+# 256 streaming clients with cuts and bad requests, then no request, KV page or
+# memory may be left behind. `make soak SOAK_SECONDS=20` for a short one.
+soak: all
+	BUILD=$(BUILD) python3 tests/soak_server.py $(if $(SOAK_SECONDS),--seconds $(SOAK_SECONDS))
 
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 \
