@@ -132,6 +132,40 @@ static void test_seed_reproducible(void) {
     cas_sampler_destroy(c);
 }
 
+/* Samplers that borrow one scratch, used in turn, pick what samplers with
+ * their own scratch pick (top-k, top-p and min-p all use it); a scratch
+ * smaller than the vocabulary is refused. */
+static void test_shared_scratch(void) {
+    float l[V], l2[V];
+    make_logits(l, k_w);
+    for (int i = 0; i < V; i++) l2[i] = l[V - 1 - i];
+    cas_sampler_params p = plain();
+    p.top_k = 5;
+    p.top_p = 0.8f;
+    p.min_p = 0.02f;
+    cas_sampler_scratch *sc = NULL;
+    REQUIRE(cas_sampler_scratch_create(V, &sc) == CAS_OK);
+    cas_sampler *own[2] = {NULL, NULL}, *shared[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        p.seed = 7 + (uint64_t)k;
+        REQUIRE(cas_sampler_create(&p, V, &own[k]) == CAS_OK);
+        REQUIRE(cas_sampler_create_with(&p, V, sc, &shared[k]) == CAS_OK);
+    }
+    int same = 1;
+    for (int i = 0; i < 500; i++) {
+        const float *row = i % 3 ? l : l2;
+        for (int k = 0; k < 2; k++) same &= cas_sampler_sample(own[k], row) == cas_sampler_sample(shared[k], row);
+    }
+    CHECK(same);
+    cas_sampler *bad = NULL;
+    CHECK(cas_sampler_create_with(&p, V + 1, sc, &bad) == CAS_ERR_INVALID && bad == NULL);
+    for (int k = 0; k < 2; k++) {
+        cas_sampler_destroy(own[k]);
+        cas_sampler_destroy(shared[k]);
+    }
+    cas_sampler_scratch_destroy(sc);
+}
+
 static void test_bad_params(void) {
     cas_sampler_params p = plain();
     cas_sampler *s = NULL;
@@ -207,6 +241,7 @@ int main(void) {
     RUN(test_min_p);
     RUN(test_temperature_sharpens);
     RUN(test_seed_reproducible);
+    RUN(test_shared_scratch);
     RUN(test_bad_params);
     RUN(test_stop_strings);
     return check_summary();

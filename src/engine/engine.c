@@ -108,6 +108,7 @@ struct cas_engine {
     uint32_t *page_mark; /* [pages] the step that last counted the page (distinct KV tokens) */
     float *adj_row;      /* [n_vocab] a row with a request's biases and penalties (engine thread) */
     int32_t *adj_scratch; /* [n_vocab] zeros between uses (cas_logits_adjust) */
+    cas_sampler_scratch *samp_scratch; /* every request's sampler borrows it (engine thread samples) */
     int32_t *eog_ids;    /* [n_eog] the vocabulary's end-of-generation tokens */
     int32_t n_eog;
     uint32_t mark_step;
@@ -533,6 +534,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     e->table = calloc((size_t)e->table_cap, sizeof(req *));
     e->page_mark = calloc((size_t)pages, sizeof(uint32_t));
     e->adj_row = malloc(sizeof(float) * (size_t)V);
+    if ((st = cas_sampler_scratch_create(V, &e->samp_scratch))) goto fail;
     e->adj_scratch = calloc((size_t)V, sizeof(int32_t));
     e->eog_ids = malloc(sizeof(int32_t) * (size_t)V);
     if (e->eog_ids)
@@ -593,6 +595,7 @@ void cas_engine_destroy(cas_engine *e) {
     free(e->page_mark);
     free(e->adj_row);
     free(e->adj_scratch);
+    cas_sampler_scratch_destroy(e->samp_scratch); /* after the requests' samplers, freed above */
     free(e->eog_ids);
     free(e->table);
     free(e->aborts);
@@ -766,7 +769,7 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
     r->cb = rq->cb;
     r->user = rq->user;
     cas_rng_seed(&r->rng, pp.seed);
-    if ((st = cas_sampler_create(&pp, e->cfg->n_vocab, &r->sampler)) ||
+    if ((st = cas_sampler_create_with(&pp, e->cfg->n_vocab, e->samp_scratch, &r->sampler)) ||
         (st = cas_stopper_create((const char *const *)r->stops, sp->n_stop, &r->stopper))) {
         req_free(r);
         return st;

@@ -457,6 +457,16 @@ cas_status cas_sampler_params_check(const cas_sampler_params *p);
 typedef struct cas_sampler cas_sampler;
 cas_status cas_sampler_create(const cas_sampler_params *p, int32_t n_vocab, cas_sampler **out);
 void cas_sampler_destroy(cas_sampler *s);
+/* The vocabulary-sized work arrays of sampling (about 16 bytes a token),
+ * shared: a sampler made with cas_sampler_create_with borrows them instead of
+ * owning its own, so that many live requests hold one copy. The samplers that
+ * share one scratch must sample from one thread at a time (an engine's step
+ * loop); the scratch outlives them. */
+typedef struct cas_sampler_scratch cas_sampler_scratch;
+cas_status cas_sampler_scratch_create(int32_t n_vocab, cas_sampler_scratch **out);
+void cas_sampler_scratch_destroy(cas_sampler_scratch *sc);
+cas_status cas_sampler_create_with(const cas_sampler_params *p, int32_t n_vocab, cas_sampler_scratch *scratch,
+                                   cas_sampler **out);
 /* Picks a token from logits[n_vocab] (not modified). Allocates nothing. */
 int32_t cas_sampler_sample(cas_sampler *s, const float *logits);
 /* The same with the draw u in [0, 1) given instead of taken from the

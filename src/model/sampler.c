@@ -5,7 +5,8 @@
  * row of logits and draws from what is left with its own generator, so a
  * seeded request is reproducible whatever else shares its batch. Greedy
  * (temperature 0) is an argmax with ties to the lowest id. All scratch is
- * allocated at creation; sampling allocates nothing.
+ * allocated at creation (or shared, cas_sampler_scratch); sampling allocates
+ * nothing.
  *
  * Before the sampler, cas_logits_adjust applies what a request asks of the
  * row itself (masked tokens, logit biases, repetition, frequency and presence
@@ -42,41 +43,78 @@ typedef struct {
     int32_t id;
 } pair;
 
-struct cas_sampler {
-    cas_sampler_params p;
+struct cas_sampler_scratch {
     int32_t n_vocab;
-    cas_rng rng;
     int32_t *idx; /* [n_vocab] candidate ids */
     float *prob;  /* [n_vocab] their weights */
     pair *pairs;  /* [n_vocab] for sorting (top-p) */
 };
 
-cas_status cas_sampler_create(const cas_sampler_params *p, int32_t n_vocab, cas_sampler **out) {
+struct cas_sampler {
+    cas_sampler_params p;
+    int32_t n_vocab;
+    cas_rng rng;
+    cas_sampler_scratch *sc;
+    int owns_scratch;
+};
+
+cas_status cas_sampler_scratch_create(int32_t n_vocab, cas_sampler_scratch **out) {
+    *out = NULL;
+    if (n_vocab < 1) return cas_error(CAS_ERR_INVALID, "sampler: n_vocab must be >= 1");
+    cas_sampler_scratch *sc = calloc(1, sizeof *sc);
+    if (!sc) return cas_error(CAS_ERR_NOMEM, "sampler: out of memory");
+    sc->n_vocab = n_vocab;
+    sc->idx = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    sc->prob = malloc(sizeof(float) * (size_t)n_vocab);
+    sc->pairs = malloc(sizeof(pair) * (size_t)n_vocab);
+    if (!sc->idx || !sc->prob || !sc->pairs) {
+        cas_sampler_scratch_destroy(sc);
+        return cas_error(CAS_ERR_NOMEM, "sampler: out of memory");
+    }
+    *out = sc;
+    return CAS_OK;
+}
+
+void cas_sampler_scratch_destroy(cas_sampler_scratch *sc) {
+    if (!sc) return;
+    free(sc->idx);
+    free(sc->prob);
+    free(sc->pairs);
+    free(sc);
+}
+
+cas_status cas_sampler_create_with(const cas_sampler_params *p, int32_t n_vocab, cas_sampler_scratch *scratch,
+                                   cas_sampler **out) {
     *out = NULL;
     cas_status st = cas_sampler_params_check(p);
     if (st) return st;
     if (n_vocab < 1) return cas_error(CAS_ERR_INVALID, "sampler: n_vocab must be >= 1");
+    if (scratch && scratch->n_vocab < n_vocab)
+        return cas_error(CAS_ERR_INVALID, "sampler: scratch for %d tokens, vocabulary %d", scratch->n_vocab, n_vocab);
     cas_sampler *s = calloc(1, sizeof *s);
     if (!s) return cas_error(CAS_ERR_NOMEM, "sampler: out of memory");
     s->p = *p;
     s->n_vocab = n_vocab;
     cas_rng_seed(&s->rng, p->seed);
-    s->idx = malloc(sizeof(int32_t) * (size_t)n_vocab);
-    s->prob = malloc(sizeof(float) * (size_t)n_vocab);
-    s->pairs = malloc(sizeof(pair) * (size_t)n_vocab);
-    if (!s->idx || !s->prob || !s->pairs) {
-        cas_sampler_destroy(s);
-        return cas_error(CAS_ERR_NOMEM, "sampler: out of memory");
+    s->sc = scratch;
+    if (!scratch) {
+        if ((st = cas_sampler_scratch_create(n_vocab, &s->sc))) {
+            free(s);
+            return st;
+        }
+        s->owns_scratch = 1;
     }
     *out = s;
     return CAS_OK;
 }
 
+cas_status cas_sampler_create(const cas_sampler_params *p, int32_t n_vocab, cas_sampler **out) {
+    return cas_sampler_create_with(p, n_vocab, NULL, out);
+}
+
 void cas_sampler_destroy(cas_sampler *s) {
     if (!s) return;
-    free(s->idx);
-    free(s->prob);
-    free(s->pairs);
+    if (s->owns_scratch) cas_sampler_scratch_destroy(s->sc);
     free(s);
 }
 
@@ -123,6 +161,7 @@ static int cmp_pair(const void *a, const void *b) {
  * draw is needed, so greedy requests leave the generator untouched). */
 static int32_t sample(cas_sampler *s, const float *logits, const double *u_given) {
     const int32_t V = s->n_vocab;
+    cas_sampler_scratch *sc = s->sc;
     if (s->p.temperature == 0.0f) return argmax(logits, V);
     const float invt = 1.0f / s->p.temperature;
     float m = -INFINITY;
@@ -132,30 +171,30 @@ static int32_t sample(cas_sampler *s, const float *logits, const double *u_given
     for (int32_t i = 0; i < V; i++) {
         float w = expf((logits[i] - m) * invt);
         if (w > 0.0f) {
-            s->idx[n] = i;
-            s->prob[n] = w;
+            sc->idx[n] = i;
+            sc->prob[n] = w;
             n++;
         }
     }
     if (n == 0) return argmax(logits, V);
     if (s->p.top_k > 0 && s->p.top_k < n) {
-        select_top(s->idx, s->prob, n, s->p.top_k);
+        select_top(sc->idx, sc->prob, n, s->p.top_k);
         n = s->p.top_k;
     }
     if (s->p.min_p > 0.0f) {
         /* the largest weight is exp(0) = 1 when the argmax survived, but top-k keeps it anyway */
         float pmax = 0.0f;
-        for (int32_t i = 0; i < n; i++) pmax = s->prob[i] > pmax ? s->prob[i] : pmax;
+        for (int32_t i = 0; i < n; i++) pmax = sc->prob[i] > pmax ? sc->prob[i] : pmax;
         int32_t k = 0;
         for (int32_t i = 0; i < n; i++)
-            if (s->prob[i] >= s->p.min_p * pmax) s->idx[k] = s->idx[i], s->prob[k] = s->prob[i], k++;
+            if (sc->prob[i] >= s->p.min_p * pmax) sc->idx[k] = sc->idx[i], sc->prob[k] = sc->prob[i], k++;
         n = k;
     }
     if (s->p.top_p < 1.0f && n > 1) {
         /* sort the survivors by weight, descending; keep the smallest set reaching top_p */
-        pair *pr = s->pairs;
+        pair *pr = sc->pairs;
         {
-            for (int32_t i = 0; i < n; i++) pr[i].p = s->prob[i], pr[i].id = s->idx[i];
+            for (int32_t i = 0; i < n; i++) pr[i].p = sc->prob[i], pr[i].id = sc->idx[i];
             qsort(pr, (size_t)n, sizeof(pair), cmp_pair);
             double total = 0;
             for (int32_t i = 0; i < n; i++) total += pr[i].p;
@@ -163,8 +202,8 @@ static int32_t sample(cas_sampler *s, const float *logits, const double *u_given
             int32_t k = 0;
             while (k < n) {
                 acc += pr[k].p;
-                s->idx[k] = pr[k].id;
-                s->prob[k] = pr[k].p;
+                sc->idx[k] = pr[k].id;
+                sc->prob[k] = pr[k].p;
                 k++;
                 if (acc >= s->p.top_p * total) break;
             }
@@ -172,13 +211,13 @@ static int32_t sample(cas_sampler *s, const float *logits, const double *u_given
         }
     }
     double total = 0;
-    for (int32_t i = 0; i < n; i++) total += s->prob[i];
+    for (int32_t i = 0; i < n; i++) total += sc->prob[i];
     double u = (u_given ? *u_given : cas_rng_uniform(&s->rng)) * total;
     for (int32_t i = 0; i < n; i++) {
-        u -= s->prob[i];
-        if (u < 0) return s->idx[i];
+        u -= sc->prob[i];
+        if (u < 0) return sc->idx[i];
     }
-    return s->idx[n - 1];
+    return sc->idx[n - 1];
 }
 
 int32_t cas_sampler_sample(cas_sampler *s, const float *logits) { return sample(s, logits, NULL); }
