@@ -249,6 +249,8 @@ endif
 # The soname's number (CAS_SOVERSION) changes when the ABI breaks; the
 # version names the release.
 CAS_VERSION   := 0.1.0
+# what `cascade serve` answers at /version
+$(BUILD)/src/server/server_http.o: ALL_FLAGS += -DCAS_VERSION_STRING='"$(CAS_VERSION)"'
 CAS_SOVERSION := 0
 CAS_SONAME    := libcascade.so.$(CAS_SOVERSION)
 

@@ -74,8 +74,9 @@
 #define CONN_MEMORY (128u << 10)  /* libmicrohttpd's per-connection buffer (its 431 beyond) */
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(8))
 
+/* the release /version reports: the Makefile passes its CAS_VERSION */
 #ifndef CAS_VERSION_STRING
-#define CAS_VERSION_STRING "0.1.0" /* the Makefile's CAS_VERSION */
+#error "CAS_VERSION_STRING is not defined: build with the Makefile, which passes CAS_VERSION"
 #endif
 
 /* One TCP connection (libmicrohttpd's socket context). */
