@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "../engine/engine.h"
 #include "../model/model.h"
 #include "tools.h"
@@ -336,53 +338,46 @@ typedef struct {
     int64_t kv_tokens;
 } step_rec;
 
-/* ---- JSON output -------------------------------------------------------------- */
+/* ---- JSON output (jansson) ------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-        else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
-        else fputc(ch, f);
+/* a number, or null for NaN and infinities (which JSON lacks) */
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+static json_t *jstr(const char *v) { return v ? json_string(v) : json_null(); }
+static json_t *jarr(const double *v, int64_t n) {
+    json_t *a = json_array();
+    for (int64_t i = 0; a && i < n; i++) json_array_append_new(a, jnum(v[i]));
+    return a;
+}
+
+/* what names a run, at the head of each of its files */
+static json_t *run_json(const char *workload, const char *label, const char *model, const char *device,
+                        const cas_engine_opts *eo) {
+    json_t *o = json_object();
+    json_object_set_new(o, "workload", jstr(workload));
+    json_object_set_new(o, "label", jstr(label));
+    json_object_set_new(o, "model", jstr(model));
+    json_object_set_new(o, "device", jstr(device));
+    json_object_set_new(o, "cascade", json_integer(eo->cascade));
+    json_object_set_new(o, "prefix_cache", json_integer(eo->prefix_cache));
+    return o;
+}
+
+/* o as one line on f (o is released); -1 when it could not be written */
+static int json_line(json_t *o, FILE *f) {
+    const int bad = !o || json_dumpf(o, f, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10)) != 0 || fputc('\n', f) == EOF;
+    json_decref(o);
+    return bad ? -1 : 0;
+}
+
+/* o into a new file at path (o is released); -1 when it could not be written */
+static int json_file(json_t *o, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        json_decref(o);
+        return -1;
     }
-    fputc('"', f);
-}
-
-/* a number, or null for NAN and infinities (which JSON lacks) */
-static void json_num(FILE *f, double v, int prec) {
-    if (isfinite(v)) fprintf(f, "%.*f", prec, v);
-    else fputs("null", f);
-}
-
-static void json_key(FILE *f, int *first, const char *k) {
-    fprintf(f, "%s\"%s\": ", *first ? "" : ", ", k);
-    *first = 0;
-}
-
-static void json_kstr(FILE *f, int *first, const char *k, const char *v) {
-    json_key(f, first, k);
-    if (v) json_str(f, v);
-    else fputs("null", f);
-}
-
-static void json_kint(FILE *f, int *first, const char *k, long long v) {
-    json_key(f, first, k);
-    fprintf(f, "%lld", v);
-}
-
-static void json_knum(FILE *f, int *first, const char *k, double v, int prec) {
-    json_key(f, first, k);
-    json_num(f, v, prec);
-}
-
-static void json_arr(FILE *f, const double *v, int64_t n, int prec) {
-    fputc('[', f);
-    for (int64_t i = 0; i < n; i++) {
-        if (i) fputs(", ", f);
-        json_num(f, v[i], prec);
-    }
-    fputc(']', f);
+    const int bad = json_line(o, f);
+    return fclose(f) != 0 || bad ? -1 : 0;
 }
 
 static void usage(void) {
@@ -742,56 +737,48 @@ int cmd_bench(int argc, char **argv) {
     const double roof50 = pct(dec_roof, nd, 50), ratio50 = pct(dec_ratio, nd, 50);
     const double out_per_s = (double)out_tokens / elapsed, total_per_s = (double)(out_tokens + prompt_total) / elapsed;
     if (json) {
-        FILE *f = stdout;
-        int first = 1;
-        fputc('{', f);
-        json_kstr(f, &first, "workload", c.workload);
-        json_kstr(f, &first, "label", label);
-        json_kstr(f, &first, "model", model_name);
-        json_kstr(f, &first, "device", device_name);
-        json_kint(f, &first, "requests", ps.n);
-        json_kint(f, &first, "prefix", prefix);
-        json_kint(f, &first, "suffix", suffix);
-        json_kint(f, &first, "output", output);
-        json_kstr(f, &first, "tree", tree);
-        json_knum(f, &first, "prompt_len_mean", (double)prompt_total / ps.n, 1);
-        json_knum(f, &first, "output_len_mean", (double)out_asked / ps.n, 1);
-        json_knum(f, &first, "scale", scale, 4);
-        json_knum(f, &first, "rate", rate, 4);
-        json_knum(f, &first, "temperature", c.temperature >= 0 ? c.temperature : 0.0, 3);
-        json_kint(f, &first, "max_context", cas_engine_context_length(e));
-        json_kint(f, &first, "cascade", eo.cascade);
-        json_kint(f, &first, "prefix_cache", eo.prefix_cache);
-        json_knum(f, &first, "elapsed_s", elapsed, 4);
-        json_kint(f, &first, "output_tokens", (long long)out_tokens);
-        json_knum(f, &first, "output_tok_per_s", out_per_s, 3);
-        json_knum(f, &first, "total_tok_per_s", total_per_s, 3);
-        json_kint(f, &first, "prompt_tokens", (long long)prompt_total);
-        json_kint(f, &first, "prompt_tokens_computed", (long long)st.prompt_tokens_computed);
-        json_knum(f, &first, "prefix_cache_hit_rate", hit, 4);
-        json_knum(f, &first, "ttft_ms_p50", t50, 3);
-        json_knum(f, &first, "ttft_ms_p99", t99, 3);
-        json_knum(f, &first, "tpot_ms_p50", p50, 3);
-        json_knum(f, &first, "tpot_ms_p99", p99, 3);
-        json_knum(f, &first, "itl_ms_p50", i50, 3);
-        json_knum(f, &first, "itl_ms_p99", i99, 3);
-        json_kint(f, &first, "steps", (long long)st.steps);
-        json_kint(f, &first, "cascade_steps", (long long)st.cascade_steps);
-        json_kint(f, &first, "preemptions", (long long)st.preemptions);
-        json_kint(f, &first, "graph_steps", (long long)st.graph_steps);
-        json_kint(f, &first, "eager_steps", (long long)st.eager_steps);
-        json_kint(f, &first, "decode_steps", (long long)nd);
-        json_knum(f, &first, "decode_step_ms_p50", d50, 4);
-        json_knum(f, &first, "decode_step_ms_p99", d99, 4);
-        json_knum(f, &first, "decode_batch_median", batch50, 1);
-        json_knum(f, &first, "decode_kv_tokens_median", kv50, 1);
-        json_knum(f, &first, "weight_bytes", have_shape ? (double)wbytes : NAN, 0);
-        json_knum(f, &first, "kv_bytes_per_token", have_shape ? (double)kvb : NAN, 0);
-        json_knum(f, &first, "decode_step_bytes_median", bytes50, 0);
-        json_knum(f, &first, "copy_gbps", copy_gbps > 0 ? copy_gbps : NAN, 2);
-        json_knum(f, &first, "roofline_ms_median", roof50, 4);
-        json_knum(f, &first, "step_over_roofline", ratio50, 3);
-        fputs("}\n", f);
+        json_t *o = run_json(c.workload, label, model_name, device_name, &eo);
+        json_object_set_new(o, "requests", json_integer(ps.n));
+        json_object_set_new(o, "prefix", json_integer(prefix));
+        json_object_set_new(o, "suffix", json_integer(suffix));
+        json_object_set_new(o, "output", json_integer(output));
+        json_object_set_new(o, "tree", jstr(tree));
+        json_object_set_new(o, "prompt_len_mean", jnum((double)prompt_total / ps.n));
+        json_object_set_new(o, "output_len_mean", jnum((double)out_asked / ps.n));
+        json_object_set_new(o, "scale", jnum(scale));
+        json_object_set_new(o, "rate", jnum(rate));
+        json_object_set_new(o, "temperature", jnum(c.temperature >= 0 ? c.temperature : 0.0));
+        json_object_set_new(o, "max_context", json_integer(cas_engine_context_length(e)));
+        json_object_set_new(o, "elapsed_s", jnum(elapsed));
+        json_object_set_new(o, "output_tokens", json_integer((long long)out_tokens));
+        json_object_set_new(o, "output_tok_per_s", jnum(out_per_s));
+        json_object_set_new(o, "total_tok_per_s", jnum(total_per_s));
+        json_object_set_new(o, "prompt_tokens", json_integer((long long)prompt_total));
+        json_object_set_new(o, "prompt_tokens_computed", json_integer((long long)st.prompt_tokens_computed));
+        json_object_set_new(o, "prefix_cache_hit_rate", jnum(hit));
+        json_object_set_new(o, "ttft_ms_p50", jnum(t50));
+        json_object_set_new(o, "ttft_ms_p99", jnum(t99));
+        json_object_set_new(o, "tpot_ms_p50", jnum(p50));
+        json_object_set_new(o, "tpot_ms_p99", jnum(p99));
+        json_object_set_new(o, "itl_ms_p50", jnum(i50));
+        json_object_set_new(o, "itl_ms_p99", jnum(i99));
+        json_object_set_new(o, "steps", json_integer((long long)st.steps));
+        json_object_set_new(o, "cascade_steps", json_integer((long long)st.cascade_steps));
+        json_object_set_new(o, "preemptions", json_integer((long long)st.preemptions));
+        json_object_set_new(o, "graph_steps", json_integer((long long)st.graph_steps));
+        json_object_set_new(o, "eager_steps", json_integer((long long)st.eager_steps));
+        json_object_set_new(o, "decode_steps", json_integer((long long)nd));
+        json_object_set_new(o, "decode_step_ms_p50", jnum(d50));
+        json_object_set_new(o, "decode_step_ms_p99", jnum(d99));
+        json_object_set_new(o, "decode_batch_median", jnum(batch50));
+        json_object_set_new(o, "decode_kv_tokens_median", jnum(kv50));
+        json_object_set_new(o, "weight_bytes", jnum(have_shape ? (double)wbytes : NAN));
+        json_object_set_new(o, "kv_bytes_per_token", jnum(have_shape ? (double)kvb : NAN));
+        json_object_set_new(o, "decode_step_bytes_median", jnum(bytes50));
+        json_object_set_new(o, "copy_gbps", jnum(copy_gbps > 0 ? copy_gbps : NAN));
+        json_object_set_new(o, "roofline_ms_median", jnum(roof50));
+        json_object_set_new(o, "step_over_roofline", jnum(ratio50));
+        if (json_line(o, stdout)) rc = 1;
     } else {
         printf("%d requests in %.2f s: %.1f output tok/s, %.1f total tok/s; prompt tokens computed %lld of %lld "
                "(prefix-cache hit rate %.1f%%); TTFT p50 %.1f ms p99 %.1f ms; TPOT p50 %.2f ms p99 %.2f ms; "
@@ -808,75 +795,43 @@ int cmd_bench(int argc, char **argv) {
     fflush(stdout);
 
     if (steps_path) {
-        FILE *f = fopen(steps_path, "w");
-        if (!f) {
-            fprintf(stderr, "bench: cannot write %s\n", steps_path);
-            rc = 1;
-            goto out;
-        }
-        int first = 1;
-        fputc('{', f);
-        json_kstr(f, &first, "workload", c.workload);
-        json_kstr(f, &first, "label", label);
-        json_kstr(f, &first, "model", model_name);
-        json_kstr(f, &first, "device", device_name);
-        json_kint(f, &first, "cascade", eo.cascade);
-        json_kint(f, &first, "prefix_cache", eo.prefix_cache);
-        json_kint(f, &first, "weight_bytes", (long long)wbytes);
-        json_kint(f, &first, "kv_bytes_per_token", (long long)kvb);
-        json_knum(f, &first, "copy_gbps", copy_gbps > 0 ? copy_gbps : NAN, 2);
+        json_t *o = run_json(c.workload, label, model_name, device_name, &eo);
+        json_object_set_new(o, "weight_bytes", json_integer((json_int_t)wbytes));
+        json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)kvb));
+        json_object_set_new(o, "copy_gbps", jnum(copy_gbps > 0 ? copy_gbps : NAN));
         /* t: start in s after the first submission; s: the step's time in s;
          * kv_tokens: distinct KV tokens its attention reads; decode: no prompt
          * token computed; bytes: weights + kv_tokens * kv_bytes_per_token */
-        json_key(f, &first, "steps");
-        fputs("[\n", f);
+        json_t *arr = json_array();
         for (int64_t i = 0; i < n_steps; i++) {
-            const step_rec *s = &steps[i];
-            fprintf(f,
-                    "{\"t\": %.6f, \"s\": %.6f, \"seqs\": %d, \"tokens\": %d, \"prompt_tokens\": %d, "
-                    "\"kv_tokens\": %lld, \"decode\": %d, \"bytes\": %.0f}%s\n",
-                    s->t, s->s, s->seqs, s->tokens, s->prompt_tokens, (long long)s->kv_tokens, s->prompt_tokens == 0,
-                    (double)wbytes + (double)s->kv_tokens * (double)kvb, i + 1 < n_steps ? "," : "");
+            const step_rec *r = &steps[i];
+            json_array_append_new(arr, json_pack("{s:f, s:f, s:i, s:i, s:i, s:I, s:b, s:f}", "t", r->t, "s", r->s,
+                                                 "seqs", r->seqs, "tokens", r->tokens, "prompt_tokens",
+                                                 r->prompt_tokens, "kv_tokens", (json_int_t)r->kv_tokens, "decode",
+                                                 r->prompt_tokens == 0, "bytes",
+                                                 (double)wbytes + (double)r->kv_tokens * (double)kvb));
         }
-        fputs("]}\n", f);
-        if (fclose(f)) {
+        json_object_set_new(o, "steps", arr);
+        if (json_file(o, steps_path)) {
             fprintf(stderr, "bench: cannot write %s\n", steps_path);
             rc = 1;
         }
     }
     if (lat_path) {
-        FILE *f = fopen(lat_path, "w");
-        if (!f) {
-            fprintf(stderr, "bench: cannot write %s\n", lat_path);
-            rc = 1;
-            goto out;
-        }
-        int first = 1;
-        fputc('{', f);
-        json_kstr(f, &first, "workload", c.workload);
-        json_kstr(f, &first, "label", label);
-        json_kstr(f, &first, "model", model_name);
-        json_kstr(f, &first, "device", device_name);
-        json_kint(f, &first, "cascade", eo.cascade);
-        json_kint(f, &first, "prefix_cache", eo.prefix_cache);
+        json_t *o = run_json(c.workload, label, model_name, device_name, &eo);
         /* per request, in submission order */
-        json_key(f, &first, "ttft_ms");
-        json_arr(f, ttft, ps.n, 3);
-        json_key(f, &first, "tpot_ms");
-        json_arr(f, tpot, n_tpot, 4);
+        json_object_set_new(o, "ttft_ms", jarr(ttft, ps.n));
+        json_object_set_new(o, "tpot_ms", jarr(tpot, n_tpot));
         /* all inter-token gaps sorted; past ITL_SAMPLES_MAX, evenly spaced
          * order statistics of them (the same CDF, coarser) */
         qsort(ctx.itl.v, (size_t)ctx.itl.n, sizeof(double), cmp_d);
-        json_kint(f, &first, "itl_count", (long long)ctx.itl.n);
-        json_key(f, &first, "itl_ms");
-        fputc('[', f);
+        json_object_set_new(o, "itl_count", json_integer((json_int_t)ctx.itl.n));
+        json_t *itl = json_array();
         const int64_t k = ctx.itl.n < ITL_SAMPLES_MAX ? ctx.itl.n : ITL_SAMPLES_MAX;
-        for (int64_t i = 0; i < k; i++) {
-            int64_t j = k > 1 ? i * (ctx.itl.n - 1) / (k - 1) : 0;
-            fprintf(f, "%s%.4f", i ? ", " : "", ctx.itl.v[j]);
-        }
-        fputs("]}\n", f);
-        if (fclose(f)) {
+        for (int64_t i = 0; i < k; i++)
+            json_array_append_new(itl, json_real(ctx.itl.v[k > 1 ? i * (ctx.itl.n - 1) / (k - 1) : 0]));
+        json_object_set_new(o, "itl_ms", itl);
+        if (json_file(o, lat_path)) {
             fprintf(stderr, "bench: cannot write %s\n", lat_path);
             rc = 1;
         }
