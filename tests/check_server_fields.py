@@ -15,93 +15,22 @@ values (top_p 1e-300 among them) and bad content lists must come back as
 like the C tests; when `serve` or the model is missing it prints a skip line
 and "0 passed, 0 failed".
 
-Environment: BUILD (default build), CASCADE_BIN (default $BUILD/cascade),
-CASCADE_MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf).
+Uses check_server.py's server start-up and checks (and so its environment:
+BUILD, CASCADE_BIN, CASCADE_MODEL, and its API key).
 """
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 
-BUILD = os.environ.get("BUILD", "build")
-CASCADE = os.environ.get("CASCADE_BIN", os.path.join(BUILD, "cascade"))
-MODEL = os.environ.get("CASCADE_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_server as cs  # noqa: E402
+from check_server import CASCADE, KEY, MODEL, Server, check, report, skip  # noqa: E402
+
 TIMEOUT = 300
-
-passed = failed = 0
-
-
-def report(name, ok, msg=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"ok {name}")
-    else:
-        failed += 1
-        print(f"FAIL {name}: {msg}")
-    sys.stdout.flush()
-
-
-def check(name):
-    """Runs the decorated function at once: an exception fails the check."""
-    def wrap(fn):
-        try:
-            fn()
-            report(name, True)
-        except AssertionError as e:
-            report(name, False, f"assertion: {e}")
-        except Exception as e:  # noqa: BLE001 - any failure is a failed check
-            report(name, False, f"{type(e).__name__}: {e}")
-        return fn
-    return wrap
-
-
-def skip(reason):
-    print(f"skip check_server_fields: {reason}")
-    print("0 passed, 0 failed")
-    sys.exit(0)
-
-
-class Server:
-    def __init__(self):
-        args = [CASCADE, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0"]
-        self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port = None
-        self.log = []
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            line = self.p.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if self.port is None:
-            self.p.kill()
-            raise RuntimeError("server did not start: " + "".join(self.log[-20:]))
-        threading.Thread(target=self._drain, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def _drain(self):
-        for line in self.p.stderr:
-            self.log.append(line)
-
-    def stop(self):
-        self.p.send_signal(signal.SIGTERM)
-        try:
-            return self.p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            return None
-
 
 SRV = None
 
@@ -110,6 +39,7 @@ def post(path, body):
     """(status, parsed JSON body) of a POST; the body of an SSE answer is the list of its events."""
     req = urllib.request.Request(SRV.url + path, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
+    req.add_header("Authorization", f"Bearer {KEY}")
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
             text = r.read().decode()
@@ -338,8 +268,8 @@ def main():
     finally:
         rc = SRV.stop()
         report("shutdown_clean", rc == 0, f"exit status {rc}; log tail: {''.join(SRV.log[-10:])}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    print(f"{cs.passed} passed, {cs.failed} failed")
+    return 1 if cs.failed else 0
 
 
 if __name__ == "__main__":
