@@ -76,6 +76,18 @@ def is_open(s, wait=0.0):
         return False
 
 
+def read_all(s):
+    """Everything s receives until the server closes it; s is closed."""
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    s.close()
+    return got
+
+
 def timed_health(srv):
     t = time.time()
     st, _, body = http(srv, "GET", "/health", key=None)
@@ -232,13 +244,7 @@ def connections_checks():
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             s.shutdown(socket.SHUT_WR)
-            got = b""
-            while True:
-                d = s.recv(65536)
-                if not d:
-                    break
-                got += d
-            s.close()
+            got = read_all(s)
             assert b"data: [DONE]" in got and got.endswith(b"0\r\n\r\n"), got[-200:]
             assert got.count(b'"finish_reason":"length"') == 1, got[-400:]
 
@@ -297,13 +303,7 @@ def connections_checks():
         def _():
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n")
-            got = b""
-            while True:
-                d = s.recv(65536)
-                if not d:
-                    break
-                got += d
-            s.close()
+            got = read_all(s)
             head, _, body = got.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 431"), head
             assert json.loads(body)["error"]["code"] == "request_header_too_large", body
