@@ -278,8 +278,8 @@ static void prefill_decode(cas_model *m, int32_t ids[][200], const int32_t *n, f
  * matrices that exist only packed) against the same model loaded with
  * cas_model_opts.amx_off, which runs the AVX2 kernels on matrices in the file
  * layout. Both quantize x the same way and, per output, add the same f32
- * terms in the same order as the AVX2 token-lane kernel (every batch here has
- * at least CAS_Q_LANE_MIN_M tokens), so the logits come out the same
+ * terms in the same order as the AVX2 kernels (the chain of quant_impl.h's
+ * batch-invariance contract), so the logits come out the same
  * (measured: bit-identical); the check is the batch-invariance tolerance,
  * which a 0.1% error in one scale term already breaks (measured 1.3). Where
  * AMX is not available the test says so and compares nothing. */

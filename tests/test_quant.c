@@ -392,11 +392,12 @@ static void test_workspace_and_env(void) {
     cas_free(y2);
 }
 
-/* Every token count 1..33 (all remainders of the 8-token lanes, the switch
- * from the two-token tile to the lanes at CAS_Q_LANE_MIN_M) against the
- * reference on one shape whose rows are not a multiple of the 4-row tile;
- * and from CAS_Q_LANE_MIN_M tokens up a token's outputs are bitwise the same
- * whatever else shares the call (the first k tokens of a 33-token call). */
+/* Batch invariance (quant_impl.h): on one shape whose rows are not a
+ * multiple of the 8-row matrix-vector group or the 4-row tile, for every
+ * token count 1..33 and 1, 2 or 3 threads, each token's outputs are bitwise
+ * the same as in a 33-token call (so the same as alone, m = 1), and for the
+ * quantized types the portable and AVX2 kernels give the same bits. Each
+ * result is also checked against the float64 reference. */
 static void test_all_token_counts(void) {
     cas_rng rng;
     cas_rng_seed(&rng, 11);
@@ -418,15 +419,28 @@ static void test_all_token_counts(void) {
         for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
             if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
             cas_q_opts o = {2, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
+            if (path == CAS_Q_SIMD_AVX2 && is_q(t)) { /* the generic call's bits, kept in yall */
+                poison(y, M * rows);
+                CHECK(cas_q_matmul(t, wq, rows, n, x, M, y, &o) == CAS_OK);
+                CHECKF(!memcmp(y, yall, (size_t)(M * rows) * 4), "%s: avx2 and generic differ",
+                       cas_tensor_type_name(t));
+            }
             CHECK(cas_q_matmul(t, wq, rows, n, x, M, yall, &o) == CAS_OK);
             for (int64_t m = 1; m <= M; m++) {
+                o.nthreads = 1 + (int)(m % 3);
                 poison(y, m * rows);
                 CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &o) == CAS_OK);
                 check_result(path == CAS_Q_SIMD_AVX2 ? "avx2 m-sweep" : "generic m-sweep", t, rows, n, m, y,
                              yref, tol);
-                if (m >= CAS_Q_LANE_MIN_M || path == CAS_Q_SIMD_GENERIC || !is_q(t))
-                    CHECKF(!memcmp(y, yall, (size_t)(m * rows) * 4), "%s path %d: first %lld tokens of 33 differ",
-                           cas_tensor_type_name(t), path, (long long)m);
+                CHECKF(!memcmp(y, yall, (size_t)(m * rows) * 4), "%s path %d: first %lld tokens of 33 differ",
+                       cas_tensor_type_name(t), path, (long long)m);
+            }
+            /* each token alone (matvec) */
+            for (int64_t i = 0; i < M; i += 4) {
+                poison(y, rows);
+                CHECK(cas_q_matvec(t, wq, rows, n, x + i * n, y, &o) == CAS_OK);
+                CHECKF(!memcmp(y, yall + i * rows, (size_t)rows * 4), "%s path %d: token %lld alone differs",
+                       cas_tensor_type_name(t), path, (long long)i);
             }
         }
         cas_free(wq);
@@ -512,6 +526,8 @@ static void test_amx(void) {
                     }
                 CHECKF(!memcmp(y, yall, (size_t)(m * rows) * 4), "%s amx: first %lld tokens of %lld differ",
                        cas_tensor_type_name(t), (long long)m, (long long)M);
+                CHECKF(!memcmp(y, y2, (size_t)(m * rows) * 4), "%s amx: not the AVX2 kernels' bits",
+                       cas_tensor_type_name(t));
                 poison(y2, m * rows);
                 CHECK(cas_q_matmul(t, wq, rows, n, x, m, y2, &amx1) == CAS_OK);
                 CHECKF(!memcmp(y, y2, (size_t)(m * rows) * 4), "%s amx: 1 and 2 threads differ", cas_tensor_type_name(t));

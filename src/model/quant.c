@@ -256,11 +256,13 @@ static float dot_row_generic(int t, const uint8_t *w, int64_t n, const float *xf
     case CAS_T_BF16:
         for (int64_t i = 0; i < n; i++) acc += cas_bf16_to_f32(rd16(w + 2 * i)) * xf[i];
         break;
+    /* the quantized types: the chain of the batch-invariance contract
+     * (quant_impl.h), so these give the AVX2 and AMX kernels' bits */
     case CAS_T_Q8_0:
         for (int64_t b = 0; b < nb; b++, w += 34) {
             int s = 0;
             for (int i = 0; i < 32; i++) s += (int8_t)w[2 + i] * xq[b].q[i];
-            acc += cas_f16_to_f32(rd16(w)) * xq[b].d * (float)s;
+            acc = fmaf((float)s, cas_f16_to_f32(rd16(w)) * xq[b].d, acc);
         }
         break;
     case CAS_T_Q4_0:
@@ -269,7 +271,8 @@ static float dot_row_generic(int t, const uint8_t *w, int64_t n, const float *xf
             for (int i = 0; i < 16; i++)
                 s += (w[2 + i] & 15) * xq[b].q[i] + (w[2 + i] >> 4) * xq[b].q[16 + i];
             float d = cas_f16_to_f32(rd16(w));
-            acc += d * xq[b].d * (float)s - 8.0f * d * xq[b].s;
+            acc = fmaf((float)s, d * xq[b].d, acc);
+            acc = fmaf(-8.0f * d, xq[b].s, acc);
         }
         break;
     case CAS_T_Q4_1:
@@ -277,7 +280,8 @@ static float dot_row_generic(int t, const uint8_t *w, int64_t n, const float *xf
             int s = 0;
             for (int i = 0; i < 16; i++)
                 s += (w[4 + i] & 15) * xq[b].q[i] + (w[4 + i] >> 4) * xq[b].q[16 + i];
-            acc += cas_f16_to_f32(rd16(w)) * xq[b].d * (float)s + cas_f16_to_f32(rd16(w + 2)) * xq[b].s;
+            acc = fmaf((float)s, cas_f16_to_f32(rd16(w)) * xq[b].d, acc);
+            acc = fmaf(cas_f16_to_f32(rd16(w + 2)), xq[b].s, acc);
         }
         break;
     default: break;
@@ -455,7 +459,7 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
     }
-    const int lanes = !amx && avx2 && quant && m >= CAS_Q_LANE_MIN_M;
+    const int lanes = !amx && avx2 && quant && m > 1;
     const uint8_t *wb = w;
     uint8_t *amx_base = tiles + (m > 1 ? (size_t)nt * tile_bytes(n) : 0);
     cas_q8x16_block *x16 = (cas_q8x16_block *)(void *)amx_base;

@@ -22,6 +22,19 @@
  * sum_{i in b} |w_i| plus f32 rounding. Float weights (F32, F16, BF16) use x
  * as given.
  *
+ * Batch invariance: y for one token does not depend on the other tokens of
+ * the call, on m, on the thread count or on which kernel ran, only on the
+ * instruction set (and for the quantized types not even on that: the
+ * portable, AVX2 and AMX kernels give the same bits). Every quantized kernel
+ * computes y[r] by one chain per (row, token): for each block b in order, its
+ * exact integer dot product s_b, then acc = fma((float)s_b, d_b * dx_b, acc)
+ * and, for Q4_0 and Q4_1, acc = fma(m_b, sx_b, acc) with m_b = -8 d_b (Q4_0) or
+ * the block minimum (Q4_1) and sx_b = dx_b * sum(q_x). Float weights: the
+ * AVX2 kernels keep eight partial sums per (row, token) over elements i mod 8,
+ * add them in hsum order, then the tail elements by fma; the portable one sums
+ * in element order. A serving engine needs this so that a request's tokens do
+ * not change with the requests batched beside it.
+ *
  * Threading: every call is reentrant; the kernels split rows over OpenMP
  * threads inside the call (nthreads 0 = omp_get_max_threads()). Nothing is
  * allocated when the caller passes a workspace of cas_q_work_bytes().
@@ -243,11 +256,6 @@ typedef struct {
     float s[8]; /* d * sum(q) of each token's block */
 } cas_q8x8_block;
 
-/* Batched calls with at least this many tokens use the token-lane kernel
- * (it pads to multiples of 8 tokens, so below this the row-tile kernel that
- * takes two tokens at a time does less work). */
-#define CAS_Q_LANE_MIN_M 4
-
 /* Rows per register tile of the kernels. */
 #define CAS_Q_TILE_ROWS 4
 
@@ -262,13 +270,14 @@ void cas_q_avx2_quantize_x(const float *x, int64_t nb, cas_q8x_block *xq, float 
 /* Block b of ntok <= 8 tokens (rows of x, n floats apart) quantized straight
  * into the token-lane layout; tokens past ntok are zero. */
 void cas_q_avx2_quantize_x8(const float *x, int64_t n, int64_t ntok, int64_t b, cas_q8x8_block *o);
-/* One tile of nr <= CAS_Q_TILE_ROWS rows starting at r0, all m tokens; y is
- * Y[m][rows]. tile is 64-byte aligned scratch of CAS_Q_TILE_ROWS * n floats
- * (the tile's weights decoded once, then used by every token). */
+/* Float types t: one tile of nr <= CAS_Q_TILE_ROWS rows starting at r0, all m
+ * tokens; y is Y[m][rows]. tile is 64-byte aligned scratch of
+ * CAS_Q_TILE_ROWS * n floats (the tile's weights converted once, then used by
+ * every token). */
 void cas_q_avx2_matmul_tile(int t, const uint8_t *w, size_t row_bytes, int64_t r0, int64_t nr,
                             int64_t rows, int64_t n, const float *xf, const cas_q8x_block *xq,
                             const float *sx, int64_t m, float *y, void *tile);
-/* The same for quantized t and m >= CAS_Q_LANE_MIN_M, from x8[ceil(m/8)][nb]. */
+/* The same for quantized t (every m > 1), from x8[ceil(m/8)][nb]. */
 void cas_q_avx2_matmul_tile_lanes(int t, const uint8_t *w, size_t row_bytes, int64_t r0,
                                   int64_t nr, int64_t rows, int64_t n, const cas_q8x8_block *x8,
                                   int64_t m, float *y, void *tile);
