@@ -39,6 +39,17 @@ static double rel_err(const float *a, const double *ref, size_t n) {
     return worst;
 }
 
+/* the same for two float arrays (b the reference); NaN gives +inf */
+static double rel_err_ff(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]) / (1.0 + fabs((double)b[i]));
+        if (isnan(e)) e = INFINITY;
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
 typedef struct {
     cas_attn_shape shape;
     cas_attn_params params;
@@ -83,6 +94,7 @@ static int run_case(const case_t *c, uint64_t seed) {
                 opts.cascade = modes[m];
                 opts.threads = threads;
                 opts.simd = simd_levels[k];
+                opts.batch_invariant = threads == 3; /* the chained passes, against the same reference */
                 cas_attn_plan *plan = NULL;
                 st = cas_attn_plan_create(&plan, &c->shape, &opts, 0, 0, 0);
                 if (!st) st = cas_attn_plan_build(plan, &b, s.num_pages, &c->params);
@@ -410,6 +422,99 @@ static void test_rows_batch_invariant(void) {
     cas_attn_synth_destroy(&s);
 }
 
+
+/* Batch-invariant plans (opts.batch_invariant): every query row's output and
+ * lse are bitwise the same as when its request runs alone (one request,
+ * cascade off, one thread), whatever else is in the batch, with cascade off,
+ * on every shared run or by the cost model, on 1-3 threads, and when the
+ * request's queries come in two chunks (the first chunk with the keys up to
+ * its last query only, as a chunked prefill has them). Random trees of
+ * shared prefixes (runs that do and do not fill whole tiles), random private
+ * lengths and query counts, with and without a sliding window; every SIMD
+ * level this CPU has (each against itself). */
+static void test_batch_invariant_plans(void) {
+    static const char *trees[] = {"6*300(3*200(2*100))+2*150", "5*1024(2*77)+3*128", "4*40+2*0"};
+    for (int tc = 0; tc < 3; tc++)
+        for (int win = 0; win < 2; win++) {
+            cas_attn_shape sh = {8, 2, 64, 16, tc == 1 ? CAS_BF16 : CAS_F16};
+            cas_attn_synth s;
+            REQUIRE(cas_attn_synth_create(&s, &sh, trees[tc], 0, 0, -140, -24, 50 + (uint64_t)tc) == CAS_OK);
+            cas_attn_batch b = cas_attn_synth_batch(&s);
+            cas_kv_pool pool = cas_attn_synth_pool(&s);
+            cas_attn_params prm = cas_attn_params_default();
+            if (win) prm.window_left = 150;
+            const size_t row = (size_t)sh.num_qo_heads * sh.head_dim, H = (size_t)sh.num_qo_heads;
+            const size_t nq = (size_t)s.total_q;
+            float *alone = malloc(sizeof(float) * nq * row), *lalone = malloc(sizeof(float) * nq * H);
+            float *o = malloc(sizeof(float) * nq * row), *lse = malloc(sizeof(float) * nq * H);
+            REQUIRE(alone && lalone && o && lse);
+            for (size_t li = 0; li < sizeof simd_levels / sizeof simd_levels[0]; li++) {
+                if (simd_levels[li] > cas_cpu_features_get()->simd) continue;
+                cas_attn_plan_opts po = cas_attn_plan_opts_default();
+                po.batch_invariant = 1;
+                po.simd = simd_levels[li];
+                /* each request alone */
+                po.cascade = CAS_CASCADE_OFF;
+                po.threads = 1;
+                for (int32_t r = 0; r < s.batch; r++) {
+                    int32_t q0 = s.qo_indptr[r], ql = s.qo_indptr[r + 1] - q0;
+                    int32_t qo[2] = {0, ql}, kvp[2] = {0, s.kv_indptr[r + 1] - s.kv_indptr[r]};
+                    cas_attn_batch one = {1, qo, kvp, s.kv_indices + s.kv_indptr[r], s.kv_last_page_len + r};
+                    REQUIRE(cas_attn_forward(&sh, &pool, &one, &prm, &po, s.q + (size_t)q0 * row,
+                                             alone + (size_t)q0 * row, lalone + (size_t)q0 * H) == CAS_OK);
+                }
+                /* the whole batch, every mode and thread count */
+                static const cas_cascade_mode modes[3] = {CAS_CASCADE_OFF, CAS_CASCADE_ALL, CAS_CASCADE_AUTO};
+                for (int mi = 0; mi < 3; mi++)
+                    for (int th = 1; th <= 3; th++) {
+                        po.cascade = modes[mi];
+                        po.threads = th;
+                        poison(o, nq * row);
+                        poison(lse, nq * H);
+                        REQUIRE(cas_attn_forward(&sh, &pool, &b, &prm, &po, s.q, o, lse) == CAS_OK);
+                        CHECKF(!memcmp(o, alone, sizeof(float) * nq * row) && !memcmp(lse, lalone, sizeof(float) * nq * H),
+                               "tree %s window %d %s: batch (cascade %d, %d threads) differs from alone", trees[tc],
+                               win, cas_simd_name(simd_levels[li]), mi, th);
+                    }
+                /* each request's queries in two chunks, the first with its keys only */
+                po.cascade = CAS_CASCADE_ALL;
+                po.threads = 2;
+                for (int32_t r = 0; r < s.batch; r++) {
+                    int32_t q0 = s.qo_indptr[r], ql = s.qo_indptr[r + 1] - q0, split = ql / 2;
+                    if (split == 0) continue;
+                    int32_t np = s.kv_indptr[r + 1] - s.kv_indptr[r];
+                    int32_t len = (np - 1) * sh.page_size + s.kv_last_page_len[r] - (ql - split);
+                    int32_t qo[2] = {0, split}, kvp[2] = {0, (len + sh.page_size - 1) / sh.page_size};
+                    int32_t last = len - (kvp[1] - 1) * sh.page_size;
+                    cas_attn_batch first = {1, qo, kvp, s.kv_indices + s.kv_indptr[r], &last};
+                    poison(o, (size_t)split * row);
+                    REQUIRE(cas_attn_forward(&sh, &pool, &first, &prm, &po, s.q + (size_t)q0 * row, o, lse) == CAS_OK);
+                    CHECKF(!memcmp(o, alone + (size_t)q0 * row, sizeof(float) * (size_t)split * row),
+                           "tree %s window %d %s: request %d's first chunk differs from its rows alone", trees[tc], win,
+                           cas_simd_name(simd_levels[li]), r);
+                }
+            }
+            /* the same batch in the fastest (default) plan agrees to rounding, and
+             * the invariant plan with cascade takes shared passes */
+            cas_attn_plan_opts po = cas_attn_plan_opts_default();
+            po.cascade = CAS_CASCADE_ALL;
+            po.batch_invariant = 1;
+            cas_attn_plan *plan = NULL;
+            REQUIRE(cas_attn_plan_create(&plan, &sh, &po, 0, 0, 0) == CAS_OK);
+            REQUIRE(cas_attn_plan_build(plan, &b, s.num_pages, &prm) == CAS_OK);
+            cas_attn_plan_info info;
+            cas_attn_plan_get_info(plan, &info);
+            CHECKF(tc == 2 || info.shared_passes > 0, "tree %s: no shared pass", trees[tc]);
+            CHECK(cas_attn_plan_run(plan, &pool, s.q, alone, lalone) == CAS_OK);
+            cas_attn_plan_destroy(plan);
+            po.batch_invariant = 0;
+            REQUIRE(cas_attn_forward(&sh, &pool, &b, &prm, &po, s.q, o, lse) == CAS_OK);
+            CHECK(rel_err_ff(o, alone, nq * row) < 1e-5);
+            free(alone), free(lalone), free(o), free(lse);
+            cas_attn_synth_destroy(&s);
+        }
+}
+
 /* ---- merge ---------------------------------------------------------------- */
 
 static void random_state(float *o, float *l, int rows, int D, double p_empty) {
@@ -731,6 +836,7 @@ int main(void) {
     RUN(test_plan_reuse_layers_and_batches);
     RUN(test_decode_beside_long_prefill);
     RUN(test_rows_batch_invariant);
+    RUN(test_batch_invariant_plans);
     RUN(test_differential_grid);
     return check_summary();
 }

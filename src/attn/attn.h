@@ -231,6 +231,23 @@ typedef struct {
      * neighbouring bf16 value). 0 (default): tiles where the CPU has
      * AMX-BF16 and Linux grants the tile state (cas_cpu_amx_ready). */
     int32_t amx_off;
+    /* 1: batch-invariant plans (CPU backend): a token's output and lse are
+     * bitwise the same whatever else is in the batch, with cascade on or off,
+     * whatever part of its KV was cached or how its prompt was chunked. The
+     * kernels already compute each row the same way on every path; what
+     * varies with the batch is where a token's keys are cut into passes and
+     * jobs and how their states are merged. So: keys go through tiles of
+     * CAS_ATTN_TILE at absolute positions (a shared run is trimmed to whole
+     * tiles, the rest of its keys read by each request), a pass is never
+     * split along its keys, and instead of a merge of independent states a
+     * token's passes run one after another in key order, each starting from
+     * the previous one's running max, sum and unnormalized output: the same
+     * online softmax, in the same order, as one flat pass over all its keys.
+     * The cost: passes of one request no longer run at the same time (a
+     * single long sequence is split by KV head, not by keys), and a shared
+     * run shorter than a tile is read per request. 0 (default): the fastest
+     * plan, whose results vary with the batch by f32 rounding. */
+    int32_t batch_invariant;
 } cas_attn_plan_opts;
 
 cas_attn_plan_opts cas_attn_plan_opts_default(void);

@@ -53,7 +53,9 @@ void cas_attn_item_generic(const cas_attn_plan *p, const cas_attn_item *it, cons
         int64_t pos = p->tok_pos[ps->tok_off + ti];
         const float *qr = q + ((size_t)tok * Hq + h) * D;
         float m = -INFINITY, l = 0.0f;
-        for (int32_t d = 0; d < D; d++) acc[d] = 0.0f;
+        const float *init = cas_attn_init_state(p, ps, ti);
+        for (int32_t d = 0; d < D; d++) acc[d] = init ? init[(size_t)h * D + d] : 0.0f;
+        if (init) m = init[(size_t)Hq * D + h], l = init[(size_t)Hq * D + Hq + h];
         for (int32_t k = it->kv0; k < it->kv1; k++) {
             int64_t kp = (int64_t)ps->pos0 + k;
             if (causal && kp > pos) continue;
@@ -72,6 +74,13 @@ void cas_attn_item_generic(const cas_attn_plan *p, const cas_attn_item *it, cons
         }
         float *orow;
         float *lrow;
+        float *carry = cas_attn_carry_state(p, ps, ti);
+        if (carry) { /* the running state, for the token's next pass */
+            for (int32_t d = 0; d < D; d++) carry[(size_t)h * D + d] = acc[d];
+            carry[(size_t)Hq * D + h] = m;
+            carry[(size_t)Hq * D + Hq + h] = l;
+            continue;
+        }
         if (job->direct) {
             orow = o + ((size_t)tok * Hq + h) * D;
             lrow = lse ? lse + (size_t)tok * Hq + h : NULL;
@@ -162,13 +171,17 @@ cas_status cas_attn_plan_run(cas_attn_plan *p, const cas_kv_pool *pool, const fl
                          pool->num_pages, p->num_pages);
     if (p->n_items && (!pool->k || !pool->v)) return cas_error(CAS_ERR_INVALID, "attn run: NULL K or V pool");
     const cas_attn_item_fn fn = p->kernel;
-    const int32_t n_items = p->n_items, total_q = p->total_q;
+    const int32_t total_q = p->total_q;
     const int need_merge = p->n_contrib > 0;
 #pragma omp parallel num_threads(p->threads)
     {
         float *work = p->work + (size_t)omp_get_thread_num() * (size_t)p->work_floats;
+        /* levels one after another (batch-invariant plans: a token's later
+         * passes start from the states its earlier ones leave) */
+        for (int32_t k = 0; k < p->n_levels; k++) {
 #pragma omp for schedule(dynamic, 1)
-        for (int32_t i = 0; i < n_items; i++) fn(p, &p->items[i], pool, q, o, lse, work);
+            for (int32_t i = p->level_start[k]; i < p->level_start[k + 1]; i++) fn(p, &p->items[i], pool, q, o, lse, work);
+        }
         if (need_merge) {
 #pragma omp for schedule(static)
             for (int32_t t = 0; t < total_q; t++)

@@ -44,6 +44,7 @@ typedef struct {
     int32_t pass;      /* index into plan->passes */
     int32_t kv0, kv1;  /* key range within the pass's segment, [kv0, kv1) */
     int32_t direct;    /* 1: writes o/lse rows of token tok_ids[...] directly */
+    int32_t level;     /* batch-invariant plans: runs after every job of a lower level */
     int64_t o_off;     /* scratch offset (floats) of o for (pass token 0, head 0): [n_tok][Hq][D] */
     int64_t lse_off;   /* scratch offset (floats) of lse: [n_tok][Hq] */
 } cas_attn_job;
@@ -54,6 +55,7 @@ typedef struct {
     int32_t row0, row1; /* rows [row0, row1) of the job's pass, row = pass_token * group + g */
     int32_t tile;      /* keys per tile (<= CAS_ATTN_TILE); small when the item spans heads */
     int32_t kv0, kv1;  /* visible key range within the segment (masking trims it), may be empty */
+    int32_t level;     /* its job's level */
 } cas_attn_item;
 
 typedef struct {
@@ -122,6 +124,21 @@ struct cas_attn_plan {
     int32_t n_contrib;
     int32_t *direct_tok;       /* [total_q] 1 if token t was written directly */
 
+    /* batch-invariant plans (opts.batch_invariant): a token's passes form a chain
+     * in key order. Per pass row (as tok_ids): the scratch offset of the running
+     * state the row starts from (init) and of the one it leaves for the next pass
+     * of its token (carry), -1 for none; a state is O [Hq][D] unnormalized, then
+     * M [Hq] and L [Hq]. A row without a carry writes its token's output. Items
+     * are sorted by level; level_start[k] is the first of level k. */
+    int64_t *tok_init, *tok_carry;
+    int32_t *row_pass;         /* [n_tok_rows] pass of each pass row */
+    int32_t *chain;            /* [n_tok_rows] each token's pass rows, in key order */
+    int32_t *pass_level;       /* [n_passes] */
+    int32_t *level_start;      /* [n_levels + 1] */
+    int32_t n_levels;
+    int32_t split_heads;       /* 1: items span one KV head (few items; batch-invariant plans) */
+    int32_t cap_chain, cap_pass_level, cap_levels;
+
     /* scratch states and per-thread kernel workspace */
     float *scratch;
     int64_t scratch_floats;
@@ -138,6 +155,21 @@ struct cas_attn_plan {
     void *sort_work;
     int64_t cap_sort_work; /* bytes */
 };
+
+/* The running state a batch-invariant plan hands from one pass of a token to
+ * its next (NULL for none, and always in other plans): pass row ti of pass
+ * ps starts from cas_attn_init_state and leaves cas_attn_carry_state. A state
+ * holds O [Hq][D] (not divided by the sum), then M [Hq], then L [Hq]. */
+static inline const float *cas_attn_init_state(const struct cas_attn_plan *p, const cas_attn_pass *ps, int32_t ti) {
+    if (!p->opts.batch_invariant) return NULL;
+    int64_t off = p->tok_init[ps->tok_off + ti];
+    return off >= 0 ? p->scratch + off : NULL;
+}
+static inline float *cas_attn_carry_state(const struct cas_attn_plan *p, const cas_attn_pass *ps, int32_t ti) {
+    if (!p->opts.batch_invariant) return NULL;
+    int64_t off = p->tok_carry[ps->tok_off + ti];
+    return off >= 0 ? p->scratch + off : NULL;
+}
 
 /* The kernels (attn_cpu.c, attn_cpu_avx2.c, attn_cpu_avx512.c,
  * attn_cpu_avx512bf16.c); each runs only where cas_attn_cpu_select picked it. */

@@ -51,6 +51,7 @@ cas_attn_plan_opts cas_attn_plan_opts_default(void) {
     o.bf16_dot = 0;
     o.simd = CAS_SIMD_AUTO;
     o.amx_off = 0;
+    o.batch_invariant = 0;
     return o;
 }
 
@@ -151,6 +152,12 @@ void cas_attn_plan_destroy(cas_attn_plan *p) {
     cas_free(p->contrib_o);
     cas_free(p->contrib_lse);
     cas_free(p->direct_tok);
+    cas_free(p->tok_init);
+    cas_free(p->tok_carry);
+    cas_free(p->row_pass);
+    cas_free(p->chain);
+    cas_free(p->pass_level);
+    cas_free(p->level_start);
     cas_free(p->scratch);
     cas_free(p->work);
     cas_free(p->sort_work);
@@ -436,6 +443,7 @@ static int add_job(cas_attn_plan *p, int32_t pass, int32_t kv0, int32_t kv1, int
     j->kv0 = kv0;
     j->kv1 = kv1;
     j->direct = direct;
+    j->level = 0;
     j->o_off = j->lse_off = -1;
     return 0;
 }
@@ -449,7 +457,7 @@ static int add_items_for_job(cas_attn_plan *p, int32_t jid) {
     /* Few rows per head (decode): one item spans every KV head, so a token's
      * K and V (all heads, contiguous) stream in once, in short tiles. */
     const int32_t padded = rows <= 4 ? 4 : (rows + 5) / 6 * 6;
-    const int all_heads = Hkv > 1 && padded * Hkv <= CAS_ATTN_ROW_BLOCK;
+    const int all_heads = Hkv > 1 && padded * Hkv <= CAS_ATTN_ROW_BLOCK && !p->split_heads;
     const int32_t hstep = all_heads ? Hkv : 1;
     const int32_t tile = all_heads ? CAS_ATTN_SHORT_TILE : CAS_ATTN_TILE;
     int32_t rb = CAS_ATTN_ROW_BLOCK;
@@ -469,8 +477,11 @@ static int add_items_for_job(cas_attn_plan *p, int32_t jid) {
             }
             int64_t lo = (int64_t)ps->pos0 + j->kv0, hi = (int64_t)ps->pos0 + j->kv1; /* absolute */
             if (p->params.causal && hi > (int64_t)maxp + 1) hi = (int64_t)maxp + 1;
-            if (p->params.window_left >= 0 && lo < (int64_t)minp - p->params.window_left)
+            if (p->params.window_left >= 0 && lo < (int64_t)minp - p->params.window_left) {
                 lo = (int64_t)minp - p->params.window_left;
+                /* tiles stay at their absolute positions; masking drops the keys before lo */
+                if (p->opts.batch_invariant) lo = ps->pos0 + (lo - ps->pos0) / tile * tile;
+            }
             if (hi < lo) hi = lo;
             if (grow_keep((void **)&p->items, &p->cap_items, p->n_items + 1, sizeof(cas_attn_item),
                           p->n_items))
@@ -484,19 +495,192 @@ static int add_items_for_job(cas_attn_plan *p, int32_t jid) {
             it->kv0 = (int32_t)(lo - ps->pos0);
             it->kv1 = (int32_t)(hi - ps->pos0);
             it->tile = tile;
+            it->level = j->level;
         }
     }
     return 0;
 }
 
+/* Items sort by level (batch-invariant plans; otherwise all 0), then largest first. */
 static int cmp_items_cost(const void *x, const void *y) {
     const cas_attn_item *a = x, *b = y;
+    if (a->level != b->level) return a->level < b->level ? -1 : 1;
     int64_t ca = (int64_t)(a->kv1 - a->kv0) * ((a->row1 - a->row0) + 16) * (a->kv_head1 - a->kv_head0);
     int64_t cb = (int64_t)(b->kv1 - b->kv0) * ((b->row1 - b->row0) + 16) * (b->kv_head1 - b->kv_head0);
     if (ca != cb) return ca > cb ? -1 : 1;
     if (a->job != b->job) return a->job < b->job ? -1 : 1;
     if (a->kv_head0 != b->kv_head0) return a->kv_head0 < b->kv_head0 ? -1 : 1;
     return a->row0 < b->row0 ? -1 : (a->row0 > b->row0);
+}
+
+/* ---- batch-invariant plans (opts.batch_invariant) -------------------------- */
+
+/* Chosen shared runs trimmed inward to whole tiles at absolute positions: to
+ * pages that are multiples of both the page size and CAS_ATTN_TILE, so that a
+ * shared pass ends where a flat pass's tile would. A run with no whole tile
+ * left is not shared. */
+static void align_nodes(cas_attn_plan *p) {
+    int32_t a = p->shape.page_size, b = CAS_ATTN_TILE;
+    while (b) {
+        int32_t t = a % b;
+        a = b;
+        b = t;
+    }
+    const int32_t step = CAS_ATTN_TILE / a; /* pages of lcm(page_size, tile) tokens */
+    for (int32_t i = 0; i < p->n_nodes; i++) {
+        cas_attn_node *nd = &p->nodes[i];
+        if (!nd->chosen) continue;
+        int32_t d0 = (nd->depth0 + step - 1) / step * step, d1 = nd->depth1 / step * step;
+        if (d1 <= d0) {
+            nd->chosen = 0;
+        } else {
+            nd->depth0 = d0;
+            nd->depth1 = d1;
+        }
+    }
+}
+
+/* Each token's passes in key order (chain), the level of every pass (after
+ * the passes before it for each of its tokens), and the scratch states that
+ * carry a token's running softmax from one of its passes to the next;
+ * *scratch grows by their floats. contrib_indptr and direct_tok serve as
+ * scratch here (the merge lists are not used). */
+static cas_status build_chains(cas_attn_plan *p, int32_t total_q, int64_t *scratch) {
+    const int32_t n = p->n_tok_rows, Hq = p->shape.num_qo_heads, D = p->shape.head_dim;
+    if (n > p->cap_chain) {
+        int32_t c1 = 0, c2 = 0, c3 = 0, c4 = 0;
+        void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+        if (grow32(&a, &c1, n, 4) || grow32(&b, &c2, n, 4) || grow32(&c, &c3, n, 8) || grow32(&d, &c4, n, 8)) {
+            cas_free(a), cas_free(b), cas_free(c), cas_free(d);
+            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (pass chains)");
+        }
+        cas_free(p->row_pass), cas_free(p->chain), cas_free(p->tok_init), cas_free(p->tok_carry);
+        p->row_pass = a, p->chain = b, p->tok_init = c, p->tok_carry = d;
+        p->cap_chain = c1 < c2 ? c1 : c2;
+    }
+    if (grow32((void **)&p->pass_level, &p->cap_pass_level, p->n_passes > 0 ? p->n_passes : 1, 4))
+        return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (pass levels)");
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        const cas_attn_pass *ps = &p->passes[i];
+        for (int32_t t = 0; t < ps->n_tok; t++) p->row_pass[ps->tok_off + t] = i;
+        p->pass_level[i] = 0;
+    }
+    int32_t *ind = p->contrib_indptr, *cur = p->direct_tok;
+    for (int32_t t = 0; t <= total_q; t++) ind[t] = 0;
+    for (int32_t g = 0; g < n; g++) ind[p->tok_ids[g] + 1]++;
+    for (int32_t t = 0; t < total_q; t++) ind[t + 1] += ind[t], cur[t] = 0;
+    for (int32_t g = 0; g < n; g++) {
+        int32_t tok = p->tok_ids[g];
+        int32_t *c = p->chain + ind[tok];
+        /* insertion in key order (a token has a few passes; their segments are disjoint) */
+        int32_t k = cur[tok]++;
+        int32_t pos = p->passes[p->row_pass[g]].pos0;
+        while (k > 0 && p->passes[p->row_pass[c[k - 1]]].pos0 > pos) {
+            c[k] = c[k - 1];
+            k--;
+        }
+        c[k] = g;
+    }
+    /* levels: a pass runs after its tokens' previous passes (relaxed to a
+     * fixed point; chains are a few passes long) */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int32_t t = 0; t < total_q; t++)
+            for (int32_t k = ind[t] + 1; k < ind[t + 1]; k++) {
+                int32_t a = p->row_pass[p->chain[k - 1]], b = p->row_pass[p->chain[k]];
+                if (p->pass_level[b] <= p->pass_level[a]) {
+                    p->pass_level[b] = p->pass_level[a] + 1;
+                    changed = 1;
+                }
+            }
+    }
+    const int64_t state = (int64_t)Hq * D + 2 * (int64_t)Hq;
+    for (int32_t t = 0; t < total_q; t++)
+        for (int32_t k = ind[t]; k < ind[t + 1]; k++) {
+            int32_t g = p->chain[k];
+            p->tok_init[g] = k > ind[t] ? p->tok_carry[p->chain[k - 1]] : -1;
+            p->tok_carry[g] = -1;
+            if (k + 1 < ind[t + 1]) {
+                p->tok_carry[g] = *scratch;
+                *scratch += state;
+            }
+        }
+    return CAS_OK;
+}
+
+/* Jobs of the fastest plan: passes longer than `chunk` split along their keys
+ * (so one long request still keeps every thread busy), the merge lists of the
+ * tokens served by several jobs, and the scratch of their states. */
+static cas_status layout_split_jobs(cas_attn_plan *p, int64_t chunk, int32_t total_q) {
+    const int32_t Hq = p->shape.num_qo_heads, D = p->shape.head_dim;
+    int64_t scratch = 0;
+    /* how many passes serve each token: decides direct writes */
+    for (int32_t t = 0; t <= total_q; t++) p->contrib_indptr[t] = 0;
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        const cas_attn_pass *ps = &p->passes[i];
+        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
+        for (int32_t t = 0; t < ps->n_tok; t++) p->contrib_indptr[p->tok_ids[ps->tok_off + t] + 1] += nj;
+    }
+    for (int32_t i = 0; i < p->n_passes; i++) {
+        const cas_attn_pass *ps = &p->passes[i];
+        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
+        int direct = nj == 1 && ps->node < 0 && ps->n_tok > 0 &&
+                     p->contrib_indptr[p->tok_ids[ps->tok_off] + 1] == 1;
+        for (int32_t c = 0; c < nj; c++) {
+            int32_t kv0 = (int32_t)(c * (ps->len / nj / CAS_ATTN_TILE * CAS_ATTN_TILE));
+            int32_t kv1 = c == nj - 1 ? ps->len : (int32_t)((c + 1) * (ps->len / nj / CAS_ATTN_TILE * CAS_ATTN_TILE));
+            if (nj > 1 && ps->len / nj < CAS_ATTN_TILE) { /* tiny: even split */
+                kv0 = (int32_t)((int64_t)ps->len * c / nj);
+                kv1 = (int32_t)((int64_t)ps->len * (c + 1) / nj);
+            }
+            if (add_job(p, i, kv0, kv1, direct))
+                return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (jobs)");
+            cas_attn_job *j = &p->jobs[p->n_jobs - 1];
+            if (!direct) {
+                j->o_off = scratch;
+                scratch += (int64_t)ps->n_tok * Hq * D;
+                j->lse_off = scratch;
+                scratch += (int64_t)ps->n_tok * Hq;
+            }
+        }
+    }
+    if (grow((void **)&p->scratch, &p->cap_scratch, scratch > 0 ? scratch : 1, sizeof(float)))
+        return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (scratch states, %lld floats)",
+                         (long long)scratch);
+    p->scratch_floats = scratch;
+
+    /* 4. merge lists (CSR over tokens) */
+    for (int32_t t = 0; t < total_q; t++) p->contrib_indptr[t + 1] += p->contrib_indptr[t];
+    int64_t nc = p->contrib_indptr[total_q];
+    int32_t cap_c = p->cap_contrib;
+    if (nc > cap_c) {
+        int32_t c1 = 0, c2 = 0;
+        void *a = NULL, *bb = NULL;
+        if (grow32(&a, &c1, nc, 8) || grow32(&bb, &c2, nc, 8)) {
+            cas_free(a), cas_free(bb);
+            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (merge lists)");
+        }
+        cas_free(p->contrib_o), cas_free(p->contrib_lse);
+        p->contrib_o = a, p->contrib_lse = bb, p->cap_contrib = c1;
+    }
+    p->n_contrib = (int32_t)nc;
+    /* fill: a cursor per token, reusing direct_tok as the cursor first */
+    for (int32_t t = 0; t < total_q; t++) p->direct_tok[t] = 0;
+    for (int32_t jid = 0; jid < p->n_jobs; jid++) {
+        const cas_attn_job *j = &p->jobs[jid];
+        const cas_attn_pass *ps = &p->passes[j->pass];
+        for (int32_t t = 0; t < ps->n_tok; t++) {
+            int32_t tok = p->tok_ids[ps->tok_off + t];
+            int32_t slot = p->contrib_indptr[tok] + p->direct_tok[tok]++;
+            p->contrib_o[slot] = j->direct ? -1 : j->o_off + (int64_t)t * Hq * D;
+            p->contrib_lse[slot] = j->direct ? -1 : j->lse_off + (int64_t)t * Hq;
+        }
+    }
+    for (int32_t t = 0; t < total_q; t++)
+        p->direct_tok[t] = (p->direct_tok[t] == 1 && p->contrib_o[p->contrib_indptr[t]] < 0);
+
+    p->n_levels = p->n_passes ? 1 : 0;
+    return CAS_OK;
 }
 
 cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_t num_pages,
@@ -531,6 +715,7 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
     if (p->opts.cascade != CAS_CASCADE_OFF && B > 1) {
         if (build_tree(p)) return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (tree)");
         for (int32_t i = 0; i < p->n_nodes; i++) choose_node(p, &p->nodes[i]);
+        if (p->opts.batch_invariant) align_nodes(p);
     }
 
     /* 2. passes: chosen nodes, then each request's remaining runs. The tree
@@ -602,81 +787,47 @@ cas_status cas_attn_plan_build(cas_attn_plan *p, const cas_attn_batch *b, int32_
         base_items += blocks * head_items;
     }
     int64_t chunk = INT32_MAX;
+    p->split_heads = 0;
     if (base_items < 4 * (int64_t)p->threads && p->threads > 1) {
-        chunk = work / (4 * (int64_t)p->threads);
-        if (chunk < 512) chunk = 512;
-        chunk = (chunk + CAS_ATTN_TILE - 1) / CAS_ATTN_TILE * CAS_ATTN_TILE;
+        if (p->opts.batch_invariant) { /* never split along keys: split heads if too few items */
+            p->split_heads = base_items < 2 * (int64_t)p->threads;
+        } else {
+            chunk = work / (4 * (int64_t)p->threads);
+            if (chunk < 512) chunk = 512;
+            chunk = (chunk + CAS_ATTN_TILE - 1) / CAS_ATTN_TILE * CAS_ATTN_TILE;
+        }
     }
-    /* how many passes serve each token: decides direct writes */
-    for (int32_t t = 0; t <= total_q; t++) p->contrib_indptr[t] = 0;
-    for (int32_t i = 0; i < p->n_passes; i++) {
-        const cas_attn_pass *ps = &p->passes[i];
-        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
-        for (int32_t t = 0; t < ps->n_tok; t++) p->contrib_indptr[p->tok_ids[ps->tok_off + t] + 1] += nj;
-    }
-    int64_t scratch = 0;
-    for (int32_t i = 0; i < p->n_passes; i++) {
-        const cas_attn_pass *ps = &p->passes[i];
-        int32_t nj = ps->len > chunk ? (int32_t)((ps->len + chunk - 1) / chunk) : 1;
-        int direct = nj == 1 && ps->node < 0 && ps->n_tok > 0 &&
-                     p->contrib_indptr[p->tok_ids[ps->tok_off] + 1] == 1;
-        for (int32_t c = 0; c < nj; c++) {
-            int32_t kv0 = (int32_t)(c * (ps->len / nj / CAS_ATTN_TILE * CAS_ATTN_TILE));
-            int32_t kv1 = c == nj - 1 ? ps->len : (int32_t)((c + 1) * (ps->len / nj / CAS_ATTN_TILE * CAS_ATTN_TILE));
-            if (nj > 1 && ps->len / nj < CAS_ATTN_TILE) { /* tiny: even split */
-                kv0 = (int32_t)((int64_t)ps->len * c / nj);
-                kv1 = (int32_t)((int64_t)ps->len * (c + 1) / nj);
-            }
-            if (add_job(p, i, kv0, kv1, direct))
+    if (p->opts.batch_invariant) {
+        int64_t scratch = 0;
+        /* one job per pass; a row writes its token's output or its carried state */
+        if ((st = build_chains(p, total_q, &scratch))) return st;
+        int32_t top = 0;
+        for (int32_t i = 0; i < p->n_passes; i++) {
+            if (add_job(p, i, 0, p->passes[i].len, 1))
                 return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (jobs)");
-            cas_attn_job *j = &p->jobs[p->n_jobs - 1];
-            if (!direct) {
-                j->o_off = scratch;
-                scratch += (int64_t)ps->n_tok * Hq * D;
-                j->lse_off = scratch;
-                scratch += (int64_t)ps->n_tok * Hq;
-            }
+            p->jobs[p->n_jobs - 1].level = p->pass_level[i];
+            if (p->pass_level[i] > top) top = p->pass_level[i];
         }
+        p->n_levels = p->n_passes ? top + 1 : 0;
+        if (grow((void **)&p->scratch, &p->cap_scratch, scratch > 0 ? scratch : 1, sizeof(float)))
+            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (scratch states, %lld floats)",
+                             (long long)scratch);
+        p->scratch_floats = scratch;
+        p->n_contrib = 0;
+    } else if ((st = layout_split_jobs(p, chunk, total_q))) {
+        return st;
     }
-    if (grow((void **)&p->scratch, &p->cap_scratch, scratch > 0 ? scratch : 1, sizeof(float)))
-        return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (scratch states, %lld floats)",
-                         (long long)scratch);
-    p->scratch_floats = scratch;
-
-    /* 4. merge lists (CSR over tokens) */
-    for (int32_t t = 0; t < total_q; t++) p->contrib_indptr[t + 1] += p->contrib_indptr[t];
-    int64_t nc = p->contrib_indptr[total_q];
-    int32_t cap_c = p->cap_contrib;
-    if (nc > cap_c) {
-        int32_t c1 = 0, c2 = 0;
-        void *a = NULL, *bb = NULL;
-        if (grow32(&a, &c1, nc, 8) || grow32(&bb, &c2, nc, 8)) {
-            cas_free(a), cas_free(bb);
-            return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (merge lists)");
-        }
-        cas_free(p->contrib_o), cas_free(p->contrib_lse);
-        p->contrib_o = a, p->contrib_lse = bb, p->cap_contrib = c1;
-    }
-    p->n_contrib = (int32_t)nc;
-    /* fill: a cursor per token, reusing direct_tok as the cursor first */
-    for (int32_t t = 0; t < total_q; t++) p->direct_tok[t] = 0;
-    for (int32_t jid = 0; jid < p->n_jobs; jid++) {
-        const cas_attn_job *j = &p->jobs[jid];
-        const cas_attn_pass *ps = &p->passes[j->pass];
-        for (int32_t t = 0; t < ps->n_tok; t++) {
-            int32_t tok = p->tok_ids[ps->tok_off + t];
-            int32_t slot = p->contrib_indptr[tok] + p->direct_tok[tok]++;
-            p->contrib_o[slot] = j->direct ? -1 : j->o_off + (int64_t)t * Hq * D;
-            p->contrib_lse[slot] = j->direct ? -1 : j->lse_off + (int64_t)t * Hq;
-        }
-    }
-    for (int32_t t = 0; t < total_q; t++)
-        p->direct_tok[t] = (p->direct_tok[t] == 1 && p->contrib_o[p->contrib_indptr[t]] < 0);
-
     /* 5. work items, largest first */
     for (int32_t jid = 0; jid < p->n_jobs; jid++)
         if (add_items_for_job(p, jid)) return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (items)");
     qsort(p->items, (size_t)p->n_items, sizeof(cas_attn_item), cmp_items_cost);
+    if (grow32((void **)&p->level_start, &p->cap_levels, (int64_t)p->n_levels + 1, 4))
+        return cas_error(CAS_ERR_NOMEM, "attn plan: out of memory (levels)");
+    for (int32_t k = 0, i = 0; k <= p->n_levels; k++) {
+        while (i < p->n_items && p->items[i].level < k) i++;
+        p->level_start[k] = i;
+    }
+    if (p->n_levels > 0) p->level_start[p->n_levels] = p->n_items;
 
     /* 6. info */
     cas_attn_plan_info *in = &p->info;
