@@ -10,10 +10,10 @@
  * matrix products, and a prompt computed whole or after a prefix-cache hit).
  * What is asserted is exactly that: greedy tokens are identical up to the
  * first step where the reference run's two best tokens are a near-tie (log
- * probabilities within NEAR_TIE nats), where rounding may pick either. The
- * attention core itself is batch-invariant (test_attn: rows computed alone or
- * in any larger chunk are bitwise equal); the matrix kernels are for 4 or more
- * tokens, but the 1-token path (decode of a lone sequence) sums differently.
+ * probabilities within NEAR_TIE nats), where rounding may pick either. On the
+ * CPU, with batch invariance (the default), more holds and is tested too
+ * (test_batch_invariance): a seeded request's tokens and log-probabilities
+ * are bitwise the same alone and in any batch.
  * Also: seeded sampling is reproducible for the same batch, aborts free
  * blocks, bad requests are rejected at submit and leave the engine working,
  * and every KV block is free (or cached) once all requests are done.
@@ -56,12 +56,18 @@ static void on_event(void *user, const cas_engine_event *ev) {
     o->events++;
 }
 
+/* 185 tokens: over one 128-token attention tile, so that a batch-invariant
+ * plan can share it in a cascade pass */
 static const char *SYSTEM =
     "<|im_start|>system\nYou are a careful assistant for a small bakery. The bakery opens at seven in the "
     "morning and closes at six in the evening, every day except Monday. It sells sourdough bread, rye bread, "
     "croissants, cinnamon rolls, apple pie and lemon tart. Sourdough costs four euros, rye three euros fifty, "
     "croissants one euro eighty, cinnamon rolls two euros forty, a slice of apple pie three euros and a lemon "
-    "tart twenty euros. Orders for whole cakes need two days' notice. Answer briefly and politely.<|im_end|>\n";
+    "tart twenty euros. Orders for whole cakes need two days' notice. The bakery is on the corner of Mill "
+    "Street and the market square, next to the old post office. There are six tables inside and four on the "
+    "terrace in summer. Coffee, tea and fresh orange juice are served until half past five. Dogs are welcome "
+    "on the terrace. The bakery does not deliver, but orders can be picked up from seven in the morning. "
+    "Answer briefly and politely.<|im_end|>\n";
 
 static const char *QUESTIONS[NP] = {
     "When do you open?", "How much is a croissant?", "Are you open on Monday?",
@@ -230,6 +236,134 @@ static void test_alone_equals_batched(void) {
     cas_engine_get_stats(e, &st);
     CHECK(st.kv_blocks_used == 0);
     cas_engine_destroy(e);
+}
+
+
+/* ---- batch invariance (CPU default) --------------------------------------- */
+
+typedef struct {
+    int32_t n;
+    int32_t toks[64];
+    float lp[64];
+    int32_t top_ids[64 * 3];
+    float top_lp[64 * 3];
+    int finish;
+} rec_t;
+
+static void on_rec(void *user, const cas_engine_event *ev) {
+    rec_t *o = user;
+    for (int32_t i = 0; i < ev->n_tokens && o->n < 64; i++, o->n++) {
+        o->toks[o->n] = ev->tokens[i];
+        o->lp[o->n] = ev->logprobs ? ev->logprobs[i] : NAN;
+        for (int k = 0; k < 3; k++) {
+            o->top_ids[o->n * 3 + k] = ev->top_ids ? ev->top_ids[i * 3 + k] : -1;
+            o->top_lp[o->n * 3 + k] = ev->top_logprobs ? ev->top_logprobs[i * 3 + k] : NAN;
+        }
+    }
+    if (ev->finish != CAS_FINISH_NONE) o->finish = ev->finish;
+}
+
+static int submit_rec(cas_engine *e, const char *prompt, rec_t *o, float temp, float top_p, uint64_t seed,
+                      int32_t max_tokens) {
+    cas_engine_request r;
+    memset(&r, 0, sizeof r);
+    memset(o, 0, sizeof *o);
+    r.prompt = prompt;
+    r.sampling = cas_engine_sampling_default();
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.temperature = temp;
+    r.sampling.top_p = top_p;
+    r.sampling.seed = seed;
+    r.sampling.logprobs = 3;
+    r.sampling.ignore_eos = 1;
+    r.cb = on_rec;
+    r.user = o;
+    uint64_t id;
+    return cas_engine_submit(e, &r, &id) == CAS_OK ? 0 : -1;
+}
+
+static int rec_same(const rec_t *a, const rec_t *b) {
+    return a->n == b->n && !memcmp(a->toks, b->toks, sizeof(int32_t) * (size_t)a->n) &&
+           !memcmp(a->lp, b->lp, sizeof(float) * (size_t)a->n) &&
+           !memcmp(a->top_ids, b->top_ids, sizeof(int32_t) * 3 * (size_t)a->n) &&
+           !memcmp(a->top_lp, b->top_lp, sizeof(float) * 3 * (size_t)a->n);
+}
+
+/* One seeded, sampled request, run alone on a fresh engine, and then in
+ * batches of 1..32 mixed requests: others that share its system prompt (so
+ * its prefix is cached or shared by a cascade pass) or not, greedy and
+ * sampled, of other lengths, submitted before and after it; with cascade
+ * off, by the cost model and on every shared run; prefix caching on and off;
+ * 512-token steps and 48-token steps (its prompt then comes in chunks beside
+ * other requests' decodes); the prefix cache warmed by an earlier request or
+ * cold. Its tokens, log-probabilities and top alternatives are compared byte
+ * for byte. Then the same without batch invariance, where they are expected
+ * to differ somewhere (otherwise this test would prove nothing). */
+static void test_batch_invariance(void) {
+    if (g_device != CAS_DEVICE_CPU) {
+        printf("  note: the GPU engine is not batch-invariant: nothing to test on it\n");
+        return;
+    }
+    static const char *OTHER[4] = {"<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n",
+                                   "<|im_start|>user\nWrite a haiku about rain.<|im_end|>\n<|im_start|>assistant\n",
+                                   "Once upon a time", "The capital of France is"};
+    const char *target = prompts[1];
+    int no_inv = 0;
+    rec_t alone, got;
+    for (int pass = 0; pass < 2; pass++) {
+        cas_engine_opts o = cas_engine_opts_default();
+        o.model_path = MODEL;
+        o.device = g_device;
+        o.threads = 2;
+        o.max_context = 512;
+        o.kv_cache_bytes = 64 << 20;
+        o.max_seqs = 16;
+        o.no_batch_invariance = pass;
+        cas_engine *e = NULL;
+        REQUIRE(cas_engine_create(&e, &o) == CAS_OK);
+        REQUIRE(submit_rec(e, target, &alone, 0.8f, 0.95f, 777, 24) == 0);
+        REQUIRE(cas_engine_run_until_idle(e) == CAS_OK);
+        cas_engine_destroy(e);
+        REQUIRE(alone.n == 24);
+        static const int sizes[8] = {1, 2, 3, 5, 8, 13, 21, 32};
+        int differ = 0;
+        for (int si = 0; si < 8; si++) {
+            const int n = sizes[si];
+            o.cascade = si % 3;                  /* off, cost model, every shared run */
+            o.prefix_cache = si % 4 != 1;
+            o.max_batch_tokens = si % 2 ? 48 : 512;
+            REQUIRE(cas_engine_create(&e, &o) == CAS_OK);
+            rec_t *others = calloc((size_t)n + 1, sizeof(rec_t)), warm;
+            REQUIRE(others);
+            if (si % 4 == 2) { /* warm the prefix cache: a finished request with the same system prompt */
+                REQUIRE(submit_rec(e, prompts[4], &warm, 0.0f, 1.0f, 1, 2) == 0);
+                REQUIRE(cas_engine_run_until_idle(e) == CAS_OK);
+            }
+            const int at = n / 2; /* the target's place among the others */
+            for (int i = 0, k = 0; i < n; i++) {
+                if (i == at) REQUIRE(submit_rec(e, target, &got, 0.8f, 0.95f, 777, 24) == 0);
+                if (i == n - 1 && n > 1) break;
+                const char *p = (i + si) % 3 ? prompts[(i + 2) % NP] : OTHER[(i + si) % 4];
+                REQUIRE(submit_rec(e, p, &others[k++], i % 2 ? 0.0f : 0.9f, 1.0f, 100 + (uint64_t)i,
+                                   8 + 5 * (i % 5)) == 0);
+            }
+            cas_status st = cas_engine_run_until_idle(e);
+            CHECKF(st == CAS_OK, "%s", cas_last_error());
+            cas_engine_stats es;
+            cas_engine_get_stats(e, &es);
+            cas_engine_destroy(e);
+            free(others);
+            int eq = rec_same(&got, &alone);
+            if (!pass)
+                CHECKF(eq, "batch of %d (cascade %d, prefix cache %d, %d-token steps, %d cascade steps, %lld cached "
+                           "tokens): the request's output differs from alone (%d vs %d tokens)",
+                       n, o.cascade, o.prefix_cache, o.max_batch_tokens, (int)es.cascade_steps,
+                       (long long)es.prefix_hit_tokens, got.n, alone.n);
+            differ |= !eq;
+        }
+        if (pass) no_inv = differ;
+    }
+    if (!no_inv) printf("  note: without batch invariance the request happened to give the same bytes too\n");
 }
 
 static void test_bad_requests_and_abort(void) {
@@ -787,6 +921,7 @@ int main(int argc, char **argv) {
     RUN(test_cascade_and_prefix_cache_same_tokens);
     RUN(test_preemption_and_chunked_prefill);
     RUN(test_alone_equals_batched);
+    RUN(test_batch_invariance);
     RUN(test_bad_requests_and_abort);
     RUN(test_load_progress);
     RUN(test_devices);

@@ -51,6 +51,12 @@ typedef struct {
                                  decode steps replay CUDA graphs captured per batch-size bucket
                                  (cas_gpu_opts.graphs), as vLLM without --enforce-eager */
     int32_t prefix_cache;     /* 1: automatic prefix caching; 0: off */
+    int32_t no_batch_invariance; /* CPU: 0 (default): a request's tokens and log-probabilities are
+                                 bitwise the same whether it runs alone or beside any other
+                                 requests, with cascade on or off, with or without prefix cache
+                                 hits, chunked or not (cas_model_opts.batch_invariant); 1: the
+                                 fastest attention plans instead, whose results vary with the
+                                 batch by f32 rounding. The GPU engine is not batch-invariant */
     cas_simd_level simd;      /* the kernels' vector instructions (cas_model_opts.simd): 0 =
                                  CAS_SIMD_AUTO, the CPU's widest; a lower level to compare; a
                                  level the CPU lacks fails create with CAS_ERR_UNSUPPORTED */

@@ -129,6 +129,7 @@ cas_model_opts cas_model_opts_default(void) {
     o.threads = 0;
     o.cascade = CAS_CASCADE_AUTO;
     o.portable_kernels = 0;
+    o.batch_invariant = 1;
     o.simd = CAS_SIMD_AUTO;
     o.amx_off = 0;
     return o;
@@ -898,6 +899,7 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
         po.threads = m->opts.threads;
         po.simd = m->simd;
         po.amx_off = m->opts.amx_off;
+        po.batch_invariant = m->opts.batch_invariant;
         if ((st = cas_attn_plan_create(&m->plan, &kv->shape, &po, m->opts.max_seqs,
                                        m->opts.max_batch_tokens, 0)))
             return st;

@@ -355,8 +355,13 @@ typedef struct {
     int32_t max_logits;       /* most rows of logits one forward returns; default max_seqs */
     int32_t threads;          /* OpenMP threads of the kernels; 0: all cores */
     cas_cascade_mode cascade; /* attention planner mode; default CAS_CASCADE_AUTO */
-    int32_t portable_kernels; /* 1: portable (non-SIMD) matrix kernels, whose result for a
-                                 token does not depend on the batch around it (tests) */
+    int32_t portable_kernels; /* 1: portable (non-SIMD) matrix kernels (tests) */
+    int32_t batch_invariant;  /* 1 (default): a token's logits are bitwise the same whatever
+                                 else is in the batch, with cascade on or off, with or without
+                                 a cached prefix, chunked or not (the matrix kernels always are;
+                                 this makes the attention plans so: cas_attn_plan_opts.
+                                 batch_invariant). 0: the fastest attention plans, whose
+                                 results vary with the batch by f32 rounding */
     cas_simd_level simd;      /* the widest vector instructions of the matrix, elementwise and
                                  attention kernels (core.h): CAS_SIMD_AUTO (default) the CPU's
                                  widest; GENERIC, AVX2 or AVX512 lower it to compare kernels

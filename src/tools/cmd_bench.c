@@ -358,6 +358,7 @@ static json_t *run_json(const char *workload, const char *label, const char *mod
     json_object_set_new(o, "model", jstr(model));
     json_object_set_new(o, "device", jstr(device));
     json_object_set_new(o, "cascade", json_integer(eo->cascade));
+    json_object_set_new(o, "batch_invariant", json_boolean(!eo->no_batch_invariance));
     json_object_set_new(o, "prefix_cache", json_integer(eo->prefix_cache));
     return o;
 }
@@ -388,6 +389,7 @@ static void usage(void) {
            "                     [--copy-gbps X] [--measure-copy] [--steps-json FILE] [--latency-json FILE]\n"
            "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
            "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X] [--enforce-eager]\n"
+           "                     [--no-batch-invariance]\n"
            "  -m MODEL        a GGUF file, or synthetic:NAME (llama-3.2-1b, llama-3-8b, llama-3-70b;\n"
            "                  random weights, --device cuda only)\n"
            "  --workload NAME a preset; options after it override its settings:\n"
@@ -418,6 +420,7 @@ static void usage(void) {
            "                  else the CPU), cpu or cuda\n"
            "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and KV (0.9)\n"
            "  --enforce-eager cuda: launch every step eagerly, no CUDA graphs\n"
+           "  --no-batch-invariance cpu: the fastest attention plans, not batch-invariant\n"
            "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
            "  --no-amx        never the AMX tile unit\n"
            "  --debug-checks  check the KV pool's and scheduler's invariants after every change\n"
@@ -471,6 +474,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--max-context")) eo.max_context = atoi(v);
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
+        else if (!strcmp(a, "--no-batch-invariance")) eo.no_batch_invariance = 1;
         else if (!strcmp(a, "--no-prefix-cache")) eo.prefix_cache = 0;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-amx")) eo.amx_off = 1;

@@ -38,6 +38,8 @@ static void usage(FILE *f) {
             "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and the\n"
             "                       KV pool (default 0.9)\n"
             "  --enforce-eager      cuda: launch every step eagerly, no CUDA graphs\n"
+            "  --no-batch-invariance cpu: the fastest attention plans (a sequence's tokens may then\n"
+            "                       change with the sequences batched beside it)\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --ctx N              context length (default: the model's, at most 8192)\n"
             "  --no-cascade         flat attention\n"
@@ -193,6 +195,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) ok = parse_int(v, 16, 1 << 20, &ctx);
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
+        else if (!strcmp(a, "--no-batch-invariance")) eo.no_batch_invariance = 1;
         else if (!strcmp(a, "--no-prefix-cache") || !strcmp(a, "--no-share")) eo.prefix_cache = 0;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--simd")) ok = cas_simd_parse(v, &eo.simd) == 0;

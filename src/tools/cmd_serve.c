@@ -60,6 +60,9 @@ static void usage(FILE *f) {
             "  --gpu-memory-fraction X cuda: share of the GPU's memory for weights, buffers and the KV\n"
             "                          pool (default 0.9; --kv-cache-mb sizes the pool instead)\n"
             "  --enforce-eager         cuda: launch every step eagerly, no CUDA graphs\n"
+            "  --no-batch-invariance   cpu: the fastest attention plans; a request's text may then\n"
+            "                          change with the requests batched beside it (default: the same\n"
+            "                          seed gives the same tokens and logprobs, alone or in any batch)\n"
             "  --threads N             CPU threads (default all cores)\n"
             "  --kv-cache-mb N         KV cache memory (default 256)\n"
             "  --page-size N           tokens per KV page (default 16)\n"
@@ -251,6 +254,10 @@ int cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--enforce-eager")) {
             eo.enforce_eager = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-batch-invariance")) {
+            eo.no_batch_invariance = 1;
             continue;
         }
         if (!strcmp(a, "--device")) {
