@@ -11,7 +11,9 @@
  * single-sequence rate would need. Built and run by bench/model_bench.sh, which writes
  * bench/results/cpu-model.json.
  *
- * usage: model_bench MODEL THREADS [SEQS] > result.json
+ * usage: model_bench MODEL THREADS [SEQS] [--no-batch-invariance] > result.json
+ * (the flag: the fastest attention plans instead of the batch-invariant ones,
+ * cas_model_opts.batch_invariant = 0)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,12 +101,15 @@ static void run(cas_model *m, int nseq, int plen, int reps, double *pre_tps, dou
 }
 
 int main(int argc, char **argv) {
+    int inv = 1;
+    if (argc > 3 && !strcmp(argv[argc - 1], "--no-batch-invariance")) inv = 0, argc--;
     if (argc < 3) {
-        fprintf(stderr, "usage: model_bench MODEL THREADS [SEQS]\n");
+        fprintf(stderr, "usage: model_bench MODEL THREADS [SEQS] [--no-batch-invariance]\n");
         return 2;
     }
     int threads = atoi(argv[2]), many = argc > 3 ? atoi(argv[3]) : 32;
     cas_model_opts o = cas_model_opts_default();
+    o.batch_invariant = inv;
     o.threads = threads;
     o.max_batch_tokens = 512;
     o.max_seqs = many;
@@ -135,6 +140,7 @@ int main(int argc, char **argv) {
     cas_q_bench_read_bw(threads, (size_t)512 << 20, 1.0, &bw2);
     printf("{\n  \"model\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n  \"batch_simd\": \"%s\",\n",
            argv[1], threads, cas_q_simd_name(), cas_q_batch_simd_name());
+    printf("  \"batch_invariant\": %s,\n", inv ? "true" : "false");
     printf("  \"weight_bytes_per_token\": %lld,\n", (long long)c->weight_bytes_per_token);
     printf("  \"read_bandwidth_gbs\": %.2f,\n  \"read_bandwidth_after_gbs\": %.2f,\n", bw, bw2);
     printf("  \"decode_roofline_tokens_per_s\": %.1f,\n", roof);
