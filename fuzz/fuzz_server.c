@@ -1,7 +1,8 @@
 /*
  * fuzz_server.c: libFuzzer harness for the server's request handling,
  * cas_srv_parse (routing, API key, JSON parsing and validation of both
- * generation routes). The input's first three bytes choose the method, the
+ * generation routes), and the connection gate's check of a request head
+ * (cas_srv_head_check) on the whole input. The input's first three bytes choose the method, the
  * path and the Authorization header (a fourth path choice takes the path
  * from the input itself); the rest is the body, copied into an exact-size
  * buffer so AddressSanitizer sees a read past its end.
@@ -30,7 +31,24 @@ static const char *auths[] = {NULL, "Bearer k", "Bearer wrong", "bearer  k "};
         if (!(c)) __builtin_trap();                                                                          \
     } while (0)
 
+/* The head check on the raw input: reads only the bytes given, and every
+ * verdict is 0 (wait), 1 (pass) or -1 with a 4xx/5xx error. A smaller limit
+ * than the server's makes the 431 paths reachable. */
+static void fuzz_head(const uint8_t *data, size_t size) {
+    char *b = malloc(size ? size : 1);
+    if (!b) return;
+    if (size) memcpy(b, data, size);
+    cas_srv_error err;
+    memset(&err, 0, sizeof err);
+    int r = cas_srv_head_check(b, size, 4096, &err);
+    ASSERT(r >= -1 && r <= 1);
+    if (r < 0) ASSERT(err.status >= 400 && err.status < 600 && err.message[0]);
+    if (r == 0) ASSERT(size < 4096);
+    free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    fuzz_head(data, size);
     if (size < 3) return 0;
     const char *method = methods[data[0] % 4];
     const char *auth = auths[data[2] % 4];

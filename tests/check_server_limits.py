@@ -4,8 +4,8 @@
 Connections (one server, --max-connections 16 --max-connections-per-ip 8
 --header-timeout 3 --idle-timeout 1 --max-seqs 1):
 - per_ip_limit: 20 connections from 127.0.0.2 that send half a header and
-  wait; at most 8 stay open, and a client from 127.0.0.1 is served within a
-  second. (Linux routes all of 127/8 to the loopback device, so a socket bound
+  wait; at most 8 stay open (the others get a JSON 503 and are closed), and
+  a client from 127.0.0.1 is served within a second. (Linux routes all of 127/8 to the loopback device, so a socket bound
   to 127.0.0.2 is another client address: the per-address limit is tested as
   it works, not disabled for the test.)
 - total_limit_evicts_waiting: slow connections from three more addresses
@@ -20,8 +20,12 @@ Connections (one server, --max-connections 16 --max-connections-per-ip 8
   request queued the same way gets its 200.
 - half_close_stream: a client that shuts its sending side after the request
   still gets the whole stream.
-- tokenize routes, /version, /v1/models/{id}, ids and JSON errors (431
-  below libmicrohttpd's buffer, 404, 405) on the same server; /tokenize's
+- protocol_errors_are_json: malformed request lines and headers, a negative
+  Content-Length, HTTP/2.0, an unknown transfer coding and a 200 KB header
+  get OpenAI JSON errors (400, 505, 501, 431) with one status line each, not
+  libmicrohttpd's HTML pages; pipelined requests on one connection still work.
+- tokenize routes, /version, /v1/models/{id}, ids and JSON errors (431, 404,
+  405) on the same server; /tokenize's
   count equals the prompt_tokens the engine reports for the same prompt.
 - kv_pages_free_from_start: before any request every KV page reads free.
 
@@ -66,10 +70,14 @@ def slow_conn(port, src):
 
 
 def is_open(s, wait=0.0):
-    """True when the server has not closed s (no EOF or reset within wait)."""
+    """True when the server has not closed s (no EOF or reset within wait; an
+    answer before the close, such as the 503 of a refused connection, counts
+    as closed)."""
     s.settimeout(wait if wait > 0 else 0.001)
     try:
-        return s.recv(1) != b""
+        while s.recv(65536) != b"":
+            pass
+        return False
     except (socket.timeout, BlockingIOError):
         return True
     except OSError:
@@ -172,6 +180,10 @@ def connections_checks():
             slow = [slow_conn(srv.port, "127.0.0.2") for _ in range(20)]
             time.sleep(0.3)
             held = sum(is_open(s) for s in slow)
+            extra = slow_conn(srv.port, "127.0.0.2")  # over the limit: a JSON 503, then the close
+            head, _, body = read_all(extra).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503"), head
+            assert json.loads(body)["error"]["code"] == "too_many_connections", body
             st, dt, _ = timed_health(srv)
             for s in slow:
                 s.close()
@@ -298,6 +310,32 @@ def connections_checks():
                 assert re.fullmatch(r"cmpl-[0-9a-f]{32}", rid), rid
                 ids.add(rid)
             assert len(ids) == 20
+
+        @check("protocol_errors_are_json")
+        def _():
+            # answered by the connection gate before libmicrohttpd, which would send HTML
+            cases = [(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+                     (b"HELLO\r\n\r\n", 400),
+                     (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
+                     (b"GET /health HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+                     (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+                     (b"GET /health HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 200000 + b"\r\n\r\n", 431)]
+            for raw, status in cases:
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                try:
+                    s.sendall(raw)
+                except OSError:
+                    pass  # the answer may come before the whole of a huge head was sent
+                got = read_all(s)
+                head, _, body = got.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 %d " % status) and head.count(b"HTTP/1.1") == 1, (raw[:40], head)
+                err = json.loads(body)["error"]
+                assert err["message"] and err["type"], body
+            # a kept-alive connection with two pipelined requests still gets both answers
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            got = read_all(s)
+            assert got.count(b"HTTP/1.1 200") == 2, got
 
         @check("header_too_large_is_json")
         def _():

@@ -392,6 +392,74 @@ static int parse_status(const char *method, const char *path, const char *auth, 
     return r == CAS_SRV_ROUTE_NONE ? err.status : 200;
 }
 
+/* The connection gate's head check: complete and well-formed heads pass,
+ * incomplete ones wait, and every malformed kind gets its status and an
+ * OpenAI error; only the n bytes given are read (an exact-size copy, so
+ * ASan sees a read past them). */
+static int head(const char *h, size_t max, cas_srv_error *e) {
+    size_t n = strlen(h);
+    char *b = malloc(n ? n : 1);
+    memcpy(b, h, n);
+    int r = cas_srv_head_check(b, n, max, e);
+    free(b);
+    return r;
+}
+
+static void test_head_check(void) {
+    cas_srv_error e;
+    const size_t M = 32768;
+    CHECK(head("GET /health HTTP/1.1\r\nHost: x\r\n\r\n", M, &e) == 1);
+    CHECK(head("POST /v1/completions HTTP/1.0\r\nContent-Length: 12\r\ncontent-length: 12\r\n\r\n{", M, &e) == 1);
+    CHECK(head("GET / HTTP/1.1\n\n", M, &e) == 1); /* bare LF */
+    CHECK(head("POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nX-A:\t v \r\n\r\n", M, &e) == 1);
+    CHECK(head("GET /health HTTP/1.1\r\nHost: x\r\n", M, &e) == 0); /* not complete yet */
+    CHECK(head("GE", M, &e) == 0);
+    CHECK(head("", M, &e) == 0);
+    static const struct {
+        const char *h;
+        int status;
+    } bad[] = {
+        {"HELLO\r\n\r\n", 400},
+        {"GET  / HTTP/1.1\r\n\r\n", 400},
+        {"GET / HTTP/1.1 x\r\n\r\n", 400},
+        {"GET / HTTPS/1.1\r\n\r\n", 400},
+        {"G@T / HTTP/1.1\r\n\r\n", 400},
+        {"GET / HTTP/2.0\r\n\r\n", 505},
+        {"GET / HTTP/0.9\r\n\r\n", 505},
+        {"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400},
+        {"GET / HTTP/1.1\r\n: v\r\n\r\n", 400},
+        {"GET / HTTP/1.1\r\nA b: v\r\n\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", 400},
+        {"GET / HTTP/1.1\r\nX: a\x01b\r\n\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 1 2\r\n\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length:\r\n\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&e, 0, sizeof e);
+        int r = head(bad[i].h, M, &e);
+        CHECKF(r == -1 && e.status == bad[i].status, "case %zu: %d, status %d (want %d)", i, r, e.status, bad[i].status);
+        char *js = cas_srv_error_json(&e);
+        CHECKF(js && strstr(js, "\"error\"") && strstr(js, "\"message\""), "case %zu: %s", i, js ? js : "NULL");
+        free(js);
+    }
+    /* 431: a complete head over the limit, and an incomplete one that reached it */
+    char big[301];
+    memset(big, 'a', sizeof big);
+    memcpy(big, "GET / HTTP/1.1\r\nX: ", 19);
+    memcpy(big + 296, "\r\n\r\n", 4);
+    big[300] = 0;
+    CHECK(head(big, 1000, &e) == 1);
+    CHECK(head(big, 100, &e) == -1 && e.status == 431);
+    big[200] = 0;
+    CHECK(head(big, 100, &e) == -1 && e.status == 431);
+    CHECK(head(big, 1000, &e) == 0);
+}
+
 static void test_parse_routes(void) {
     CHECK(parse_status("GET", "/health", NULL, NULL, NULL) == 200);
     CHECK(parse_status("GET", "/metrics", NULL, NULL, NULL) == 200);
@@ -908,6 +976,7 @@ static void test_http_api_key(void) {
 }
 
 int main(void) {
+    RUN(test_head_check);
     RUN(test_parse_routes);
     RUN(test_parse_completions);
     RUN(test_parse_chat);

@@ -30,8 +30,13 @@
  * A non-streaming request cannot write before its answer, so for it a
  * half-close still counts as gone.
  *
- * Connections (design). Each connection has a srv_conn (libmicrohttpd's
- * socket context, set when it opens), in a list oldest first. A watchdog
+ * Connections (design). The listening socket is ours: the gate thread
+ * (server_gate.c) accepts, holds a connection until its request head is
+ * complete, answers a malformed one with a JSON error (libmicrohttpd would
+ * send an HTML page) and hands the rest to libmicrohttpd; while a connection
+ * waits there, the gate applies the limits below itself. Each connection
+ * libmicrohttpd holds has a srv_conn (its socket context, set when it
+ * opens), in a list oldest first. A watchdog
  * thread shuts down any connection still waiting for its request headers
  * header_timeout after it opened or after its previous response ended: a
  * hard deadline that dribbling bytes does not extend, unlike libmicrohttpd's
@@ -95,6 +100,8 @@ struct cas_server {
     cas_srv_limits lim;
     char *api_key, *model_name, *model_alias;
     struct MHD_Daemon *daemon;
+    int listen_fd;             /* ours: the gate (server_gate.c) accepts, libmicrohttpd gets checked heads */
+    cas_srv_gate *gate;
     int32_t port;
     long created;
     cas_srv_metrics metrics;
@@ -1454,6 +1461,35 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     }
 }
 
+/* ---- the gate's side of the HTTP layer --------------------------------------- */
+
+static void gate_admit(void *ctx, int fd, const struct sockaddr *addr, unsigned addr_len) {
+    cas_server *s = ctx;
+    /* libmicrohttpd closes the socket itself if it cannot take it */
+    if (MHD_add_connection(s->daemon, fd, addr, (socklen_t)addr_len) != MHD_YES)
+        cas_log(CAS_LOG_INFO, "http: a connection was refused after its head (%s)", strerror(errno));
+}
+
+static int64_t gate_open_conns(void *ctx) {
+    cas_server *s = ctx;
+    pthread_mutex_lock(&s->conn_mu);
+    int64_t n = s->n_conns;
+    pthread_mutex_unlock(&s->conn_mu);
+    return n;
+}
+
+static void gate_event(void *ctx, cas_srv_gate_event what, int status) {
+    cas_server *s = ctx;
+    if (what == CAS_SRV_GATE_BAD || what == CAS_SRV_GATE_REFUSED) {
+        cas_srv_metrics_http(&s->metrics, status);
+        return;
+    }
+    pthread_mutex_lock(&s->metrics.mu);
+    if (what == CAS_SRV_GATE_EVICTED) s->metrics.conns_evicted++;
+    else s->metrics.conns_header_timeout++;
+    pthread_mutex_unlock(&s->metrics.mu);
+}
+
 /* Every WATCH_SLICE: shuts down connections whose request headers did not
  * come within header_timeout. */
 static void *watchdog_main(void *arg) {
@@ -1581,6 +1617,7 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
 
     cas_server *s = calloc(1, sizeof *s);
     if (!s) return cas_error(CAS_ERR_NOMEM, "server: out of memory");
+    s->listen_fd = -1;
     s->ops = *ops;
     s->api_key = dup_or_null(o.api_key && o.api_key[0] ? o.api_key : NULL);
     s->model_name = dup_or_null(o.model_name ? o.model_name : ops->model_name(ops->ctx));
@@ -1630,21 +1667,42 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     }
     s->watch_started = 1;
 
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | ipv6 |
-                     MHD_USE_ERROR_LOG;
-    s->daemon = MHD_start_daemon(
-        flags, (uint16_t)o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
-        MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
-    if (!s->daemon) {
+    /* the listening socket is ours (the gate's); libmicrohttpd gets connections whose head passed */
+    s->listen_fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    socklen_t alen = addr.ss_family == AF_INET6 ? (socklen_t)sizeof(struct sockaddr_in6) : (socklen_t)sizeof(struct sockaddr_in);
+    if (s->listen_fd < 0 || setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
+        bind(s->listen_fd, (struct sockaddr *)&addr, alen) || listen(s->listen_fd, 1024)) {
         int e = errno;
         cas_server_destroy(s);
         return cas_error(CAS_ERR_IO, "server: cannot listen on %s:%d (%s)", host, (int)o.port, strerror(e));
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? (int32_t)di->port : o.port;
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    s->port = o.port;
+    if (getsockname(s->listen_fd, (struct sockaddr *)&bound, &blen) == 0)
+        s->port = (int32_t)ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                             : ((struct sockaddr_in *)&bound)->sin_port);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | ipv6 |
+                     MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    s->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_conns,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT, s->idle_timeout,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_END);
+    if (!s->daemon) {
+        int e = errno;
+        cas_server_destroy(s);
+        return cas_error(CAS_ERR_IO, "server: cannot start the HTTP daemon (%s)", strerror(e));
+    }
+    cas_srv_gate_opts go = {s->listen_fd, s->max_conns, s->headroom, (int32_t)per_ip, s->header_timeout,
+                            MAX_HEADER_BYTES, gate_admit, gate_open_conns, gate_event, s};
+    cas_status gst = cas_srv_gate_start(&s->gate, &go);
+    if (gst) {
+        cas_server_destroy(s);
+        return gst;
+    }
     *out = s;
     return CAS_OK;
 }
@@ -1662,7 +1720,11 @@ void cas_server_destroy(cas_server *s) {
         pthread_join(s->watchdog, NULL);
         s->watch_started = 0;
     }
+    cas_srv_gate_stop(s->gate); /* no new connections */
+    s->gate = NULL;
     if (s->daemon) MHD_stop_daemon(s->daemon); /* joins connection threads; on_completed aborts their requests */
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    s->listen_fd = -1;
     /* wait for the engine's final events, which still point into our requests */
     pthread_mutex_lock(&s->mu);
     double deadline = cas_now_s() + 10.0;

@@ -72,6 +72,46 @@ json_t *cas_srv_json_str(const char *s, size_t n);
 /* JSON text of an error (malloc'd, caller frees; NULL on allocation failure). */
 char *cas_srv_error_json(const cas_srv_error *err);
 
+/* ---- the connection gate (server_gate.c) ------------------------------------ */
+
+/* Checks the head of an HTTP/1.x request, the n bytes at buf so far: 0 if it
+ * is not complete yet, 1 if it is complete and well-formed (request line
+ * `METHOD SP target SP HTTP/1.x`, header lines `Name: value` without control
+ * bytes or folding, a Content-Length of digits only and consistent if
+ * repeated, Transfer-Encoding chunked only and not with a Content-Length),
+ * -1 with an OpenAI error in *err otherwise: 400 malformed, 431 over
+ * max_header_bytes (complete or not), 501 another transfer coding, 505 an
+ * HTTP version other than 1.x. Reads only buf[0, n). */
+int cas_srv_head_check(const char *buf, size_t n, size_t max_header_bytes, cas_srv_error *err);
+
+typedef enum {
+    CAS_SRV_GATE_BAD = 0,     /* a malformed head answered (status given) */
+    CAS_SRV_GATE_REFUSED = 1, /* refused at the per-address or total limit (503 answered) */
+    CAS_SRV_GATE_EVICTED = 2, /* the oldest waiting connection closed to make room */
+    CAS_SRV_GATE_TIMEOUT = 3  /* closed: no complete head within header_timeout */
+} cas_srv_gate_event;
+
+struct sockaddr;
+typedef struct {
+    int listen_fd;           /* listening, non-blocking; the caller closes it after stop */
+    int32_t max_conns;       /* connections in all (the gate's and open_conns') */
+    int32_t headroom;        /* near max_conns by this many, the oldest waiting one is evicted */
+    int32_t per_ip;          /* waiting connections per address; 0: no limit */
+    double header_timeout;   /* seconds for a complete head; <= 0: none */
+    size_t max_header_bytes; /* larger heads get a 431 */
+    /* takes over a connection whose head passed (and must close it eventually) */
+    void (*admit)(void *ctx, int fd, const struct sockaddr *addr, unsigned addr_len);
+    int64_t (*open_conns)(void *ctx);                       /* connections past the gate */
+    void (*event)(void *ctx, cas_srv_gate_event what, int status); /* for metrics */
+    void *ctx;
+} cas_srv_gate_opts;
+
+typedef struct cas_srv_gate cas_srv_gate;
+/* Starts the gate's thread on listen_fd. */
+cas_status cas_srv_gate_start(cas_srv_gate **out, const cas_srv_gate_opts *opts);
+/* Stops the thread and closes the connections still waiting in the gate. */
+void cas_srv_gate_stop(cas_srv_gate *g);
+
 typedef struct {
     char *text;      /* prompt text (NUL-terminated), or NULL */
     int32_t *tokens; /* [n_tokens] token ids when text is NULL */
