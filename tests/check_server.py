@@ -401,6 +401,7 @@ def run_all(srv, client, openai):
             ("POST", "/v1/completions", b'{"prompt": 5}', KEY, 400),
             ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user"}]}', KEY, 400),
             ("POST", "/v1/completions", b'{"prompt": "x", "max_tokens": "ten"}', KEY, 400),
+            ("POST", "/v1/completions", b'{"prompt": "x", "max_tokens": 8192}', KEY, 400),  # past the context
             ("GET", "/v1/completions", None, KEY, 405),
             ("GET", "/v1/nothing", None, KEY, 404),
             ("GET", "/nothing", None, None, 404),

@@ -856,6 +856,16 @@ static enum MHD_Result generate(srv_req *r) {
             free(plen);
             return send_error(r, &err);
         }
+        if (p->max_tokens_set && (int64_t)plen[i] + p->sampling.max_tokens > ctx) {
+            /* as vLLM and OpenAI: refused, not silently shortened */
+            cas_srv_error_set(&err, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                              "This model's maximum context length is %d tokens; the request asks for %lld (%d in "
+                              "the %s and max_tokens %d). Reduce the %s or max_tokens.",
+                              (int)ctx, (long long)plen[i] + p->sampling.max_tokens, (int)plen[i],
+                              chat ? "messages" : "prompt", (int)p->sampling.max_tokens, chat ? "messages" : "prompt");
+            free(plen);
+            return send_error(r, &err);
+        }
     }
 
     srv_choice *choices = calloc((size_t)(p->n_prompts * p->n), sizeof *choices);
