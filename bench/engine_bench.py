@@ -21,6 +21,24 @@ CASCADE = os.path.join(ROOT, "build", "cascade")
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 
+def cpu_name():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def replace_table(marker, table):
+    """Puts table between the <!-- marker --> lines of bench/RESULTS.md, and prints it."""
+    path = os.path.join(ROOT, "bench", "RESULTS.md")
+    s = open(path).read()
+    m0, m1 = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    if m0 in s and m1 in s:
+        s = s[:s.index(m0) + len(m0)] + "\n" + table + "\n" + s[s.index(m1):]
+        open(path, "w").write(s)
+    print(table)
+
+
 def run(name, args, threads):
     cmd = [CASCADE, "bench", "--json", "--threads", str(threads)] + [str(a) for a in args]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -59,11 +77,7 @@ def main():
         "unshared_cascade_slowdown": by["unshared: cascade on"]["elapsed_s"] / by["unshared: cascade off"]["elapsed_s"] - 1,
         "tree_speedup_end_to_end": by["tree, neither"]["elapsed_s"] / by["tree 32*512(16*256)+32*384"]["elapsed_s"],
     }
-    cpu = ""
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    cpu = cpu_name()
     doc = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "threads": a.threads}, "model": "SmolLM2-135M-Instruct Q4_1",
            "summary": summary, "runs": runs}
     os.makedirs(RESULTS, exist_ok=True)
@@ -92,14 +106,7 @@ def main():
     lines += ["", f"Shared prefix, both features against neither: {summary['shared_speedup_end_to_end']:.2f}x end to end; "
               f"nothing shared, cascade on against off: {100 * summary['unshared_cascade_slowdown']:+.1f}% time; "
               f"tree: {summary['tree_speedup_end_to_end']:.2f}x."]
-    table = "\n".join(lines)
-    path = os.path.join(ROOT, "bench", "RESULTS.md")
-    s = open(path).read()
-    m0, m1 = "<!-- cpu-engine-table -->", "<!-- /cpu-engine-table -->"
-    if m0 in s and m1 in s:
-        s = s[:s.index(m0) + len(m0)] + "\n" + table + "\n" + s[s.index(m1):]
-        open(path, "w").write(s)
-    print(table)
+    replace_table("cpu-engine-table", "\n".join(lines))
 
 
 if __name__ == "__main__":

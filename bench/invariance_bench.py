@@ -27,6 +27,10 @@ import json
 import os
 import statistics
 import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_bench import cpu_name, replace_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASCADE = os.path.join(ROOT, "build", "cascade")
@@ -100,11 +104,7 @@ def main():
                      "cost": mn["output_tok_per_s"] / mi["output_tok_per_s"] - 1})
         print(f"engine {wname:<30} invariant {mi['output_tok_per_s']:8.1f} tok/s  not {mn['output_tok_per_s']:8.1f}"
               f"  cost {100 * rows[-1]['cost']:+.1f}%", flush=True)
-    cpu = ""
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    cpu = cpu_name()
     doc = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "threads": a.threads}, "repeats": a.repeats,
            "model": "SmolLM2-135M-Instruct Q4_1", "model_bench": model, "engine_bench": rows,
            "note": "cost = throughput without batch invariance / with it - 1 (positive: invariance is slower); "
@@ -126,14 +126,7 @@ def main():
         lines.append(f"| {r['workload']} | {r['invariant']['output_tok_per_s']:.1f} | "
                      f"{r['not_invariant']['output_tok_per_s']:.1f} | {100 * r['cost']:+.1f}% | "
                      f"{int(r['invariant']['cascade_steps'])} / {int(r['not_invariant']['cascade_steps'])} |")
-    table = "\n".join(lines)
-    path = os.path.join(ROOT, "bench", "RESULTS.md")
-    text = open(path).read()
-    m0, m1 = "<!-- cpu-batch-invariance-table -->", "<!-- /cpu-batch-invariance-table -->"
-    if m0 in text and m1 in text:
-        text = text[:text.index(m0) + len(m0)] + "\n" + table + "\n" + text[text.index(m1):]
-        open(path, "w").write(text)
-    print(table)
+    replace_table("cpu-batch-invariance-table", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -75,15 +75,21 @@ static const char *QUESTIONS[NP] = {
 
 static char prompts[NP][2048];
 
-static cas_engine *make_engine(int cascade, int prefix_cache, int64_t kv_bytes, int32_t batch_tokens) {
+/* The tests' engine options: the model, the device, 2 threads, 512-token contexts. */
+static cas_engine_opts test_opts(int64_t kv_bytes) {
     cas_engine_opts o = cas_engine_opts_default();
     o.model_path = MODEL;
     o.device = g_device;
     o.threads = 2;
-    o.cascade = cascade;
-    o.prefix_cache = prefix_cache;
     o.max_context = 512;
     o.kv_cache_bytes = kv_bytes;
+    return o;
+}
+
+static cas_engine *make_engine(int cascade, int prefix_cache, int64_t kv_bytes, int32_t batch_tokens) {
+    cas_engine_opts o = test_opts(kv_bytes);
+    o.cascade = cascade;
+    o.prefix_cache = prefix_cache;
     o.max_batch_tokens = batch_tokens;
     o.max_seqs = 16;
     o.debug_checks = 1; /* every kv and scheduler invariant after every change */
@@ -311,12 +317,7 @@ static void test_batch_invariance(void) {
     int no_inv = 0;
     rec_t alone, got;
     for (int pass = 0; pass < 2; pass++) {
-        cas_engine_opts o = cas_engine_opts_default();
-        o.model_path = MODEL;
-        o.device = g_device;
-        o.threads = 2;
-        o.max_context = 512;
-        o.kv_cache_bytes = 64 << 20;
+        cas_engine_opts o = test_opts(64 << 20);
         o.max_seqs = 16;
         o.no_batch_invariance = pass;
         cas_engine *e = NULL;
@@ -450,12 +451,7 @@ static void on_progress(void *user, int64_t done, int64_t total) {
 
 static void test_load_progress(void) {
     progress_t p = {0, 1, -1, -1, -1};
-    cas_engine_opts o = cas_engine_opts_default();
-    o.model_path = MODEL;
-    o.device = g_device;
-    o.threads = 2;
-    o.max_context = 512;
-    o.kv_cache_bytes = 16 << 20;
+    cas_engine_opts o = test_opts(16 << 20);
     o.load_progress = on_progress;
     o.load_progress_user = &p;
     cas_engine *e = NULL;
