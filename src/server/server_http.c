@@ -73,6 +73,7 @@
 #define MAX_HEADER_BYTES 32768    /* larger request headers get our own 431 */
 #define CONN_MEMORY (128u << 10)  /* libmicrohttpd's per-connection buffer (its 431 beyond) */
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(8))
+#define REPLICA_HEADER "X-Cascade-Replica" /* names the replica that answered (load balancers, logs) */
 
 /* the release /version reports: the Makefile passes its CAS_VERSION */
 #ifndef CAS_VERSION_STRING
@@ -94,6 +95,10 @@ struct cas_server {
     cas_srv_engine_ops ops;
     cas_srv_limits lim;
     char *api_key, *model_name, *model_alias;
+    /* X-Cascade-Replica of every response. Named before listening, except
+     * for port 0, whose number is known once bound: then a request in that
+     * instant (no client knows the port yet) may find it NULL. */
+    _Atomic(char *) replica_name;
     struct MHD_Daemon *daemon;
     int32_t port;
     long created;
@@ -610,6 +615,11 @@ static char *final_json(srv_req *r) {
 
 /* ---- responses ------------------------------------------------------------- */
 
+static void add_replica_header(cas_server *s, struct MHD_Response *resp) {
+    const char *name = atomic_load(&s->replica_name);
+    if (name) MHD_add_response_header(resp, REPLICA_HEADER, name);
+}
+
 static enum MHD_Result send_text(srv_req *r, int status, const char *ctype, char *body_owned,
                                  const char *allow) {
     size_t n = body_owned ? strlen(body_owned) : 0;
@@ -621,6 +631,7 @@ static enum MHD_Result send_text(srv_req *r, int status, const char *ctype, char
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_replica_header(r->s, resp);
     if (allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (atomic_load(&r->s->draining)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -930,6 +941,7 @@ static enum MHD_Result generate(srv_req *r) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        add_replica_header(s, resp);
         if (atomic_load(&s->draining)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
         ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);
@@ -1546,6 +1558,24 @@ cas_server_opts cas_server_opts_default(void) {
     return o;
 }
 
+/* "HOST:PORT" as bound ("[ADDR]:PORT" for IPv6); a wildcard address names
+ * no machine, so the host name stands in for it. malloc'd, NULL on failure. */
+static char *default_replica_name(const char *host, unsigned ipv6, int32_t port) {
+    char hn[256];
+    const char *h = host;
+    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::")) {
+        if (gethostname(hn, sizeof hn) == 0) {
+            hn[sizeof hn - 1] = 0;
+            h = hn;
+            ipv6 = 0;
+        }
+    }
+    size_t cap = strlen(h) + 16;
+    char *name = malloc(cap);
+    if (name) snprintf(name, cap, ipv6 ? "[%s]:%d" : "%s:%d", h, (int)port);
+    return name;
+}
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     if (!cas_log_enabled(CAS_LOG_INFO)) return;
@@ -1598,6 +1628,7 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     atomic_init(&s->closing, 0);
     atomic_init(&s->draining, 0);
     atomic_init(&s->aborting, 0);
+    atomic_init(&s->replica_name, NULL);
     atomic_init(&s->counter, (uint64_t)time(NULL));
 
     /* Connections: one thread and one descriptor each; the open-file limit
@@ -1630,6 +1661,17 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     }
     s->watch_started = 1;
 
+    /* the replica's name, before listening where the port is already known */
+    int named = o.replica_name && o.replica_name[0];
+    if (named || o.port) {
+        char *name = named ? dup_or_null(o.replica_name) : default_replica_name(host, ipv6, o.port);
+        if (!name) {
+            cas_server_destroy(s);
+            return cas_error(CAS_ERR_NOMEM, "server: out of memory");
+        }
+        atomic_store(&s->replica_name, name);
+    }
+
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | ipv6 |
                      MHD_USE_ERROR_LOG;
     s->daemon = MHD_start_daemon(
@@ -1645,11 +1687,21 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? (int32_t)di->port : o.port;
+    if (!atomic_load(&s->replica_name)) {
+        char *bound = default_replica_name(host, ipv6, s->port);
+        if (!bound) {
+            cas_server_destroy(s);
+            return cas_error(CAS_ERR_NOMEM, "server: out of memory");
+        }
+        atomic_store(&s->replica_name, bound);
+    }
     *out = s;
     return CAS_OK;
 }
 
 int32_t cas_server_port(const cas_server *s) { return s ? s->port : 0; }
+
+const char *cas_server_replica_name(cas_server *s) { return s ? atomic_load(&s->replica_name) : NULL; }
 
 void cas_server_destroy(cas_server *s) {
     if (!s) return;
@@ -1687,5 +1739,6 @@ void cas_server_destroy(cas_server *s) {
     free(s->api_key);
     free(s->model_name);
     free(s->model_alias);
+    free(atomic_load(&s->replica_name));
     free(s);
 }
