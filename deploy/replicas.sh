@@ -100,7 +100,16 @@ sys.stdout.write(out.decode())
 EOF
 }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# the process of pid file $1 runs (a zombie does not: where no init reaps
+# orphans, as in some containers, an exited replica can stay one)
+alive() {
+  local pid st
+  [ -f "$1" ] || return 1
+  pid=$(cat "$1")
+  kill -0 "$pid" 2>/dev/null || return 1
+  st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)
+  [ "$st" != Z ]
+}
 
 # waits until URL answers 200, for up to $2 seconds (a large model loads
 # slowly) and as long as the process of pid file $3 (if given) lives
@@ -207,7 +216,7 @@ load_state() {
 
 need_k() {
   [ -n "$K" ] || die "$cmd needs a replica number"
-  [ "$K" -ge 0 ] && [ "$K" -lt "$N" ] || die "no replica r$K (replicas r0 to r$((N - 1)))"
+  if [ "$K" -lt 0 ] || [ "$K" -ge "$N" ]; then die "no replica r$K (replicas r0 to r$((N - 1)))"; fi
 }
 
 # SIGTERM: the replica answers /health and new requests with 503 and finishes
@@ -217,8 +226,8 @@ stop_replica() {
   alive "$RUN_DIR/r$k.pid" || return 0
   pid=$(cat "$RUN_DIR/r$k.pid")
   kill -TERM "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null && [ "$t" -lt $((limit * 10)) ]; do sleep 0.1; t=$((t + 1)); done
-  if kill -0 "$pid" 2>/dev/null; then
+  while alive "$RUN_DIR/r$k.pid" && [ "$t" -lt $((limit * 10)) ]; do sleep 0.1; t=$((t + 1)); done
+  if alive "$RUN_DIR/r$k.pid"; then
     say "r$k still running after ${limit}s: SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
   fi
@@ -264,15 +273,15 @@ do_start() {
 do_stop() {
   load_state
   for ((k = 0; k < N; k++)); do
-    alive "$RUN_DIR/r$k.pid" && kill -TERM "$(cat "$RUN_DIR/r$k.pid")" 2>/dev/null || true
+    if alive "$RUN_DIR/r$k.pid"; then kill -TERM "$(cat "$RUN_DIR/r$k.pid")" 2>/dev/null || true; fi
   done
   for ((k = 0; k < N; k++)); do stop_replica "$k" 60; done
   if alive "$RUN_DIR/haproxy.pid"; then
     local pid t=0
     pid=$(cat "$RUN_DIR/haproxy.pid")
     kill -USR1 "$pid" 2>/dev/null || true # soft stop: finish open connections
-    while kill -0 "$pid" 2>/dev/null && [ "$t" -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
-    kill -TERM "$pid" 2>/dev/null || true
+    while alive "$RUN_DIR/haproxy.pid" && [ "$t" -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
+    if alive "$RUN_DIR/haproxy.pid"; then kill -TERM "$pid" 2>/dev/null || true; fi
   fi
   rm -f "$RUN_DIR/haproxy.pid" "$STATE"
   say "stopped"
