@@ -218,6 +218,13 @@ def pct(xs, p):
     return xs[f] + (xs[c] - xs[f]) * (k - f)
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process, all its threads, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def sh(run_dir, *args, timeout=600):
     r = subprocess.run(["bash", SCRIPT, args[0], "--run-dir", run_dir, *args[1:]], capture_output=True, text=True,
                        timeout=timeout)
@@ -249,14 +256,27 @@ def run_policy(args, policy, prompts_cache):
         for url in reps.values():
             post(url + "/v1/chat/completions", {"model": model, "max_tokens": 2,
                                                 "messages": [{"role": "user", "content": "Hello"}]})
+        pids = {r: int(open(os.path.join(run_dir, f"{r}.pid")).read()) for r in reps}
         m0 = {r: scrape(u) for r, u in reps.items()}
         reqs = make_requests(args, prompts)
+        load0 = os.getloadavg()[0]
+        cpu0 = {r: cpu_seconds(p) for r, p in pids.items()}
         recs, duration = run_workload("127.0.0.1", args.port, model, prompts, reqs, args.output_tokens)
+        cpu1 = {r: cpu_seconds(p) for r, p in pids.items()}
+        load1 = os.getloadavg()[0]
         m1 = {r: scrape(u) for r, u in reps.items()}
     finally:
         sh(run_dir, "stop")
     pinning = re.findall(r"(r\d+): (\S+), cores (\S+), (\d+) threads", log)
-    return summarize(args, policy, reqs, recs, duration, m0, m1, prompts_cache["shared_tokens"], pinning)
+    res = summarize(args, policy, reqs, recs, duration, m0, m1, prompts_cache["shared_tokens"], pinning)
+    # the machine is shared: its 1-minute load average before and after the run says how much
+    # else ran beside the replicas
+    res["loadavg_1m"] = [round(load0, 2), round(load1, 2)]
+    # the replicas' own CPU time for the workload: the work each policy costs, which other
+    # processes on the machine do not change (its wall-clock throughput they do)
+    res["replica_cpu_s"] = {r: round(cpu1[r] - cpu0[r], 2) for r in sorted(cpu0)}
+    res["cpu_s_per_request"] = sum(cpu1[r] - cpu0[r] for r in cpu0) / max(res["completed"], 1)
+    return res
 
 
 def summarize(args, policy, reqs, recs, duration, m0, m1, shared, pinning):
@@ -328,6 +348,17 @@ def summarize(args, policy, reqs, recs, duration, m0, m1, shared, pinning):
 NAMES = {"prefix": "prefix affinity", "roundrobin": "round-robin", "leastconn": "least-connections"}
 
 
+def median_run(runs):
+    """The run of median throughput (of an odd count; the lower middle of an even one), with
+    every run's throughput and CPU time beside it."""
+    ranked = sorted(runs, key=lambda r: r["request_throughput"])
+    med = dict(ranked[(len(ranked) - 1) // 2])
+    med["rounds"] = [{k: r[k] for k in ("round", "request_throughput", "output_throughput", "duration_s",
+                                        "prompt_tokens_computed", "cpu_s_per_request", "ttft_ms_p50", "ttft_ms_p99",
+                                        "tpot_ms_p50", "tpot_ms_p99", "loadavg_1m")} for r in runs]
+    return med
+
+
 def markdown(results, meta):
     w = meta["workload"]
     base = next((r for r in results if r["policy"] == "roundrobin"), None)
@@ -337,13 +368,16 @@ def markdown(results, meta):
              f"{w['output_tokens']} output tokens each (greedy, ignore_eos, streamed); {meta['replicas']} replicas "
              f"with {meta['threads']} thread each and a {meta['kv_cache_mb']} MiB KV pool, behind HAProxy "
              f"{meta['haproxy']}.", "",
-             "| routing | done | req/s | output tok/s | vs round-robin | prompt tokens computed | prefix-cache hit rate "
+             "| routing | done | req/s (rounds) | output tok/s | vs round-robin | replica CPU s per request | "
+             "prompt tokens computed | prefix-cache hit rate "
              "| replicas computing a prompt (max) | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         vs = f"{r['request_throughput'] / base['request_throughput']:.2f}x" if base else "-"
+        rounds = ", ".join(f"{x['request_throughput']:.2f}" for x in sorted(r["rounds"], key=lambda x: x["round"]))
+        cpu = "/".join(f"{x['cpu_s_per_request']:.2f}" for x in sorted(r["rounds"], key=lambda x: x["round"]))
         lines.append(f"| {NAMES.get(r['policy'], r['policy'])} | {r['completed']}/{r['requests']} | "
-                     f"{r['request_throughput']:.2f} | {r['output_throughput']:.1f} | {vs} | "
+                     f"{r['request_throughput']:.2f} ({rounds}) | {r['output_throughput']:.1f} | {vs} | {cpu} | "
                      f"{r['prompt_tokens_computed']:.0f} of {r['prompt_tokens']:.0f} | {r['prefix_cache_hit_rate']:.3f} | "
                      f"{r['max_replicas_computing_a_prompt']} | {r['ttft_ms_p50']:.0f} / {r['ttft_ms_p99']:.0f} | "
                      f"{r['tpot_ms_p50']:.1f} / {r['tpot_ms_p99']:.1f} |")
@@ -390,8 +424,10 @@ def update_results(md, meta):
     m0, m1 = "<!-- cpu-replicas-table -->", "<!-- /cpu-replicas-table -->"
     if m0 not in s or m1 not in s:
         return
-    head = (f"Measured on {meta['cpu_model'] or 'an unknown CPU'} ({meta['cpus']} cores; {meta['pinning_note']}), "
-            f"{meta['time']}.\n\n")
+    lo, hi = meta["loadavg_1m_range"]
+    head = (f"Measured on {meta['cpu_model'] or 'an unknown CPU'}, {meta['cpus']} cores, {meta['time']}; "
+            f"{meta['pinning_note']}. The machine is shared: its 1-minute load average read {lo:.1f} to {hi:.1f} "
+            f"during the runs.\n\n")
     s = s[:s.index(m0) + len(m0)] + "\n" + head + md + s[s.index(m1):]
     with open(path, "w") as f:
         f.write(s)
@@ -418,10 +454,11 @@ def main():
     ap.add_argument("--kv-cache-mb", type=int, default=144)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prefix-tokens", type=int, default=1024)
-    ap.add_argument("--requests-per-prompt", type=int, default=64)
+    ap.add_argument("--requests-per-prompt", type=int, default=16)
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--rate", type=float, default=4.0, help="requests per second (Poisson)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every policy (the table takes the median)")
     ap.add_argument("--port", type=int, default=18400)
     ap.add_argument("--cascade", default=os.path.join(os.environ.get("BUILD", "build"), "cascade"))
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -435,9 +472,18 @@ def main():
         args.results_md = os.path.abspath(args.out) == os.path.join(HERE, "results", "cpu-replicas.json")
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-    cache, results = {}, []
-    for policy in args.policies.split(","):
-        results.append(run_policy(args, policy, cache))
+    # Rounds: every policy once a round, in an order that rotates from round to round, so that
+    # other work on a shared machine (which changes wall-clock times by tens of percent) falls
+    # on every policy alike; the table takes each policy's median round.
+    cache, runs = {}, []
+    policies = args.policies.split(",")
+    for rnd in range(args.rounds):
+        order = policies[rnd % len(policies):] + policies[:rnd % len(policies)]
+        for policy in order:
+            r = run_policy(args, policy, cache)
+            r["round"] = rnd
+            runs.append(r)
+    results = [median_run([r for r in runs if r["policy"] == p]) for p in policies]
     hv = subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.split()
     pin = results[0]["pinning"]
     shared_cores = len({p["cores"] for p in pin}) == 1 and len(pin) > 1
@@ -450,15 +496,18 @@ def main():
                       f"--max-connections-per-ip 0",
         "model": args.model, "cpus": os.cpu_count(), "cpu_model": cpu_model(),
         "pinning": pin,
-        "pinning_note": (f"{args.replicas} replicas of {args.threads} thread each, every one allowed on cores "
-                         f"{pin[0]['cores']} (fewer cores than replicas: shared, not one core each)"
-                         if shared_cores else f"replicas pinned to cores {', '.join(p['cores'] for p in pin)}"),
+        "pinning_note": (f"{args.replicas} replicas of {args.threads} thread each, all on cores {pin[0]['cores']}: "
+                         f"fewer cores than replicas, so they share them rather than one replica having a core "
+                         f"to itself" if shared_cores else
+                         f"replicas pinned to cores {', '.join(p['cores'] for p in pin)}"),
+        "loadavg_1m_range": [min(min(r["loadavg_1m"]) for r in runs), max(max(r["loadavg_1m"]) for r in runs)],
         "haproxy": hv[2] if len(hv) > 2 else None,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"meta": meta, "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]},
+        json.dump({"meta": meta, "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in results],
+                   "runs": [{k: v for k, v in r.items() if not k.startswith("_") and k != "per_request"} for r in runs]},
                   f, indent=1)
     print(f"wrote {args.out}")
     md = markdown(results, meta)
