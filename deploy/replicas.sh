@@ -27,7 +27,8 @@
 #   --cpus LIST       the cores to divide among the replicas (default: those this shell
 #                     may use); replica K is pinned (taskset) to its share, or to all of
 #                     them when there are fewer cores than replicas
-#   --threads T       threads per replica (default: its share of the cores)
+#   --threads T       threads per replica (default: its share of the cores; 1 where
+#                     the replicas share them)
 #   --model PATH      GGUF model (default models/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   --cascade BIN     the cascade command (default build/cascade)
 #   --run-dir DIR     pid files, logs, the balancer's configuration and admin socket
@@ -51,7 +52,7 @@ cmd=${1:-}
 [ -n "$cmd" ] || { usage; exit 2; }
 shift
 N=3 PORT=8000 HOST=127.0.0.1 BALANCE=prefix DEVICE=cpu CPUS="" THREADS=""
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf CASCADE=build/cascade RUN_DIR=""
+MODEL=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf CASCADE=$ROOT/build/cascade RUN_DIR=""
 KEY_BYTES=512 FACTOR=150 CHECK_MS=1000
 SERVE_ARGS=()
 K=""
