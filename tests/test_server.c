@@ -11,7 +11,8 @@
  * and shape), routes, 401/404/405/413, completions and chat (plain and
  * streamed, SSE framing, [DONE] last, usage chunk), n and prompt lists,
  * logprobs, the metrics text, disconnects mid-stream and while queued, 32
- * concurrent streams, and shutdown with requests in flight. The client is a
+ * concurrent streams, shutdown with requests in flight, and the replica's
+ * name in every response's headers. The client is a
  * minimal HTTP/1.0 socket client (requests only go to 127.0.0.1); response
  * bodies are parsed with jansson.
  */
@@ -975,6 +976,65 @@ static void test_http_api_key(void) {
     port = saved;
 }
 
+/* Every response names the replica that answered (X-Cascade-Replica): by
+ * default the address and port as bound, else the configured name; health,
+ * errors, answers and streams alike, for a load balancer's logs and clients. */
+static int has_replica(const resp *r, const char *name) {
+    char want[128];
+    snprintf(want, sizeof want, "\r\nX-Cascade-Replica: %s\r", name);
+    char *head = r->head ? malloc(strlen(r->head) + 3) : NULL;
+    if (!head) return 0;
+    sprintf(head, "%s\r\n", r->head); /* the last header ends with CRLF too */
+    int ok = strstr(head, want) != NULL;
+    free(head);
+    return ok;
+}
+
+static void test_http_replica_name(void) {
+    char def[64];
+    snprintf(def, sizeof def, "127.0.0.1:%d", port);
+    CHECK(!strcmp(cas_server_replica_name(srv), def));
+    const char *routes[][2] = {{"GET", "/health"}, {"GET", "/metrics"}, {"GET", "/nowhere"}, {"PUT", "/v1/completions"}};
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        resp r = http(routes[i][0], routes[i][1], NULL, "{}");
+        CHECK(r.status != 0 && has_replica(&r, def));
+        resp_free(&r);
+    }
+    resp r = post("/v1/completions", "{\"prompt\": \"hello\", \"max_tokens\": 2}");
+    CHECK(r.status == 200 && has_replica(&r, def));
+    resp_free(&r);
+    r = post("/v1/completions", "{\"prompt\": \"hello\", \"max_tokens\": 2, \"stream\": true}");
+    CHECK(r.status == 200 && has_replica(&r, def));
+    resp_free(&r);
+    CHECK(fake_drained());
+
+    /* a second server with a name of its own */
+    cas_srv_engine_ops ops = fake_ops();
+    cas_server_opts o = cas_server_opts_default();
+    o.port = 0;
+    o.replica_name = "gpu-node-3/r1";
+    cas_server *named = NULL;
+    CHECK(cas_srv_create_with_ops(&named, &ops, &o) == CAS_OK);
+    if (!named) return;
+    CHECK(!strcmp(cas_server_replica_name(named), "gpu-node-3/r1"));
+    int saved = port;
+    port = cas_server_port(named);
+    r = http("GET", "/health", NULL, NULL);
+    CHECK(r.status == 200 && has_replica(&r, "gpu-node-3/r1") && !has_replica(&r, def));
+    resp_free(&r);
+    r = post("/v1/completions", "{\"prompt\": \"hello\", \"max_tokens\": 2, \"stream\": true}");
+    CHECK(r.status == 200 && has_replica(&r, "gpu-node-3/r1"));
+    resp_free(&r);
+    /* draining: the 503s still say who answered */
+    cas_server_drain(named);
+    r = http("GET", "/health", NULL, NULL);
+    CHECK(r.status == 503 && has_replica(&r, "gpu-node-3/r1"));
+    resp_free(&r);
+    port = saved;
+    CHECK(fake_drained());
+    cas_server_destroy(named);
+}
+
 int main(void) {
     RUN(test_head_check);
     RUN(test_parse_routes);
@@ -1000,6 +1060,7 @@ int main(void) {
     RUN(test_http_disconnect);
     RUN(test_http_concurrent);
     RUN(test_http_api_key);
+    RUN(test_http_replica_name);
     cas_server_destroy(srv);
     pthread_mutex_lock(&fake.mu);
     fake.stop = 1;

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine for cascade: the packages it builds against,
-# the Python tools its tests and benchmarks use, the default model, and the
-# build. Safe to run again: it only does what is missing.
+# the Python tools its tests and benchmarks use, HAProxy (deploy/: replicas
+# behind it, and their test), the default model, and the build. Safe to run
+# again: it only does what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 for p in build-essential pkg-config libpcre2-dev libxxhash-dev libjansson-dev libmicrohttpd-dev \
-         python3 python3-pip curl clang; do
+         python3 python3-pip curl clang haproxy; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

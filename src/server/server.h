@@ -60,6 +60,10 @@ typedef struct {
     double idle_timeout_s;   /* inactivity while reading a body or writing a response (never
                                 while the engine works); 0 = 30, -1 = none */
     int32_t max_n;           /* largest `n` (choices per request); 0 = 16 */
+    const char *replica_name; /* sent in every response as "X-Cascade-Replica: NAME", so that
+                                behind a load balancer clients and logs see which replica
+                                answered; NULL = "HOST:PORT" as bound (the machine's host name
+                                for a wildcard host such as 0.0.0.0) */
     /* Optional: token ids of a text as the engine tokenizes prompts (for POST
      * /tokenize); *ids is malloc'd, the caller frees it. NULL: /tokenize
      * answers 501. Called from connection threads: must be thread-safe. */
@@ -76,6 +80,10 @@ cas_status cas_server_create(cas_server **out, cas_engine *e, const cas_server_o
 
 /* The TCP port the server listens on (useful with port 0). */
 int32_t cas_server_port(const cas_server *s);
+
+/* The name the server sends in its X-Cascade-Replica header (owned by the
+ * server, valid until cas_server_destroy). */
+const char *cas_server_replica_name(cas_server *s);
 
 /* Graceful drain, for SIGTERM. From now on new requests get 503 (an OpenAI
  * error, "Connection: close") and /health answers 503, so a load balancer

@@ -178,7 +178,7 @@ struct cas_srv_gate {
 /* Writes a JSON error and closes the connection. Unread bytes would make
  * close() reset the connection and possibly destroy the answer in flight,
  * so the rest of what the client sent is read (briefly) first. */
-static void answer_close(int fd, const cas_srv_error *e) {
+static void answer_close(int fd, const cas_srv_error *e, const char *replica) {
     char *js = cas_srv_error_json(e);
     const char *reason = e->status == 400   ? "Bad Request"
                          : e->status == 431 ? "Request Header Fields Too Large"
@@ -186,12 +186,14 @@ static void answer_close(int fd, const cas_srv_error *e) {
                          : e->status == 503 ? "Service Unavailable"
                          : e->status == 505 ? "HTTP Version Not Supported"
                                             : "Error";
-    char head[256];
+    char head[512];
     size_t bl = js ? strlen(js) : 0;
     int hl = snprintf(head, sizeof head,
-                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                      e->status, reason, bl);
-    if (hl > 0 && send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && js)
+                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n%s%.200s%s"
+                      "Connection: close\r\n\r\n",
+                      e->status, reason, bl, replica ? "X-Cascade-Replica: " : "", replica ? replica : "",
+                      replica ? "\r\n" : "");
+    if (hl > 0 && hl < (int)sizeof head && send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && js)
         (void)send(fd, js, bl, MSG_NOSIGNAL | MSG_DONTWAIT);
     free(js);
     shutdown(fd, SHUT_WR);
@@ -231,7 +233,7 @@ static void on_readable(cas_srv_gate *g, int32_t i) {
     drop(g, i);
     if (r < 0) {
         g->o.event(g->o.ctx, CAS_SRV_GATE_BAD, e.status);
-        answer_close(c.fd, &e);
+        answer_close(c.fd, &e, g->o.replica);
         return;
     }
     g->o.admit(g->o.ctx, c.fd, (const struct sockaddr *)&c.addr, (unsigned)c.alen);
@@ -252,7 +254,7 @@ static void on_accept(cas_srv_gate *g) {
                 cas_srv_error_set(&e, 503, "server_error", "too_many_connections", NULL,
                                   "Too many connections from this address (limit %d)", (int)g->o.per_ip);
                 g->o.event(g->o.ctx, CAS_SRV_GATE_REFUSED, 503);
-                answer_close(c.fd, &e);
+                answer_close(c.fd, &e, g->o.replica);
                 continue;
             }
         }
@@ -268,7 +270,7 @@ static void on_accept(cas_srv_gate *g) {
             cas_srv_error_set(&e, 503, "server_error", "too_many_connections", NULL,
                               "The server is at its connection limit (%d); retry later", (int)g->o.max_conns);
             g->o.event(g->o.ctx, CAS_SRV_GATE_REFUSED, 503);
-            answer_close(c.fd, &e);
+            answer_close(c.fd, &e, g->o.replica);
             continue;
         }
         struct epoll_event ev;

@@ -78,6 +78,7 @@
 #define MAX_HEADER_BYTES 32768    /* larger request headers get our own 431 */
 #define CONN_MEMORY (128u << 10)  /* libmicrohttpd's per-connection buffer (its 431 beyond) */
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(8))
+#define REPLICA_HEADER "X-Cascade-Replica" /* names the replica that answered (load balancers, logs) */
 
 /* the release /version reports: the Makefile passes its CAS_VERSION */
 #ifndef CAS_VERSION_STRING
@@ -99,6 +100,9 @@ struct cas_server {
     cas_srv_engine_ops ops;
     cas_srv_limits lim;
     char *api_key, *model_name, *model_alias;
+    /* X-Cascade-Replica of every response, named once the socket is bound
+     * (before any connection is accepted) */
+    _Atomic(char *) replica_name;
     struct MHD_Daemon *daemon;
     int listen_fd;             /* ours: the gate (server_gate.c) accepts, libmicrohttpd gets checked heads */
     cas_srv_gate *gate;
@@ -617,6 +621,11 @@ static char *final_json(srv_req *r) {
 
 /* ---- responses ------------------------------------------------------------- */
 
+static void add_replica_header(cas_server *s, struct MHD_Response *resp) {
+    const char *name = atomic_load(&s->replica_name);
+    if (name) MHD_add_response_header(resp, REPLICA_HEADER, name);
+}
+
 static enum MHD_Result send_text(srv_req *r, int status, const char *ctype, char *body_owned,
                                  const char *allow) {
     size_t n = body_owned ? strlen(body_owned) : 0;
@@ -628,6 +637,7 @@ static enum MHD_Result send_text(srv_req *r, int status, const char *ctype, char
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_replica_header(r->s, resp);
     if (allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
     if (status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (atomic_load(&r->s->draining)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -947,6 +957,7 @@ static enum MHD_Result generate(srv_req *r) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        add_replica_header(s, resp);
         if (atomic_load(&s->draining)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
         ret = MHD_queue_response(r->conn, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);
@@ -1592,6 +1603,24 @@ cas_server_opts cas_server_opts_default(void) {
     return o;
 }
 
+/* "HOST:PORT" as bound ("[ADDR]:PORT" for IPv6); a wildcard address names
+ * no machine, so the host name stands in for it. malloc'd, NULL on failure. */
+static char *default_replica_name(const char *host, unsigned ipv6, int32_t port) {
+    char hn[256];
+    const char *h = host;
+    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::")) {
+        if (gethostname(hn, sizeof hn) == 0) {
+            hn[sizeof hn - 1] = 0;
+            h = hn;
+            ipv6 = 0;
+        }
+    }
+    size_t cap = strlen(h) + 16;
+    char *name = malloc(cap);
+    if (name) snprintf(name, cap, ipv6 ? "[%s]:%d" : "%s:%d", h, (int)port);
+    return name;
+}
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     if (!cas_log_enabled(CAS_LOG_INFO)) return;
@@ -1645,6 +1674,7 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     atomic_init(&s->closing, 0);
     atomic_init(&s->draining, 0);
     atomic_init(&s->aborting, 0);
+    atomic_init(&s->replica_name, NULL);
     atomic_init(&s->counter, (uint64_t)time(NULL));
 
     /* Connections: one thread and one descriptor each; the open-file limit
@@ -1693,6 +1723,14 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     if (getsockname(s->listen_fd, (struct sockaddr *)&bound, &blen) == 0)
         s->port = (int32_t)ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                              : ((struct sockaddr_in *)&bound)->sin_port);
+    /* the replica's name (the port is known now, port 0 included), before any request */
+    char *name = o.replica_name && o.replica_name[0] ? dup_or_null(o.replica_name)
+                                                     : default_replica_name(host, ipv6, s->port);
+    if (!name) {
+        cas_server_destroy(s);
+        return cas_error(CAS_ERR_NOMEM, "server: out of memory");
+    }
+    atomic_store(&s->replica_name, name);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | ipv6 |
                      MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
     s->daemon = MHD_start_daemon(
@@ -1707,7 +1745,7 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
         return cas_error(CAS_ERR_IO, "server: cannot start the HTTP daemon (%s)", strerror(e));
     }
     cas_srv_gate_opts go = {s->listen_fd, s->max_conns, s->headroom, (int32_t)per_ip, s->header_timeout,
-                            MAX_HEADER_BYTES, gate_admit, gate_open_conns, gate_event, s};
+                            MAX_HEADER_BYTES, name, gate_admit, gate_open_conns, gate_event, s};
     cas_status gst = cas_srv_gate_start(&s->gate, &go);
     if (gst) {
         cas_server_destroy(s);
@@ -1718,6 +1756,8 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
 }
 
 int32_t cas_server_port(const cas_server *s) { return s ? s->port : 0; }
+
+const char *cas_server_replica_name(cas_server *s) { return s ? atomic_load(&s->replica_name) : NULL; }
 
 void cas_server_destroy(cas_server *s) {
     if (!s) return;
@@ -1759,5 +1799,6 @@ void cas_server_destroy(cas_server *s) {
     free(s->api_key);
     free(s->model_name);
     free(s->model_alias);
+    free(atomic_load(&s->replica_name));
     free(s);
 }

@@ -99,6 +99,7 @@ typedef struct {
     int32_t per_ip;          /* waiting connections per address; 0: no limit */
     double header_timeout;   /* seconds for a complete head; <= 0: none */
     size_t max_header_bytes; /* larger heads get a 431 */
+    const char *replica;     /* X-Cascade-Replica of the gate's own answers (borrowed), or NULL */
     /* takes over a connection whose head passed (and must close it eventually) */
     void (*admit)(void *ctx, int fd, const struct sockaddr *addr, unsigned addr_len);
     int64_t (*open_conns)(void *ctx);                       /* connections past the gate */

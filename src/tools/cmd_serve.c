@@ -41,6 +41,9 @@ static void usage(FILE *f) {
             "  --api-key KEY           require \"Authorization: Bearer KEY\" on /v1/ routes\n"
             "                          (default: $CASCADE_API_KEY when set)\n"
             "  --served-model-name ID  the model id clients use (default: the file name without .gguf)\n"
+            "  --replica-name NAME     sent in every response's X-Cascade-Replica header, naming this\n"
+            "                          replica behind a load balancer (default HOST:PORT as bound; the\n"
+            "                          host name for a wildcard host)\n"
             "  --max-body-mb N         largest request body (default 8)\n"
             "  --max-connections N     simultaneous connections, one thread each (default 1024, fewer\n"
             "                          where the open-file limit is lower); as they run short, the\n"
@@ -223,6 +226,7 @@ int cmd_serve(int argc, char **argv) {
         STR_OPT("--host", so.host)
         STR_OPT("--api-key", so.api_key)
         STR_OPT("--served-model-name", so.model_name)
+        STR_OPT("--replica-name", so.replica_name)
         INT_OPT("--port", 0, 65535, so.port)
         INT_OPT("--max-body-mb", 1, 4096, so.max_body_bytes)
         INT_OPT("--max-connections", 1, 1L << 20, so.max_connections)
