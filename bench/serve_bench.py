@@ -346,7 +346,7 @@ def run_offline(args):
 
 def engine_args(serve_args):
     """The engine options of a `cascade serve` command line (those `cascade bench` takes too)."""
-    keep = {"--threads", "--kv-cache-mb", "--max-batch-tokens"}
+    keep = {"--threads", "--kv-cache-mb", "--max-batch-tokens", "--max-itl-ms"}
     flags = {"--no-cascade", "--no-prefix-cache"}
     a, out, i = serve_args.split(), [], 0
     while i < len(a):
@@ -444,7 +444,8 @@ def run_mixed_once(args, url, model, reqs):
     res = {"completed": len(ok), "requests": len(reqs), "failed": len(errors), "errors": errors[:5],
            "duration_s": duration, "output_tokens": out_tok, "output_throughput": out_tok / duration,
            "engine_steps": delta("cascade_steps_total"),
-           "itl_limited_steps": delta("cascade_itl_limited_steps_total"),
+           "itl_limited_steps": (delta("cascade_itl_limited_steps_total")
+                                 if "cascade_itl_limited_steps_total" in m1 else None),  # older servers: none
            "long_ttft_s": [r["ttft"] for r in longs],
            "itl_count": len(itl), "itl_during_long_prefill_count": len(itl_in),
            "max_itl_ms": max(itl) * 1e3 if itl else float("nan")}
@@ -470,13 +471,14 @@ def mixed_markdown(runs, args):
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         lt = ", ".join(f"{x:.1f}" for x in r["long_ttft_s"])
+        cut = "-" if r["itl_limited_steps"] is None else f"{r['itl_limited_steps']:.0f}"
         lines.append(f"| {r['label']} | `{r['serve_args'].strip() or '(defaults)'}` | "
                      f"{r['p50_short_ttft_ms']:.0f} / {r['p99_short_ttft_ms']:.0f} | "
                      f"{r['p50_itl_ms']:.0f} / {r['p99_itl_ms']:.0f} / {r['max_itl_ms']:.0f} | "
                      f"{r['p99_itl_during_long_prefill_ms']:.0f} | "
                      f"{r['p50_itl_without_long_prefill_ms']:.0f} / {r['p99_itl_without_long_prefill_ms']:.0f} | "
                      f"{lt} | {r['output_throughput']:.1f} | {r['duration_s']:.1f} | "
-                     f"{r['itl_limited_steps']:.0f} of {r['engine_steps']:.0f} |")
+                     f"{cut} of {r['engine_steps']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
