@@ -16,9 +16,10 @@
  * Prefill under an inter-token latency target: a fake clock (a cost model
  * the test writes out again, set with cas_sched_set_cost or fed through
  * cas_sched_observe) checks that chunks beside decodes are the most tokens
- * whose predicted time fits the target, that prefill keeps its floors when
- * the decodes alone fill the target, that a step without decodes takes the
- * whole budget, that a short prompt runs in the step after it arrives while
+ * whose predicted time fits the target, that prefill keeps its share when
+ * the decodes alone fill the target, that short prompts arriving every step
+ * cannot starve a long one, that a step without decodes takes the whole
+ * budget, that a short prompt runs in the step after it arrives while
  * a long one is mid-prefill (and waits with plain FCFS), that the fitted
  * model finds the clock's coefficients and ignores one absurd step, and the
  * random workloads again with a target.
@@ -594,7 +595,6 @@ static void random_sched(uint64_t seed, int32_t nb, int32_t ps, int32_t seqs, in
     if (itl) {
         /* a target the fake clock often exceeds: every floor and cut is taken */
         so.max_itl_ms = 2.0f;
-        so.min_prefill_chunk = 3;
         so.long_prefill_tokens = 12;
     }
     REQUIRE(sim_init_opts(&m, nb, ps, 1, nreq, &so));
@@ -680,7 +680,7 @@ static int itl_setup(sim *m, float target_ms, const cas_sched_cost *cost, int nd
     cas_sched_opts so = sim_opts(16, budget, 4096, 0, 0);
     so.max_itl_ms = target_ms;
     so.long_prefill_tokens = long_tokens;
-    if (!sim_init_opts(m, 2048, 16, 1, 16, &so)) return 0;
+    if (!sim_init_opts(m, 2048, 16, 1, 64, &so)) return 0;
     if (cost && cas_sched_set_cost(m->s, cost) != CAS_OK) return 0;
     for (int i = 0; i < nd; i++) {
         int32_t t[8];
@@ -734,7 +734,8 @@ static void test_itl_chunks_fit_target(void) {
                 base += item_seconds(&c, p.items[i].q_start, 1, 1);
             }
         CHECK(decodes == 8);
-        const double allow = target - base > target / 2 ? target - base : target / 2;
+        const double half = (base > target ? base : target) / 2;
+        const double allow = target - base > half ? target - base : half;
         const double cost = item_seconds(&c, it->q_start, it->q_len, it->sample);
         const int32_t left = 3000 - it->q_start, room = 512 - decodes;
         const int32_t floor = left < 16 ? left : 16;
@@ -758,35 +759,66 @@ static void test_itl_chunks_fit_target(void) {
     sim_free(&m);
 }
 
-/* When the decodes alone take most of the target, prefill still gets half
- * the target's time, and never less than min_prefill_chunk tokens. */
+/* Beside decodes that take part of the target, more than it, or so much
+ * that no prefill token fits, each step's chunk is the most tokens whose time
+ * fits max(target - decodes, max(target, decodes) / 2), and at least one. */
 static void test_itl_min_progress(void) {
-    /* decodes alone: 80 ms of a 100 ms target; a token costs 10 ms, so half
-     * the target is 5 tokens and the floor of 16 decides */
-    const cas_sched_cost c = {0.001, 0.01, 0.0002, 1e-9, 1e-9};
+    const cas_sched_cost cs[3] = {
+        {0.02, 0.001, 0.001, 1e-12, 1e-12},  /* decodes 36 ms */
+        {0.2, 0.001, 0.001, 1e-12, 1e-12},   /* decodes 216 ms: past the target */
+        {0.001, 0.001, 0.001, 0.1, 1e-9},    /* a prompt token costs 100 ms and more: none fits */
+    };
+    const int32_t expect[3] = {63, 107, 1};
+    for (int k = 0; k < 3; k++) {
+        sim m;
+        REQUIRE(itl_setup(&m, 100.0f, &cs[k], 8, 512, 0));
+        REQUIRE(add_random(&m, 8, 1000, 1));
+        cas_sched_plan p;
+        for (int step = 0; step < 3; step++) {
+            REQUIRE(sim_step(&m, &p, -1) == 9);
+            int li = item_of(&p, 8);
+            REQUIRE(li >= 0);
+            double base = cs[k].step_s;
+            for (int i = 0; i < p.n_items; i++)
+                if (i != li) base += item_seconds(&cs[k], p.items[i].q_start, 1, 1);
+            const double longer = base > 0.1 ? base : 0.1;
+            const double allow = 0.1 - base > longer / 2 ? 0.1 - base : longer / 2;
+            int32_t want = 0;
+            while (item_seconds(&cs[k], p.items[li].q_start, want + 1, 0) <= allow) want++;
+            if (want < 1) want = 1;
+            if (step == 0) printf("  decodes %.0f ms: %d tokens of prefill a step\n", base * 1e3, p.items[li].q_len);
+            CHECKF(p.items[li].q_len == want && (step > 0 || want == expect[k]),
+                   "decodes %.0f ms, step %d: %d tokens, expected %d", base * 1e3, step, p.items[li].q_len, want);
+        }
+        sim_free(&m);
+    }
+}
+
+/* Short prompts arriving every step go first but cannot starve the long one
+ * in progress: it keeps half the step's prefill time. */
+static void test_long_keeps_half(void) {
+    const cas_sched_cost c = {0.005, 0.001, 0.001, 1e-12, 1e-12};
     sim m;
     REQUIRE(itl_setup(&m, 100.0f, &c, 8, 512, 0));
-    REQUIRE(add_random(&m, 8, 400, 2));
+    REQUIRE(add_random(&m, 8, 3000, 1));
     cas_sched_plan p;
-    int steps = 0;
-    for (;;) {
+    REQUIRE(sim_step(&m, &p, -1) == 9);
+    for (int step = 0; step < 10; step++) {
+        REQUIRE(add_random(&m, 9 + step, 150, 1)); /* a new one every step (ids are never reused) */
         REQUIRE(sim_step(&m, &p, -1) > 0);
-        steps++;
         int li = item_of(&p, 8);
         REQUIRE(li >= 0);
-        int32_t left = 400 - p.items[li].q_start;
-        CHECKF(p.items[li].q_len == (left < 16 ? left : 16), "step %d: %d tokens", steps, p.items[li].q_len);
-        if (p.items[li].sample) break;
+        double base = c.step_s, shorts = 0;
+        for (int i = 0; i < p.n_items; i++) {
+            const cas_sched_item *it = &p.items[i];
+            if (it->q_len == 1) base += item_seconds(&c, it->q_start, 1, 1);
+            else if (i != li) shorts += item_seconds(&c, it->q_start, it->q_len, it->sample);
+        }
+        const double allow = 0.1 - base, own = item_seconds(&c, p.items[li].q_start, p.items[li].q_len, 0);
+        CHECKF(own >= allow / 2 - 0.001 && shorts > 0 && own + shorts <= allow + 1e-9,
+               "step %d: the long prompt ran %.1f ms, short ones %.1f ms, of %.1f ms", step, own * 1e3, shorts * 1e3,
+               allow * 1e3);
     }
-    CHECK(steps == 25);
-    /* half the target: a token costs 1 ms, 50 ms hold 49 tokens and the sample */
-    const cas_sched_cost c2 = {0.2, 0.001, 0.001, 1e-12, 1e-12};
-    REQUIRE(cas_sched_set_cost(m.s, &c2) == CAS_OK);
-    REQUIRE(add_random(&m, 9, 200, 2));
-    REQUIRE(sim_step(&m, &p, -1) > 0);
-    int li = item_of(&p, 9);
-    REQUIRE(li >= 0);
-    CHECKF(p.items[li].q_len == 49, "%d tokens in half the target", p.items[li].q_len);
     sim_free(&m);
 }
 
@@ -905,7 +937,7 @@ static void test_cost_fit(void) {
             if (p.items[i].q_len == 1) decodes++, base += item_seconds(&truth, p.items[i].q_start, 1, 1);
         if (decodes > 0 && p.time_limited) {
             with_decodes++;
-            double bound = 0.06 > base + 0.03 ? 0.06 : base + 0.03;
+            double longer = base > 0.06 ? base : 0.06, bound = 0.06 > base + longer / 2 ? 0.06 : base + longer / 2;
             if (m.last_s > 1.15 * bound) over++;
         }
     }
@@ -982,8 +1014,7 @@ static void test_cost_api(void) {
     CHECK(cas_sched_create(kv, &so, &s) == CAS_ERR_INVALID && strstr(cas_last_error(), "max_itl_ms"));
     so.max_itl_ms = NAN;
     CHECK(cas_sched_create(kv, &so, &s) == CAS_ERR_INVALID);
-    so.max_itl_ms = 100;
-    so.min_prefill_chunk = -1;
+    so.max_itl_ms = 1e9f;
     CHECK(cas_sched_create(kv, &so, &s) == CAS_ERR_INVALID);
     cas_kv_destroy(kv);
 }
@@ -1001,6 +1032,7 @@ int main(void) {
     RUN(test_random_preemption);
     RUN(test_itl_chunks_fit_target);
     RUN(test_itl_min_progress);
+    RUN(test_long_keeps_half);
     RUN(test_itl_budget_without_decodes);
     RUN(test_short_beside_long);
     RUN(test_cost_fit);

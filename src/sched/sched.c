@@ -77,8 +77,9 @@ typedef struct {
 /* What is left of a step's budget while prefill is handed out. */
 typedef struct {
     int32_t tok;     /* tokens */
-    int32_t reserve; /* tokens held back for the first long prefill's floor */
+    int32_t reserve; /* tokens held back for the first long prefill */
     double t;        /* seconds (INFINITY: no time target this step) */
+    double reserve_t; /* and the seconds, already taken off t */
     int32_t cut;     /* a grant was cut by time */
 } pf_budget;
 
@@ -87,7 +88,7 @@ struct cas_sched {
     cas_sched_opts o;
     int32_t ps, debug;
     uint64_t next_arrival;
-    int32_t min_chunk, long_tokens;
+    int32_t long_tokens;
 
     sched_req **waiting; /* [cap_waiting], service order */
     int32_t n_waiting, cap_waiting;
@@ -127,7 +128,6 @@ cas_sched_opts cas_sched_opts_default(void) {
     o.use_priority = 0;
     o.debug_checks = 0;
     o.max_itl_ms = 0;
-    o.min_prefill_chunk = 0;   /* 16 */
     o.long_prefill_tokens = 0; /* 4% of max_context */
     return o;
 }
@@ -176,13 +176,11 @@ cas_status cas_sched_create(cas_kv *kv, const cas_sched_opts *opts, cas_sched **
     cas_sched_opts o = *opts;
     int64_t cap_tokens = (int64_t)cas_kv_max_blocks_per_seq(kv) * cas_kv_page_size(kv);
     if (o.max_context == 0) o.max_context = (int32_t)cap_tokens;
-    if (o.max_tokens_per_step < 1 || o.max_seqs < 1 || o.max_context < 1 || o.max_prefill_chunk < 0 ||
-        o.min_prefill_chunk < 0)
+    if (o.max_tokens_per_step < 1 || o.max_seqs < 1 || o.max_context < 1 || o.max_prefill_chunk < 0)
         return cas_error(CAS_ERR_INVALID,
                          "sched_create: max_tokens_per_step (%d), max_seqs (%d) and max_context "
-                         "(%d) must be >= 1, max_prefill_chunk (%d) and min_prefill_chunk (%d) >= 0",
-                         o.max_tokens_per_step, o.max_seqs, o.max_context, o.max_prefill_chunk,
-                         o.min_prefill_chunk);
+                         "(%d) must be >= 1, max_prefill_chunk (%d) >= 0",
+                         o.max_tokens_per_step, o.max_seqs, o.max_context, o.max_prefill_chunk);
     if (!(o.max_itl_ms >= 0 && o.max_itl_ms <= 1e7f))
         return cas_error(CAS_ERR_INVALID, "sched_create: max_itl_ms must be in [0, 1e7] (got %g)",
                          (double)o.max_itl_ms);
@@ -199,7 +197,6 @@ cas_status cas_sched_create(cas_kv *kv, const cas_sched_opts *opts, cas_sched **
     s->o = o;
     s->ps = cas_kv_page_size(kv);
     s->debug = o.debug_checks != 0;
-    s->min_chunk = o.min_prefill_chunk > 0 ? o.min_prefill_chunk : 16;
     s->long_tokens = o.long_prefill_tokens < 0   ? INT32_MAX
                      : o.long_prefill_tokens > 0 ? o.long_prefill_tokens
                                                  : (o.max_context / 25 > 1 ? o.max_context / 25 : 1);
@@ -592,6 +589,26 @@ static void grant(const cas_sched *s, pf_budget *b, pf_cand *c, int32_t want, in
     c->n += n;
 }
 
+/* Holds back for long candidate c (the oldest long prefill) half of the
+ * step's prefill budget b0, in tokens and, with a time target, in seconds
+ * (at least one token), but no more than what b still has: short prefills
+ * come first but cannot take it all. */
+static void reserve_long(const cas_sched *s, pf_budget *b, const pf_budget *b0, const pf_cand *c) {
+    int32_t n = c->run, half = b0->tok / 2 > 1 ? b0->tok / 2 : 1;
+    if (n > half) n = half;
+    if (n > b->tok) n = b->tok;
+    if (s->o.max_prefill_chunk > 0 && n > s->o.max_prefill_chunk) n = s->o.max_prefill_chunk;
+    if (n <= 0) return;
+    if (isfinite(b->t)) {
+        const double t = b0->t / 2 < b->t ? b0->t / 2 : b->t;
+        const int32_t fit = fit_tokens(s, c->r, c->q0, n, t);
+        n = fit > 1 ? fit : 1;
+        b->reserve_t = chunk_cost(s, c->r, c->q0, n);
+        b->t -= b->reserve_t;
+    }
+    b->reserve = n;
+}
+
 cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
     if (!s || !plan) return cas_error(CAS_ERR_INVALID, "sched_step_plan: NULL argument");
     if (s->in_step)
@@ -631,13 +648,15 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
     }
 
     /* pass 2: prefill, short ones first (sched.h). The time the target
-     * leaves after the decodes, and never less than half the target. */
-    pf_budget b = {budget, 0, INFINITY, 0};
+     * leaves after the decodes, and never less than half the longer of the
+     * target and the decodes' own time. */
+    pf_budget b = {budget, 0, INFINITY, 0, 0};
     if (s->o.max_itl_ms > 0 && s->n_items > 0) {
-        const double target = (double)s->o.max_itl_ms * 1e-3;
-        const double left = target - cost_of(s->w, s->plan_x);
-        b.t = left > 0.5 * target ? left : 0.5 * target;
+        const double target = (double)s->o.max_itl_ms * 1e-3, base = cost_of(s->w, s->plan_x);
+        const double floor = 0.5 * (base > target ? base : target);
+        b.t = target - base > floor ? target - base : floor;
     }
+    const pf_budget b0 = b;
     int32_t nc = 0, first_long = -1, have_short = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sched_req *r = s->running[i];
@@ -649,15 +668,16 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
         }
         if ((st = add_cand(s, r, run, &nc)) != CAS_OK) return st;
     }
-    /* the first long prefill's floor is held back from the short ones */
+    /* the oldest long prefill's share is held back from the short ones; the
+     * first short one runs at least a token whatever the time says */
     for (int32_t k = 0; k < nc && first_long < 0; k++)
         if (s->cand[k].is_long) {
             first_long = k;
-            b.reserve = s->cand[k].run < s->min_chunk ? s->cand[k].run : s->min_chunk;
+            reserve_long(s, &b, &b0, &s->cand[k]);
         }
     for (int32_t k = 0; k < nc; k++)
         if (!s->cand[k].is_long) {
-            grant(s, &b, &s->cand[k], s->cand[k].run, have_short ? 0 : s->min_chunk);
+            grant(s, &b, &s->cand[k], s->cand[k].run, have_short ? 0 : 1);
             have_short = 1;
         }
 
@@ -686,7 +706,7 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
         }
         if (!is_long && m.pending_tokens == 0 && have_short && isfinite(b.t) &&
             chunk_cost(s, r, m.hit_tokens, 1) > b.t)
-            break; /* no time left for it, and the short floor is taken */
+            break; /* no time left for it, and the first short one ran */
         int32_t seq;
         st = cas_kv_seq_create(kv, r->tokens, r->n_tokens, &seq, &m);
         if (st == CAS_ERR_NOMEM) break; /* it waits for blocks, and those behind it (FCFS) */
@@ -705,19 +725,19 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
         if ((st = add_cand(s, r, run, &nc)) != CAS_OK) return st;
         pf_cand *c = &s->cand[nc - 1];
         if (!c->is_long) {
-            grant(s, &b, c, c->run, have_short ? 0 : s->min_chunk);
+            grant(s, &b, c, c->run, have_short ? 0 : 1);
             have_short = 1;
             continue;
         }
         if (first_long < 0) {
             first_long = nc - 1;
-            b.reserve = c->run < s->min_chunk ? c->run : s->min_chunk;
+            reserve_long(s, &b, &b0, c);
         }
         long_tok += c->run;
         long_t += chunk_cost(s, r, c->q0, c->run);
     }
 
-    /* long prefills get what is left, in order; the first at least its floor */
+    /* long prefills get what is left, in order; the first at least its share */
     for (int32_t k = 0; k < nc; k++) {
         pf_cand *c = &s->cand[k];
         if (!c->is_long) continue;
@@ -725,6 +745,7 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
         if (k == first_long) {
             floor = b.reserve;
             b.reserve = 0;
+            b.t += b.reserve_t;
         }
         grant(s, &b, c, c->run - c->n, floor);
     }

@@ -63,11 +63,16 @@
  * factor 0.98 a step of its kind) so that a long stretch of decoding does not
  * erase what prefill steps taught. Until it has data it predicts 0, which
  * cuts nothing. Without decodes in the step the whole token budget goes to
- * prefill: nobody waits for a token. Two floors keep prefill moving when
- * the decodes alone come near the target: prefill always gets at least half
- * the target's time, and the first short and the first long prefill always
- * get at least min_prefill_chunk tokens (so over the target a step lasts at
- * most the decodes plus half the target, plus those floors).
+ * prefill: nobody waits for a token. When the decodes alone come near or
+ * past the target, prefill still gets half the longer of the target and
+ * the decodes' own time (so such a step lasts at most 1.5 times that), and
+ * prefill never stops: the first prefill of a step runs at least one token.
+ *
+ * Sharing a step's prefill budget. Short prefills go first, but the oldest
+ * long one is guaranteed half of the step's prefill budget, in tokens and
+ * (with a target) in time, where it can use it: shorts arriving all the
+ * time cannot starve it, and a short one that arrives beside it still gets
+ * the other half at once.
  *
  * Progress. A request is accepted only if it fits the pool alone, so the
  * first running request can always advance (everyone behind it can be
@@ -106,16 +111,14 @@ typedef struct {
     float max_itl_ms;            /* target of a step's time while requests decode, in
                                     milliseconds: prefill is cut to fit it (see above);
                                     0 = off, prefill takes the whole token budget */
-    int32_t min_prefill_chunk;   /* tokens the first short and the first long prefill get
-                                    every step whatever the time says; 0 = 16 */
     int32_t long_prefill_tokens; /* a prefill with more tokens left is long; 0 = 4% of
                                     max_context (at least 1); < 0 = none is long (plain
                                     FCFS chunks, one long prefill after another) */
 } cas_sched_opts;
 
 /* 2048 tokens per step, 64 sequences, max_context from the pool, no chunk cap,
- * FCFS, no time target (the scheduler alone has no step times to fit),
- * min_prefill_chunk and long_prefill_tokens at their defaults. */
+ * FCFS, no time target (the scheduler alone has no step times to fit), long
+ * prefills from 4% of the context. */
 cas_sched_opts cas_sched_opts_default(void);
 
 /* Creates a scheduler over a kv pool (borrowed; see above). Allocates the
