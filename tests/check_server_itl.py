@@ -22,7 +22,13 @@ Then the streams are closed and the server must end clean.
 Counts and ratios to the same run's decode-only steps decide the checks, not
 absolute times: on a loaded machine (or under AddressSanitizer) steps get
 slower, the cost model learns it and cuts the chunks smaller, so the number
-of steps (tokens per stream) holds up.
+of steps (tokens per stream) holds up. Under AddressSanitizer (BUILD names
+build-asan) a prompt token costs about 0.1 s, so the prompts and the step
+budget shrink 16-fold (64-token long prompt, 16 tokens a step, a 32-token
+warm-up, a 512-token context so that 64 tokens is long): the long prompt
+still takes 4 whole chunks, each far over the target. There the gaps are
+not bounded: one prompt token takes about as long as a decode step, so the
+one-token progress floor, not the target, sets the step's time.
 CASCADE_ITL_ARGS replaces the server's ITL options (e.g. "--max-itl-ms 0" to
 see the checks fail). Prints "N passed, N failed"; skips like check_server.py.
 """
@@ -41,8 +47,10 @@ from check_server import KEY, Server, check, http, metrics  # noqa: E402
 
 TARGET_MS = 100
 ITL_ARGS = os.environ.get("CASCADE_ITL_ARGS", f"--max-itl-ms {TARGET_MS}").split()
-ENGINE = ["--threads", "2", "--kv-cache-mb", "64", "--max-context", "2048", "--max-batch-tokens", "256", *ITL_ARGS]
-LONG = 1000
+SLOW = "asan" in cs.BUILD
+WARM, LONG, BATCH, CONTEXT = (32, 64, 16, 512) if SLOW else (300, 1000, 256, 2048)
+ENGINE = ["--threads", "2", "--kv-cache-mb", "64", "--max-context", str(CONTEXT), "--max-batch-tokens", str(BATCH),
+          *ITL_ARGS]
 
 
 MODEL_ID = None
@@ -97,7 +105,7 @@ def run_all(srv):
     assert st == 200, st
     MODEL_ID = json.loads(body)["data"][0]["id"]
     rng = random.Random(7)
-    completion(srv, [rng.randrange(1000, 40000) for _ in range(300)], 4)  # warm-up
+    completion(srv, [rng.randrange(1000, 40000) for _ in range(WARM)], 4)  # warm-up
     m0 = metrics(srv)
     streams = [Stream(srv, [rng.randrange(1000, 40000) for _ in range(8)]) for _ in range(2)]
     for s in streams:
@@ -154,7 +162,7 @@ def run_all(srv):
               f"{counts}, gaps median {med:.0f} ms (decode-only {base * 1e3:.0f} ms), "
               f"max {max(gaps) * 1e3 if gaps else 0:.0f} ms")
         assert min(counts) >= 12, f"streams got {counts} tokens while {LONG} prompt tokens were prefilled"
-        assert med <= bound, f"median gap {med:.0f} ms > {bound:.0f} ms"
+        assert SLOW or med <= bound, f"median gap {med:.0f} ms > {bound:.0f} ms"
 
     @check("itl_limited_steps")
     def _():
