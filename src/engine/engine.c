@@ -1086,9 +1086,11 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         if (why == CAS_FINISH_LENGTH && e->stop[i]) why = CAS_FINISH_STOP;
         finish_req(e, r, why);
     }
-    /* the whole step's time teaches the scheduler's cost model (sched.h) */
+    /* the whole step's time teaches the scheduler's cost model (sched.h); a
+     * time it refuses costs the model one sample, not the step */
     const double step_s = cas_now_s() - t0;
-    if ((st = cas_sched_observe(e->sched, step_s))) return st;
+    if (cas_sched_observe(e->sched, step_s) != CAS_OK)
+        cas_log(CAS_LOG_WARN, "engine: step time not used: %s", cas_last_error());
     /* stats */
     refresh_stats(e);
     pthread_mutex_lock(&e->mu);

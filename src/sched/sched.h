@@ -112,8 +112,8 @@ typedef struct {
                                     milliseconds: prefill is cut to fit it (see above);
                                     0 = off, prefill takes the whole token budget */
     int32_t long_prefill_tokens; /* a prefill with more tokens left is long; 0 = 4% of
-                                    max_context (at least 1); < 0 = none is long (plain
-                                    FCFS chunks, one long prefill after another) */
+                                    max_context (at least 1); < 0 = none is long: plain
+                                    FCFS chunks, the first prefill takes what it can */
 } cas_sched_opts;
 
 /* 2048 tokens per step, 64 sequences, max_context from the pool, no chunk cap,
