@@ -524,11 +524,15 @@ def run_mixed(args):
             model = model_id(url, args.api_key)
             warm_up(url, model)
             print(f"run {label!r}: {binary or args.cascade} serve {serve_args}")
+            load0 = os.getloadavg()[0]
             r = run_mixed_once(args, url, model, reqs)
+            load1 = os.getloadavg()[0]
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=60)
-        r.update(label=label, binary=binary or args.cascade, serve_args=serve_args)
+        # the machine is shared: its 1-minute load average before and after says how quiet it was
+        r.update(label=label, binary=binary or args.cascade, serve_args=serve_args, loadavg_before=load0,
+                 loadavg_after=load1)
         print(f"  {r['completed']}/{r['requests']} done in {r['duration_s']:.1f} s; short TTFT p50 "
               f"{r['p50_short_ttft_ms']:.0f} ms p99 {r['p99_short_ttft_ms']:.0f} ms; ITL p50 {r['p50_itl_ms']:.0f} "
               f"p99 {r['p99_itl_ms']:.0f} max {r['max_itl_ms']:.0f} ms; during long prefills p99 "
@@ -541,6 +545,8 @@ def run_mixed(args):
                          "short_output_tokens": args.short_output_tokens, "long_tokens": args.long_tokens,
                          "long_at_s": args.long_at, "long_output_tokens": args.long_output_tokens, "seed": args.seed},
             "model": args.model, "cpus": os.cpu_count(), "cpu_model": cpu_model(),
+            "reference": "itl_without_long_prefill: the gaps of the same run while no long prompt is "
+                         "prefilled (decode-only steps), the floor any policy starts from",
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
