@@ -467,8 +467,8 @@ def mixed_markdown(runs, args):
              "greedy, ignore_eos, every request streamed.", "",
              "| run | server options | short TTFT p50 / p99 (ms) | ITL p50 / p99 / max (ms) | "
              "ITL p99 while a long prompt prefills (ms) | ITL p50 / p99 with none (ms) | long TTFT (s) | "
-             "output tok/s | duration (s) | steps cut to the target |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "output tok/s | duration (s) | steps cut to the target | machine load before / after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         lt = ", ".join(f"{x:.1f}" for x in r["long_ttft_s"])
         cut = "-" if r["itl_limited_steps"] is None else f"{r['itl_limited_steps']:.0f}"
@@ -478,7 +478,7 @@ def mixed_markdown(runs, args):
                      f"{r['p99_itl_during_long_prefill_ms']:.0f} | "
                      f"{r['p50_itl_without_long_prefill_ms']:.0f} / {r['p99_itl_without_long_prefill_ms']:.0f} | "
                      f"{lt} | {r['output_throughput']:.1f} | {r['duration_s']:.1f} | "
-                     f"{cut} of {r['engine_steps']:.0f} |")
+                     f"{cut} of {r['engine_steps']:.0f} | {r['loadavg_before']:.1f} / {r['loadavg_after']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
