@@ -443,7 +443,7 @@ def run_mixed_once(args, url, model, reqs):
 
     res = {"completed": len(ok), "requests": len(reqs), "failed": len(errors), "errors": errors[:5],
            "duration_s": duration, "output_tokens": out_tok, "output_throughput": out_tok / duration,
-           "engine_steps": delta("cascade_steps_total"),
+           "engine_steps": delta("cascade_steps_total"), "preemptions": delta("cascade_preemptions_total"),
            "itl_limited_steps": (delta("cascade_itl_limited_steps_total")
                                  if "cascade_itl_limited_steps_total" in m1 else None),  # older servers: none
            "long_ttft_s": [r["ttft"] for r in longs],
@@ -456,6 +456,13 @@ def run_mixed_once(args, url, model, reqs):
     res.update(summarize("itl_without_long_prefill", itl_out, pcts))
     res["_itl_s"] = itl
     res["_short_ttft_s"] = [r["ttft"] for r in shorts]
+    t0 = min(r["start"] for r in recs if "start" in r)
+    res["requests"] = [{"kind": r["kind"], "prompt_tokens": r["prompt_len"],
+                        "arrival_s": round(r["start"] - t0, 3) if "start" in r else None,
+                        "ttft_s": round(r["ttft"], 3) if r.get("ttft") is not None else None,
+                        "tokens": len(r.get("chunks", [])),
+                        "max_gap_ms": round(max((b - a for a, b in zip(r["chunks"], r["chunks"][1:])), default=0) * 1e3, 1)
+                        if r.get("chunks") else None, "error": r.get("error")} for r in recs]
     return res
 
 
