@@ -25,6 +25,20 @@ bench/results/cpu-serve.md and the cpu-serve block of bench/RESULTS.md.
 
     python3 bench/serve_bench.py --launch --request-rate inf,8,2
     python3 bench/serve_bench.py --url http://127.0.0.1:8000 --num-prompts 128
+
+--workload mixed measures head-of-line blocking instead: short requests
+(--num-short of them, prompts of --short-prompt-tokens ids, --short-output-tokens
+tokens each, Poisson arrivals at --short-rate per second) stream while long
+prompts (--long-tokens ids, arriving --long-at seconds after the first short
+one) are prefilled. It launches one server per --run (LABEL|BINARY|SERVE ARGS;
+an empty BINARY is --cascade), replays the same requests against each, and
+reports per run the short requests' TTFT, the inter-token latency of every
+stream (overall, while a long prompt is being prefilled, and with none), and
+the long prompts' TTFT. Results go to bench/results/cpu-serve-mixed.json,
+.md and .png and the cpu-serve-mixed block of bench/RESULTS.md.
+
+    python3 bench/serve_bench.py --workload mixed \
+        --run "before|/tmp/old/build/cascade|--threads 2" --run "after||--threads 2"
 """
 import argparse
 import asyncio
@@ -294,11 +308,11 @@ def plot(results, path):
     print(f"wrote {path}")
 
 
-def update_results(md, meta):
-    """Rewrites the table between the cpu-serve markers of bench/RESULTS.md."""
+def update_results(md, meta, name="cpu-serve"):
+    """Rewrites the table between the `name` markers of bench/RESULTS.md."""
     path = os.path.join(HERE, "RESULTS.md")
     s = open(path).read()
-    m0, m1 = "<!-- cpu-serve-table -->", "<!-- /cpu-serve-table -->"
+    m0, m1 = f"<!-- {name}-table -->", f"<!-- /{name}-table -->"
     if m0 not in s or m1 not in s:
         return
     head = f"Measured on {meta['cpu_model'] or 'an unknown CPU'} ({meta['cpus']} cores), {meta['time']}.\n\n"
@@ -332,7 +346,7 @@ def run_offline(args):
 
 def engine_args(serve_args):
     """The engine options of a `cascade serve` command line (those `cascade bench` takes too)."""
-    keep = {"--threads", "--kv-cache-mb", "--max-batch-tokens"}
+    keep = {"--threads", "--kv-cache-mb", "--max-batch-tokens", "--max-itl-ms"}
     flags = {"--no-cascade", "--no-prefix-cache"}
     a, out, i = serve_args.split(), [], 0
     while i < len(a):
@@ -346,8 +360,9 @@ def engine_args(serve_args):
     return out
 
 
-def launch(args):
-    cmd = [args.cascade, "serve", "-m", args.model, "--port", "0", *args.serve_args.split()]
+def launch(args, binary=None, serve_args=None):
+    cmd = [binary or args.cascade, "serve", "-m", args.model, "--port", "0",
+           *(args.serve_args if serve_args is None else serve_args).split()]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -360,6 +375,198 @@ def launch(args):
             return p, m.group(1)
     p.kill()
     raise SystemExit("server did not start")
+
+
+# ---- the mixed workload: short streams beside long prefills -----------------------------------
+
+def mixed_requests(args):
+    """[(arrival s, kind, prompt ids, max_tokens)], sorted: the same for every run."""
+    rng = random.Random(args.seed)
+    lo, hi = (int(x) for x in args.short_prompt_tokens.split(","))
+    reqs, t = [], 0.0
+    for _ in range(args.num_short):
+        reqs.append((t, "short", [rng.randrange(1000, 40000) for _ in range(rng.randint(lo, hi))],
+                     args.short_output_tokens))
+        t += rng.expovariate(args.short_rate)
+    for at in (float(x) for x in args.long_at.split(",") if x.strip()):
+        reqs.append((at, "long", [rng.randrange(1000, 40000) for _ in range(args.long_tokens)],
+                     args.long_output_tokens))
+    return sorted(reqs, key=lambda r: r[0])
+
+
+def warm_up(url, model):
+    """A prefill and a few decode steps before the measured requests, so that the engine
+    starts as a server that has been running does (pages touched, step cost model fitted)."""
+    rng = random.Random(12345)
+    body = {"model": model, "prompt": [rng.randrange(1000, 40000) for _ in range(512)], "max_tokens": 16,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+    asyncio.run(one_request(url, None, body, {}))
+
+
+def run_mixed_once(args, url, model, reqs):
+    recs = [dict(kind=k, prompt_len=len(p)) for _, k, p, _ in reqs]
+    m0 = scrape(url, args.api_key)
+
+    async def all_requests():
+        t0 = time.perf_counter()
+
+        async def go(i):
+            at, _, prompt, n = reqs[i]
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+            body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            await one_request(url, args.api_key, body, recs[i])
+
+        await asyncio.gather(*(go(i) for i in range(len(reqs))))
+
+    t_start = time.perf_counter()
+    asyncio.run(all_requests())
+    duration = time.perf_counter() - t_start
+    m1 = scrape(url, args.api_key)
+    ok = [r for r in recs if "error" not in r and r.get("chunks")]
+    errors = [r["error"] for r in recs if "error" in r]
+    longs = [r for r in ok if r["kind"] == "long"]
+    shorts = [r for r in ok if r["kind"] == "short"]
+    windows = [(r["start"], r["chunks"][0]) for r in longs]  # each long prompt's prefill
+
+    def during(a, b):
+        return any(b > w0 and a < w1 for w0, w1 in windows)
+
+    gaps = [(a, b) for r in ok for a, b in zip(r["chunks"], r["chunks"][1:])]
+    itl = [b - a for a, b in gaps]
+    itl_in = [b - a for a, b in gaps if during(a, b)]
+    itl_out = [b - a for a, b in gaps if not during(a, b)]
+    out_tok = sum(r.get("output_tokens", 0) for r in ok)
+
+    def delta(k):
+        return m1.get(k, 0) - m0.get(k, 0)
+
+    res = {"completed": len(ok), "requests": len(reqs), "failed": len(errors), "errors": errors[:5],
+           "duration_s": duration, "output_tokens": out_tok, "output_throughput": out_tok / duration,
+           "engine_steps": delta("cascade_steps_total"), "preemptions": delta("cascade_preemptions_total"),
+           "itl_limited_steps": (delta("cascade_itl_limited_steps_total")
+                                 if "cascade_itl_limited_steps_total" in m1 else None),  # older servers: none
+           "long_ttft_s": [r["ttft"] for r in longs],
+           "itl_count": len(itl), "itl_during_long_prefill_count": len(itl_in),
+           "max_itl_ms": max(itl) * 1e3 if itl else float("nan")}
+    pcts = args.percentiles
+    res.update(summarize("short_ttft", [r["ttft"] for r in shorts], pcts))
+    res.update(summarize("itl", itl, pcts))
+    res.update(summarize("itl_during_long_prefill", itl_in, pcts))
+    res.update(summarize("itl_without_long_prefill", itl_out, pcts))
+    res["_itl_s"] = itl
+    res["_short_ttft_s"] = [r["ttft"] for r in shorts]
+    t0 = min(r["start"] for r in recs if "start" in r)
+    res["requests"] = [{"kind": r["kind"], "prompt_tokens": r["prompt_len"],
+                        "arrival_s": round(r["start"] - t0, 3) if "start" in r else None,
+                        "ttft_s": round(r["ttft"], 3) if r.get("ttft") is not None else None,
+                        "tokens": len(r.get("chunks", [])),
+                        "max_gap_ms": round(max((b - a for a, b in zip(r["chunks"], r["chunks"][1:])), default=0) * 1e3, 1)
+                        if r.get("chunks") else None, "error": r.get("error")} for r in recs]
+    return res
+
+
+def mixed_markdown(runs, args):
+    lines = [f"Mixed workload: {args.num_short} short requests ({args.short_prompt_tokens.replace(',', '-')} prompt "
+             f"tokens, {args.short_output_tokens} output tokens, Poisson arrivals at {args.short_rate:g}/s) "
+             f"streaming while {len(args.long_at.split(','))} prompts of {args.long_tokens} tokens "
+             f"({args.long_output_tokens} output tokens) arrive at {args.long_at.replace(',', ', ')} s; "
+             "greedy, ignore_eos, every request streamed.", "",
+             "| run | server options | short TTFT p50 / p99 (ms) | ITL p50 / p99 / max (ms) | "
+             "ITL p99 while a long prompt prefills (ms) | ITL p50 / p99 with none (ms) | long TTFT (s) | "
+             "output tok/s | duration (s) | steps cut to the target | machine load before / after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        lt = ", ".join(f"{x:.1f}" for x in r["long_ttft_s"])
+        cut = "-" if r["itl_limited_steps"] is None else f"{r['itl_limited_steps']:.0f}"
+        lines.append(f"| {r['label']} | `{r['serve_args'].strip() or '(defaults)'}` | "
+                     f"{r['p50_short_ttft_ms']:.0f} / {r['p99_short_ttft_ms']:.0f} | "
+                     f"{r['p50_itl_ms']:.0f} / {r['p99_itl_ms']:.0f} / {r['max_itl_ms']:.0f} | "
+                     f"{r['p99_itl_during_long_prefill_ms']:.0f} | "
+                     f"{r['p50_itl_without_long_prefill_ms']:.0f} / {r['p99_itl_without_long_prefill_ms']:.0f} | "
+                     f"{lt} | {r['output_throughput']:.1f} | {r['duration_s']:.1f} | "
+                     f"{cut} of {r['engine_steps']:.0f} | {r['loadavg_before']:.1f} / {r['loadavg_after']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def mixed_plot(runs, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for r in runs:
+        for a, key, title in ((ax[0], "_itl_s", "inter-token latency, every stream"),
+                              (ax[1], "_short_ttft_s", "time to first token, short requests")):
+            xs = sorted(x * 1000 for x in r[key])
+            if xs:
+                a.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r["label"])
+            a.set_title(title)
+            a.set_xlabel("ms")
+            a.set_xscale("log")
+            a.set_ylabel("fraction")
+            a.grid(alpha=0.3)
+    ax[0].legend()
+    fig.suptitle("cascade serve: short streams beside long prefills (CDF per run)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def run_mixed(args):
+    reqs = mixed_requests(args)
+    specs = args.run or ["itl off||--max-itl-ms 0", "itl 100 ms||--max-itl-ms 100"]
+    runs = []
+    for spec in specs:
+        parts = spec.split("|")
+        if len(parts) != 3:
+            raise SystemExit(f"--run takes LABEL|BINARY|SERVE ARGS, got {spec!r}")
+        label, binary, serve_args = parts
+        serve_args = (args.serve_args + " " + serve_args).strip()
+        proc, url = launch(args, binary or None, serve_args)
+        try:
+            model = model_id(url, args.api_key)
+            warm_up(url, model)
+            print(f"run {label!r}: {binary or args.cascade} serve {serve_args}")
+            load0 = os.getloadavg()[0]
+            r = run_mixed_once(args, url, model, reqs)
+            load1 = os.getloadavg()[0]
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        # the machine is shared: its 1-minute load average before and after says how quiet it was
+        r.update(label=label, binary=binary or args.cascade, serve_args=serve_args, loadavg_before=load0,
+                 loadavg_after=load1)
+        print(f"  {r['completed']}/{r['requests']} done in {r['duration_s']:.1f} s; short TTFT p50 "
+              f"{r['p50_short_ttft_ms']:.0f} ms p99 {r['p99_short_ttft_ms']:.0f} ms; ITL p50 {r['p50_itl_ms']:.0f} "
+              f"p99 {r['p99_itl_ms']:.0f} max {r['max_itl_ms']:.0f} ms; during long prefills p99 "
+              f"{r['p99_itl_during_long_prefill_ms']:.0f} ms; long TTFT {r['long_ttft_s']}")
+        if r["errors"]:
+            print("  errors:", r["errors"])
+        runs.append(r)
+    meta = {"workload": {"name": "mixed", "num_short": args.num_short, "short_rate": args.short_rate,
+                         "short_prompt_tokens": args.short_prompt_tokens,
+                         "short_output_tokens": args.short_output_tokens, "long_tokens": args.long_tokens,
+                         "long_at_s": args.long_at, "long_output_tokens": args.long_output_tokens, "seed": args.seed},
+            "model": args.model, "cpus": os.cpu_count(), "cpu_model": cpu_model(),
+            "reference": "itl_without_long_prefill: the gaps of the same run while no long prompt is "
+                         "prefilled (decode-only steps), the floor any policy starts from",
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]},
+                  f, indent=1)
+    print(f"wrote {args.out}")
+    md = mixed_markdown(runs, args)
+    print(md)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(md)
+    if args.results_md:
+        update_results(md, meta, "cpu-serve-mixed")
+    mixed_plot(runs, args.plot)
 
 
 def main():
@@ -382,14 +589,32 @@ def main():
                     help="rewrite the table in bench/RESULTS.md (default: when writing the default --out)")
     ap.add_argument("--offline", action=argparse.BooleanOptionalAction, default=None,
                     help="also run offline `cascade bench` on the same workload (default: with --launch)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu-serve.json"))
-    ap.add_argument("--plot", default=os.path.join(HERE, "results", "cpu-serve.png"))
+    ap.add_argument("--workload", choices=("shared-prefix", "mixed"), default="shared-prefix")
+    ap.add_argument("--num-short", type=int, default=100, help="mixed: short requests")
+    ap.add_argument("--short-rate", type=float, default=2.0, help="mixed: short requests per second (Poisson)")
+    ap.add_argument("--short-prompt-tokens", default="8,64", help="mixed: MIN,MAX prompt ids of a short request")
+    ap.add_argument("--short-output-tokens", type=int, default=64)
+    ap.add_argument("--long-tokens", type=int, default=6000, help="mixed: prompt ids of a long request")
+    ap.add_argument("--long-at", default="3,10", help="mixed: arrival of each long request, seconds")
+    ap.add_argument("--long-output-tokens", type=int, default=16)
+    ap.add_argument("--run", action="append", metavar="LABEL|BINARY|SERVE ARGS",
+                    help="mixed: a server to measure (repeat; default: --max-itl-ms 0, then 100)")
+    ap.add_argument("--out", default=None, help="JSON (default bench/results/cpu-serve.json, "
+                                                "or cpu-serve-mixed.json for --workload mixed)")
+    ap.add_argument("--plot", default=None)
     args = ap.parse_args()
     args.percentiles = [float(p) for p in args.percentiles.split(",")]
+    name = "cpu-serve-mixed" if args.workload == "mixed" else "cpu-serve"
+    default_out = os.path.join(HERE, "results", name + ".json")
+    args.out = args.out or default_out
+    args.plot = args.plot or os.path.splitext(args.out)[0] + ".png"
     if args.offline is None:
         args.offline = args.launch
     if args.results_md is None:
-        args.results_md = os.path.abspath(args.out) == os.path.join(HERE, "results", "cpu-serve.json")
+        args.results_md = os.path.abspath(args.out) == default_out
+    if args.workload == "mixed":
+        run_mixed(args)
+        return
 
     def make_prompts(seed):
         rng = random.Random(seed)
@@ -404,8 +629,8 @@ def main():
     try:
         model = model_id(url, args.api_key)
         # warm-up: one short request (page faults, thread start), not measured
-        one_request(url, args.api_key, {"model": model, "prompt": [1000, 1001, 1002], "max_tokens": 2,
-                                        "stream": True}, {})
+        asyncio.run(one_request(url, args.api_key, {"model": model, "prompt": [1000, 1001, 1002],
+                                                    "max_tokens": 2, "stream": True}, {}))
         results = []
         for k, rate_s in enumerate(args.request_rate.split(",")):
             rate = float("inf") if rate_s.strip() == "inf" else float(rate_s)

@@ -338,6 +338,42 @@ static void test_pending_blocks(void) {
     cas_kv_destroy(kv);
 }
 
+/* cas_kv_match_peek answers what cas_kv_seq_create then finds (computed,
+ * pending and new blocks) and changes nothing: no stats, no blocks. */
+static void test_match_peek(void) {
+    cas_kv *kv = make_kv(32, 4, 4, 16, 0);
+    REQUIRE(kv);
+    int32_t P[14], Q[22], a, b;
+    fill_tokens(P, 14, 1);
+    fill_tokens(Q, 22, 1); /* P's 3 full blocks, then more */
+    cas_kv_match pk, m;
+    cas_kv_match_peek(kv, Q, 22, &pk);
+    CHECK(pk.hit_tokens == 0 && pk.pending_tokens == 0 && pk.new_blocks == 6);
+    REQUIRE(cas_kv_seq_create(kv, P, 14, &a, &m) == CAS_OK);
+    CHECK(cas_kv_seq_claim(kv, a, 6) == CAS_OK);
+    CHECK(cas_kv_seq_commit(kv, a, 6) == CAS_OK); /* block 0 computed; 1 and 2 pending */
+    cas_kv_stats before, after;
+    cas_kv_get_stats(kv, &before);
+    int32_t nfree = cas_kv_num_free_blocks(kv);
+    cas_kv_match_peek(kv, Q, 22, &pk);
+    CHECK(pk.hit_tokens == 4 && pk.pending_tokens == 8 && pk.new_blocks == 3);
+    cas_kv_get_stats(kv, &after);
+    CHECK(after.query_tokens == before.query_tokens && after.hit_tokens == before.hit_tokens &&
+          after.pending_hit_tokens == before.pending_hit_tokens && after.seqs_active == 1);
+    CHECK(cas_kv_num_free_blocks(kv) == nfree);
+    REQUIRE(cas_kv_seq_create(kv, Q, 22, &b, &m) == CAS_OK);
+    CHECK(m.hit_tokens == pk.hit_tokens && m.pending_tokens == pk.pending_tokens && m.new_blocks == pk.new_blocks);
+    /* the block of the last token is never matched */
+    cas_kv_match_peek(kv, P, 12, &pk);
+    CHECK(pk.hit_tokens + pk.pending_tokens == 8 && pk.new_blocks == 1);
+    cas_kv_match_peek(kv, P, 0, &pk);
+    CHECK(pk.hit_tokens == 0 && pk.new_blocks == 0);
+    CHECK(cas_kv_seq_free(kv, a) == CAS_OK);
+    CHECK(cas_kv_seq_free(kv, b) == CAS_OK);
+    KV_OK(kv);
+    cas_kv_destroy(kv);
+}
+
 /* The filler leaves before computing: the waiter claims and computes. A
  * pending block nobody holds any more is dropped from the map. */
 static void test_filler_leaves(void) {
@@ -576,6 +612,7 @@ int main(void) {
     RUN(test_revive_on_hit);
     RUN(test_pool_exhaustion);
     RUN(test_pending_blocks);
+    RUN(test_match_peek);
     RUN(test_filler_leaves);
     RUN(test_fork);
     RUN(test_random_workload);

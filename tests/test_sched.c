@@ -12,10 +12,22 @@
  * prefix), and long random workloads on tiny pools (preemption, resume,
  * shared prefixes) that must end with every request finished and every block
  * free. The kv and scheduler invariant checkers run every step.
+ *
+ * Prefill under an inter-token latency target: a fake clock (a cost model
+ * the test writes out again, set with cas_sched_set_cost or fed through
+ * cas_sched_observe) checks that chunks beside decodes are the most tokens
+ * whose predicted time fits the target, that prefill keeps its share when
+ * the decodes alone fill the target, that short prompts arriving every step
+ * cannot starve a long one, that a step without decodes takes the whole
+ * budget, that a short prompt runs in the step after it arrives while
+ * a long one is mid-prefill (and waits with plain FCFS), that the fitted
+ * model finds the clock's coefficients and ignores one absurd step, and the
+ * random workloads again with a target.
  */
 #include "../src/sched/sched.h"
 #include "check.h"
 
+#include <math.h>
 #include <string.h>
 
 #define VOCAB 1000
@@ -54,18 +66,16 @@ typedef struct {
     int64_t wait_shared; /* sum of plan.n_waiting_shared */
     int32_t *sampled;
     uint8_t *stop, *fin;
+    /* a fake clock: when on, every step "takes" the time this cost model
+     * gives its plan, and the scheduler is told (cas_sched_observe) */
+    int clock_on;
+    cas_sched_cost clock;
+    double clock_noise; /* relative: time *= 1 + noise * uniform(-1, 1) */
+    double last_s;      /* the last step's fake time */
 } sim;
 
-static int sim_init(sim *m, int32_t nb, int32_t ps, int32_t max_seqs, int32_t budget,
-                    int32_t max_context, int32_t chunk, int prio, int prefix_cache, int nreq) {
-    memset(m, 0, sizeof *m);
-    cas_kv_opts ko = cas_kv_opts_default();
-    ko.num_blocks = nb;
-    ko.page_size = ps;
-    ko.max_seqs = max_seqs;
-    ko.max_blocks_per_seq = (max_context + ps - 1) / ps;
-    ko.enable_prefix_cache = prefix_cache;
-    if (cas_kv_create(&ko, &m->kv) != CAS_OK) return 0;
+/* The scheduler's opts of a sim (debug checks on). */
+static cas_sched_opts sim_opts(int32_t max_seqs, int32_t budget, int32_t max_context, int32_t chunk, int prio) {
     cas_sched_opts so = cas_sched_opts_default();
     so.max_tokens_per_step = budget;
     so.max_seqs = max_seqs;
@@ -73,7 +83,20 @@ static int sim_init(sim *m, int32_t nb, int32_t ps, int32_t max_seqs, int32_t bu
     so.max_prefill_chunk = chunk;
     so.use_priority = prio;
     so.debug_checks = 1;
-    if (cas_sched_create(m->kv, &so, &m->s) != CAS_OK) return 0;
+    return so;
+}
+
+static int sim_init_opts(sim *m, int32_t nb, int32_t ps, int prefix_cache, int nreq, const cas_sched_opts *so) {
+    memset(m, 0, sizeof *m);
+    cas_kv_opts ko = cas_kv_opts_default();
+    ko.num_blocks = nb;
+    ko.page_size = ps;
+    ko.max_seqs = so->max_seqs;
+    ko.max_blocks_per_seq = (so->max_context + ps - 1) / ps;
+    ko.enable_prefix_cache = prefix_cache;
+    if (cas_kv_create(&ko, &m->kv) != CAS_OK) return 0;
+    if (cas_sched_create(m->kv, so, &m->s) != CAS_OK) return 0;
+    int32_t max_seqs = so->max_seqs, budget = so->max_tokens_per_step;
     m->ps = ps;
     m->nb = nb;
     m->budget = budget;
@@ -89,6 +112,25 @@ static int sim_init(sim *m, int32_t nb, int32_t ps, int32_t max_seqs, int32_t bu
     m->verify = 1;
     cas_rng_seed(&m->rng, 99);
     return 1;
+}
+
+static int sim_init(sim *m, int32_t nb, int32_t ps, int32_t max_seqs, int32_t budget,
+                    int32_t max_context, int32_t chunk, int prio, int prefix_cache, int nreq) {
+    cas_sched_opts so = sim_opts(max_seqs, budget, max_context, chunk, prio);
+    return sim_init_opts(m, nb, ps, prefix_cache, nreq, &so);
+}
+
+/* The cost model of sched.h, written out again here: seconds of a plan. */
+static double plan_seconds(const cas_sched_cost *c, const cas_sched_plan *p) {
+    double t = c->step_s;
+    for (int i = 0; i < p->n_items; i++) {
+        const cas_sched_item *it = &p->items[i];
+        double n = it->q_len, q0 = it->q_start;
+        t += c->token_s * n + (it->sample ? c->sample_s : 0.0);
+        if (it->q_len == 1) t += c->kv_s * (q0 + 1);
+        else t += c->pair_s * (n * q0 + n * (n + 1) / 2);
+    }
+    return t;
 }
 
 static void sim_free(sim *m) {
@@ -203,6 +245,10 @@ static int sim_step(sim *m, cas_sched_plan *out, int abort_id) {
     }
     st = cas_sched_step_done(m->s, m->sampled, m->stop, m->fin);
     if (st != CAS_OK) SIM_FAIL("step_done: %s", cas_last_error());
+    if (m->clock_on && p.n_items > 0) {
+        m->last_s = plan_seconds(&m->clock, &p) * (1 + m->clock_noise * (2 * cas_rng_uniform(&m->rng) - 1));
+        if (cas_sched_observe(m->s, m->last_s) != CAS_OK) SIM_FAIL("observe: %s", cas_last_error());
+    }
     for (int i = 0; i < p.n_items; i++) {
         const cas_sched_item *it = &p.items[i];
         treq *t = &m->r[it->id];
@@ -542,10 +588,21 @@ static void test_cold_cache_sharing(void) {
 /* Random workloads on tiny pools: arrivals over time, shared prefixes, random
  * stops and aborts; must end with everything finished and every block free. */
 static void random_sched(uint64_t seed, int32_t nb, int32_t ps, int32_t seqs, int32_t budget,
-                         int32_t chunk, int prio, int nreq, int64_t *acc) {
+                         int32_t chunk, int prio, int nreq, int itl, int64_t *acc) {
     sim m;
     int32_t ctx = 96;
-    REQUIRE(sim_init(&m, nb, ps, seqs, budget, ctx, chunk, prio, 1, nreq));
+    cas_sched_opts so = sim_opts(seqs, budget, ctx, chunk, prio);
+    if (itl) {
+        /* a target the fake clock often exceeds: every floor and cut is taken */
+        so.max_itl_ms = 2.0f;
+        so.long_prefill_tokens = 12;
+    }
+    REQUIRE(sim_init_opts(&m, nb, ps, 1, nreq, &so));
+    if (itl) {
+        m.clock_on = 1;
+        m.clock = (cas_sched_cost){0.0002, 0.0001, 0.0002, 1e-6, 1e-6};
+        m.clock_noise = 0.3;
+    }
     cas_rng_seed(&m.rng, seed);
     m.stop_p = 0.02;
     int32_t tmpl[3][64], t[96];
@@ -591,16 +648,375 @@ static void random_sched(uint64_t seed, int32_t nb, int32_t ps, int32_t seqs, in
 
 static void test_random_preemption(void) {
     int64_t acc[3] = {0, 0, 0}; /* preemptions, steps, waits on shared blocks */
-    random_sched(1, 24, 4, 8, 32, 0, 0, 400, acc);
-    random_sched(2, 24, 4, 8, 32, 8, 1, 400, acc);
-    random_sched(3, 40, 2, 16, 64, 0, 0, 400, acc);
-    random_sched(4, 14, 8, 6, 16, 0, 1, 400, acc);
-    random_sched(5, 100, 1, 12, 24, 5, 0, 300, acc);
-    random_sched(6, 30, 4, 30, 200, 0, 0, 400, acc);
+    random_sched(1, 24, 4, 8, 32, 0, 0, 400, 0, acc);
+    random_sched(2, 24, 4, 8, 32, 8, 1, 400, 0, acc);
+    random_sched(3, 40, 2, 16, 64, 0, 0, 400, 0, acc);
+    random_sched(4, 14, 8, 6, 16, 0, 1, 400, 0, acc);
+    random_sched(5, 100, 1, 12, 24, 5, 0, 300, 0, acc);
+    random_sched(6, 30, 4, 30, 200, 0, 0, 400, 0, acc);
+    /* the same with an inter-token latency target and a fake clock */
+    random_sched(7, 24, 4, 8, 32, 0, 0, 400, 1, acc);
+    random_sched(8, 40, 2, 16, 64, 6, 1, 400, 1, acc);
+    random_sched(9, 30, 4, 30, 200, 0, 0, 400, 1, acc);
     CHECKF(acc[0] > 100, "only %lld preemptions: the pools are not tight", (long long)acc[0]);
     CHECK(acc[2] > 0);
     printf("  random workloads: %lld steps, %lld preemptions, %lld waits on shared blocks, "
            "all requests finished\n", (long long)acc[1], (long long)acc[0], (long long)acc[2]);
+}
+
+/* ---- prefill under an inter-token latency target ------------------------------ */
+
+/* Seconds of one item under cost model c (sched.h's terms, written out again). */
+static double item_seconds(const cas_sched_cost *c, int32_t q0, int32_t n, int sample) {
+    double t = c->token_s * n + (sample ? c->sample_s : 0.0);
+    if (n == 1) return t + c->kv_s * (q0 + 1);
+    return t + c->pair_s * ((double)n * q0 + (double)n * (n + 1) / 2);
+}
+
+/* A sim with nd requests decoding (8-token prompts, many tokens to go) under
+ * a fixed cost model and target; returns 0 on failure. */
+static int itl_setup(sim *m, float target_ms, const cas_sched_cost *cost, int nd, int32_t budget,
+                     int32_t long_tokens) {
+    cas_sched_opts so = sim_opts(16, budget, 4096, 0, 0);
+    so.max_itl_ms = target_ms;
+    so.long_prefill_tokens = long_tokens;
+    if (!sim_init_opts(m, 2048, 16, 1, 64, &so)) return 0;
+    if (cost && cas_sched_set_cost(m->s, cost) != CAS_OK) return 0;
+    for (int i = 0; i < nd; i++) {
+        int32_t t[8];
+        for (int k = 0; k < 8; k++) t[k] = 10 * i + k + 1;
+        if (sim_add(m, i, t, 8, 1000, 0) != CAS_OK) return 0;
+    }
+    return nd == 0 || sim_step(m, NULL, -1) == nd; /* all prompts in one step: nobody decodes yet */
+}
+
+/* Adds request id with n random tokens (max_new new ones). */
+static int add_random(sim *m, int id, int32_t n, int32_t max_new) {
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)n);
+    if (!t) return 0;
+    for (int32_t k = 0; k < n; k++) t[k] = (int32_t)cas_rng_range(&m->rng, 0, VOCAB - 1);
+    int ok = sim_add(m, id, t, n, max_new, 0) == CAS_OK;
+    free(t);
+    return ok;
+}
+
+/* Finds request id among a plan's items; -1 if absent. */
+static int item_of(const cas_sched_plan *p, int64_t id) {
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].id == id) return i;
+    return -1;
+}
+
+/* With decodes running, a long prompt's chunks are the most tokens whose
+ * predicted time fits what the target leaves after the decodes, and they
+ * shrink as the prompt gets deeper (each token attends to more keys). */
+static void test_itl_chunks_fit_target(void) {
+    const cas_sched_cost c = {0.005, 0.0005, 0.001, 2e-7, 1e-7};
+    const double target = 0.1;
+    sim m;
+    REQUIRE(itl_setup(&m, 100.0f, &c, 8, 512, 0));
+    REQUIRE(add_random(&m, 8, 3000, 2));
+    cas_sched_plan p;
+    int steps = 0, first_chunk = 0, deep_chunk = 0, bad_fit = 0, not_max = 0, bad_pred = 0;
+    for (;;) {
+        REQUIRE(sim_step(&m, &p, -1) > 0);
+        steps++;
+        int li = item_of(&p, 8);
+        REQUIRE(li >= 0);
+        const cas_sched_item *it = &p.items[li];
+        /* every stream decodes in every step */
+        int decodes = 0;
+        double base = c.step_s;
+        for (int i = 0; i < p.n_items; i++)
+            if (p.items[i].id != 8) {
+                CHECK(p.items[i].q_len == 1 && p.items[i].sample);
+                decodes++;
+                base += item_seconds(&c, p.items[i].q_start, 1, 1);
+            }
+        CHECK(decodes == 8);
+        const double half = (base > target ? base : target) / 2;
+        const double allow = target - base > half ? target - base : half;
+        const double cost = item_seconds(&c, it->q_start, it->q_len, it->sample);
+        const int32_t left = 3000 - it->q_start, room = 512 - decodes;
+        const int32_t floor = left < 16 ? left : 16;
+        if (cost > allow + 1e-12 && it->q_len > floor) bad_fit++;
+        if (it->q_len < left && it->q_len < room && item_seconds(&c, it->q_start, it->q_len + 1, 0) <= allow)
+            not_max++;
+        if (fabs(p.predicted_s - (base + cost)) > 1e-9) bad_pred++;
+        if (it->q_start == 0) first_chunk = it->q_len;
+        if (it->q_start + it->q_len <= 3000 && it->q_start >= 2400 && !deep_chunk) deep_chunk = it->q_len;
+        if (it->sample) break;
+    }
+    CHECKF(bad_fit == 0, "%d chunks over the time left", bad_fit);
+    CHECKF(not_max == 0, "%d chunks smaller than the time allows", not_max);
+    CHECKF(bad_pred == 0, "%d predictions differ from the model", bad_pred);
+    CHECKF(first_chunk > deep_chunk && deep_chunk > 0, "first chunk %d, deep chunk %d", first_chunk, deep_chunk);
+    cas_sched_stats ss;
+    cas_sched_get_stats(m.s, &ss);
+    CHECK(ss.time_limited_steps >= steps - 1);
+    printf("  3000-token prompt beside 8 decodes in %d steps, chunks %d at the start, %d past 2400\n", steps,
+           first_chunk, deep_chunk);
+    sim_free(&m);
+}
+
+/* Beside decodes that take part of the target, more than it, or so much
+ * that no prefill token fits, each step's chunk is the most tokens whose time
+ * fits max(target - decodes, max(target, decodes) / 2), and at least one. */
+static void test_itl_min_progress(void) {
+    const cas_sched_cost cs[3] = {
+        {0.02, 0.001, 0.001, 1e-12, 1e-12},  /* decodes 36 ms */
+        {0.2, 0.001, 0.001, 1e-12, 1e-12},   /* decodes 216 ms: past the target */
+        {0.001, 0.001, 0.001, 0.1, 1e-9},    /* a prompt token costs 100 ms and more: none fits */
+    };
+    const int32_t expect[3] = {63, 107, 1};
+    for (int k = 0; k < 3; k++) {
+        sim m;
+        REQUIRE(itl_setup(&m, 100.0f, &cs[k], 8, 512, 0));
+        REQUIRE(add_random(&m, 8, 1000, 1));
+        cas_sched_plan p;
+        for (int step = 0; step < 3; step++) {
+            REQUIRE(sim_step(&m, &p, -1) == 9);
+            int li = item_of(&p, 8);
+            REQUIRE(li >= 0);
+            double base = cs[k].step_s;
+            for (int i = 0; i < p.n_items; i++)
+                if (i != li) base += item_seconds(&cs[k], p.items[i].q_start, 1, 1);
+            const double longer = base > 0.1 ? base : 0.1;
+            const double allow = 0.1 - base > longer / 2 ? 0.1 - base : longer / 2;
+            int32_t want = 0;
+            while (item_seconds(&cs[k], p.items[li].q_start, want + 1, 0) <= allow) want++;
+            if (want < 1) want = 1;
+            if (step == 0) printf("  decodes %.0f ms: %d tokens of prefill a step\n", base * 1e3, p.items[li].q_len);
+            CHECKF(p.items[li].q_len == want && (step > 0 || want == expect[k]),
+                   "decodes %.0f ms, step %d: %d tokens, expected %d", base * 1e3, step, p.items[li].q_len, want);
+        }
+        sim_free(&m);
+    }
+}
+
+/* Short prompts arriving every step go first but cannot starve the long one
+ * in progress: it keeps half the step's prefill time. */
+static void test_long_keeps_half(void) {
+    const cas_sched_cost c = {0.005, 0.001, 0.001, 1e-12, 1e-12};
+    sim m;
+    REQUIRE(itl_setup(&m, 100.0f, &c, 8, 512, 0));
+    REQUIRE(add_random(&m, 8, 3000, 1));
+    cas_sched_plan p;
+    REQUIRE(sim_step(&m, &p, -1) == 9);
+    for (int step = 0; step < 10; step++) {
+        REQUIRE(add_random(&m, 9 + step, 150, 1)); /* a new one every step (ids are never reused) */
+        REQUIRE(sim_step(&m, &p, -1) > 0);
+        int li = item_of(&p, 8);
+        REQUIRE(li >= 0);
+        double base = c.step_s, shorts = 0;
+        for (int i = 0; i < p.n_items; i++) {
+            const cas_sched_item *it = &p.items[i];
+            if (it->q_len == 1) base += item_seconds(&c, it->q_start, 1, 1);
+            else if (i != li) shorts += item_seconds(&c, it->q_start, it->q_len, it->sample);
+        }
+        const double allow = 0.1 - base, own = item_seconds(&c, p.items[li].q_start, p.items[li].q_len, 0);
+        CHECKF(own >= allow / 2 - 0.001 && shorts > 0 && own + shorts <= allow + 1e-9,
+               "step %d: the long prompt ran %.1f ms, short ones %.1f ms, of %.1f ms", step, own * 1e3, shorts * 1e3,
+               allow * 1e3);
+    }
+    sim_free(&m);
+}
+
+/* Without decodes nobody waits for a token: the whole budget goes to prefill
+ * whatever the time; with the target off, too. */
+static void test_itl_budget_without_decodes(void) {
+    const cas_sched_cost c = {0.5, 0.01, 0.01, 1e-6, 1e-6}; /* every step is over the target */
+    sim m;
+    REQUIRE(itl_setup(&m, 100.0f, &c, 0, 512, 0));
+    REQUIRE(add_random(&m, 0, 1500, 2));
+    cas_sched_plan p;
+    int32_t want[] = {512, 512, 476};
+    for (int k = 0; k < 3; k++) {
+        REQUIRE(sim_step(&m, &p, -1) == 1);
+        CHECKF(p.items[0].q_len == want[k], "step %d: %d tokens", k, p.items[0].q_len);
+        CHECK(!p.time_limited);
+    }
+    sim_free(&m);
+    REQUIRE(itl_setup(&m, 0.0f, &c, 8, 512, 0));
+    REQUIRE(add_random(&m, 8, 1500, 2));
+    REQUIRE(sim_step(&m, &p, -1) == 9);
+    int li = item_of(&p, 8);
+    REQUIRE(li >= 0);
+    CHECKF(p.items[li].q_len == 504, "target off: %d tokens", p.items[li].q_len);
+    CHECK(!p.time_limited);
+    sim_free(&m);
+}
+
+/* A short prompt that arrives while a long one is mid-prefill is computed in
+ * the next step (and one behind a cached prefix counts as short), ahead of a
+ * second long one that waits for the first; with long_prefill_tokens < 0
+ * (plain FCFS chunks) it waits for the long one. */
+static void test_short_beside_long(void) {
+    for (int fcfs = 0; fcfs <= 1; fcfs++) {
+        sim m;
+        REQUIRE(itl_setup(&m, 0.0f, NULL, 0, 64, fcfs ? -1 : 0));
+        REQUIRE(add_random(&m, 0, 1000, 2)); /* A */
+        cas_sched_plan p;
+        for (int k = 0; k < 3; k++) REQUIRE(sim_step(&m, &p, -1) == 1);
+        REQUIRE(add_random(&m, 1, 1000, 2)); /* B: long, behind A */
+        REQUIRE(add_random(&m, 2, 20, 2));   /* C: short, behind B */
+        REQUIRE(sim_step(&m, &p, -1) >= 1);
+        int ia = item_of(&p, 0), ic = item_of(&p, 2);
+        cas_sched_req_info info;
+        REQUIRE(cas_sched_get(m.s, 1, &info) == CAS_OK);
+        if (fcfs) {
+            /* B is admitted after A (strict FCFS) and C waits behind both */
+            CHECK(ia >= 0 && p.items[ia].q_len == 64 && ic < 0);
+        } else {
+            CHECKF(ic >= 0 && p.items[ic].q_start == 0 && p.items[ic].q_len == 20 && p.items[ic].sample,
+                   "the short request did not run whole");
+            CHECK(ia >= 0 && p.items[ia].q_len == 44);
+            CHECK(info.state == 0); /* B waits while A is long */
+            /* D: A's first 192 tokens (computed, cached) and 10 of its own: short */
+            int32_t d[202];
+            for (int k = 0; k < 192; k++) d[k] = m.r[0].tok[k];
+            for (int k = 192; k < 202; k++) d[k] = 7;
+            REQUIRE(sim_add(&m, 3, d, 202, 2, 0) == CAS_OK);
+            REQUIRE(sim_step(&m, &p, -1) >= 1);
+            int id = item_of(&p, 3);
+            CHECKF(id >= 0 && p.items[id].q_start == 192 && p.items[id].q_len == 10, "the cached request did not run");
+            REQUIRE(cas_sched_get(m.s, 1, &info) == CAS_OK);
+            CHECK(info.state == 0);
+            /* B is admitted in the step where A can finish, and gets the rest */
+            int b_first = -1;
+            for (int k = 0; k < 40 && b_first < 0; k++) {
+                REQUIRE(sim_step(&m, &p, -1) >= 1);
+                int ib = item_of(&p, 1);
+                ia = item_of(&p, 0);
+                if (ib >= 0) {
+                    b_first = k;
+                    CHECKF(ia >= 0 && p.items[ia].sample, "B ran before A's last chunk");
+                    CHECK(p.n_tokens == 64);
+                }
+            }
+            CHECK(b_first >= 0);
+        }
+        CHECK(sim_drain(&m, 1000));
+        check_all_free(&m);
+        sim_free(&m);
+    }
+}
+
+/* The fitted model: a fake clock with 5% noise drives a mixed workload; the
+ * fit finds the clock's coefficients, keeps steps with decodes near the
+ * target, and shrugs off a step that took 100 times too long. */
+static void test_cost_fit(void) {
+    const cas_sched_cost truth = {0.004, 0.0003, 0.0008, 1e-7, 5e-8};
+    cas_sched_opts so = sim_opts(32, 512, 4096, 0, 0);
+    so.max_itl_ms = 60.0f;
+    sim m;
+    REQUIRE(sim_init_opts(&m, 4096, 16, 1, 204, &so));
+    m.clock_on = 1;
+    m.clock = truth;
+    m.clock_noise = 0.05;
+    int next = 0, over = 0, with_decodes = 0;
+    double err = 0;
+    int n_err = 0;
+    cas_sched_plan p;
+    for (int step = 0; step < 3000 && (next < 200 || m.live > 0); step++) {
+        if (next < 200 && cas_rng_uniform(&m.rng) < 0.15) {
+            int32_t n = cas_rng_uniform(&m.rng) < 0.1 ? (int32_t)cas_rng_range(&m.rng, 1000, 2500)
+                                                      : (int32_t)cas_rng_range(&m.rng, 4, 80);
+            REQUIRE(add_random(&m, next, n, (int32_t)cas_rng_range(&m.rng, 20, 120)));
+            next++;
+        }
+        REQUIRE(sim_step(&m, &p, -1) >= 0);
+        if (p.n_items == 0 || step < 100) continue;
+        err += fabs(p.predicted_s - m.last_s) / m.last_s;
+        n_err++;
+        /* steps with decodes and a prefill cut to time: at most the target (or
+         * the decodes plus half of it), give or take the noise */
+        int decodes = 0;
+        double base = truth.step_s;
+        for (int i = 0; i < p.n_items; i++)
+            if (p.items[i].q_len == 1) decodes++, base += item_seconds(&truth, p.items[i].q_start, 1, 1);
+        if (decodes > 0 && p.time_limited) {
+            with_decodes++;
+            double longer = base > 0.06 ? base : 0.06, bound = 0.06 > base + longer / 2 ? 0.06 : base + longer / 2;
+            if (m.last_s > 1.15 * bound) over++;
+        }
+    }
+    CHECK(m.live == 0 && next == 200);
+    cas_sched_cost f;
+    cas_sched_get_cost(m.s, &f);
+    printf("  fit: step %.2f ms, token %.3f ms, sample %.3f ms, pair %.3g s, kv %.3g s; "
+           "mean prediction error %.1f%%; %d of %d cut steps over the target\n",
+           f.step_s * 1e3, f.token_s * 1e3, f.sample_s * 1e3, f.pair_s, f.kv_s, 100 * err / n_err, over,
+           with_decodes);
+    CHECKF(err / n_err < 0.06, "mean prediction error %.3f", err / n_err);
+    CHECK(with_decodes > 50);
+    CHECKF(over <= with_decodes / 50, "%d of %d steps over the target", over, with_decodes);
+    CHECK(fabs(f.token_s / truth.token_s - 1) < 0.25 && fabs(f.pair_s / truth.pair_s - 1) < 0.25);
+    CHECK(f.step_s >= 0 && f.sample_s >= 0 && f.kv_s >= 0);
+    /* an empty plan has no time to report */
+    REQUIRE(sim_step(&m, &p, -1) == 0);
+    CHECK(cas_sched_observe(m.s, 1.0) == CAS_ERR_INVALID);
+    /* one step 100x too long (the OS took the cores) */
+    for (int i = 200; i < 204; i++) REQUIRE(add_random(&m, i, 8, 50));
+    for (int k = 0; k < 5; k++) REQUIRE(sim_step(&m, &p, -1) > 0);
+    m.clock_on = 0;
+    REQUIRE(sim_step(&m, &p, -1) == 4);
+    REQUIRE(cas_sched_observe(m.s, 100 * plan_seconds(&truth, &p)) == CAS_OK);
+    REQUIRE(sim_step(&m, &p, -1) == 4);
+    cas_sched_get_cost(m.s, &f);
+    const double want = plan_seconds(&truth, &p), got = plan_seconds(&f, &p);
+    CHECKF(fabs(got / want - 1) < 0.3, "after an outlier: %.2f ms predicted, %.2f ms true", got * 1e3, want * 1e3);
+    sim_free(&m);
+}
+
+/* The model's contract: bad times and coefficients are refused, a fixed model
+ * is used as given, and NULL returns to the fit. */
+static void test_cost_api(void) {
+    sim m;
+    REQUIRE(itl_setup(&m, 50.0f, NULL, 2, 64, 0));
+    cas_sched_cost c;
+    cas_sched_get_cost(m.s, &c);
+    CHECK(c.step_s == 0 && c.token_s == 0 && c.pair_s == 0); /* nothing observed */
+    CHECK(cas_sched_observe(m.s, 0.01) == CAS_OK);            /* the set-up's step */
+    CHECK(cas_sched_observe(m.s, 0.01) == CAS_ERR_INVALID);   /* no step since */
+    cas_sched_plan p;
+    REQUIRE(sim_step(&m, &p, -1) == 2);
+    CHECK(cas_sched_observe(m.s, -1.0) == CAS_ERR_INVALID);
+    CHECK(cas_sched_observe(m.s, NAN) == CAS_ERR_INVALID);
+    CHECK(cas_sched_observe(m.s, 0.01) == CAS_OK);
+    CHECK(cas_sched_observe(m.s, 0.01) == CAS_ERR_INVALID); /* once per step */
+    REQUIRE(cas_sched_step_plan(m.s, &p) == CAS_OK);
+    CHECK(cas_sched_observe(m.s, 0.01) == CAS_ERR_INVALID); /* the step is in flight */
+    for (int i = 0; i < p.n_items; i++) m.sampled[i] = 1;
+    REQUIRE(cas_sched_step_done(m.s, m.sampled, NULL, NULL) == CAS_OK);
+    CHECK(cas_sched_observe(m.s, 0.01) == CAS_OK);
+    cas_sched_get_cost(m.s, &c);
+    CHECK(c.step_s > 0 || c.token_s > 0 || c.sample_s > 0 || c.kv_s > 0);
+    cas_sched_cost bad = {0.001, -1e-3, 0, 0, 0};
+    CHECK(cas_sched_set_cost(m.s, &bad) == CAS_ERR_INVALID);
+    bad.token_s = INFINITY;
+    CHECK(cas_sched_set_cost(m.s, &bad) == CAS_ERR_INVALID);
+    cas_sched_cost fixed = {0.001, 0.002, 0.003, 4e-9, 5e-9};
+    CHECK(cas_sched_set_cost(m.s, &fixed) == CAS_OK);
+    cas_sched_get_cost(m.s, &c);
+    CHECK(c.step_s == 0.001 && c.token_s == 0.002 && c.sample_s == 0.003 && c.pair_s == 4e-9 && c.kv_s == 5e-9);
+    CHECK(cas_sched_set_cost(m.s, NULL) == CAS_OK);
+    cas_sched_get_cost(m.s, &c);
+    CHECK(c.token_s != 0.002);
+    sim_free(&m);
+    /* bad options */
+    cas_kv_opts ko = cas_kv_opts_default();
+    cas_kv *kv = NULL;
+    REQUIRE(cas_kv_create(&ko, &kv) == CAS_OK);
+    cas_sched *s = NULL;
+    cas_sched_opts so = cas_sched_opts_default();
+    so.max_itl_ms = -5;
+    CHECK(cas_sched_create(kv, &so, &s) == CAS_ERR_INVALID && strstr(cas_last_error(), "max_itl_ms"));
+    so.max_itl_ms = NAN;
+    CHECK(cas_sched_create(kv, &so, &s) == CAS_ERR_INVALID);
+    so.max_itl_ms = 1e9f;
+    CHECK(cas_sched_create(kv, &so, &s) == CAS_ERR_INVALID);
+    cas_kv_destroy(kv);
 }
 
 int main(void) {
@@ -614,5 +1030,12 @@ int main(void) {
     RUN(test_preempt_victim);
     RUN(test_cold_cache_sharing);
     RUN(test_random_preemption);
+    RUN(test_itl_chunks_fit_target);
+    RUN(test_itl_min_progress);
+    RUN(test_long_keeps_half);
+    RUN(test_itl_budget_without_decodes);
+    RUN(test_short_beside_long);
+    RUN(test_cost_fit);
+    RUN(test_cost_api);
     return check_summary();
 }

@@ -135,6 +135,7 @@ cas_engine_opts cas_engine_opts_default(void) {
     o.model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     o.cascade = 1;
     o.prefix_cache = 1;
+    o.max_itl_ms = 100.0f;
     return o;
 }
 
@@ -464,6 +465,11 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
         st = cas_error(CAS_ERR_INVALID, "engine: device %d is not auto, cpu or cuda", (int)o->device);
         goto fail;
     }
+    if (!(o->max_itl_ms >= 0.0f && o->max_itl_ms <= 1e7f)) {
+        st = cas_error(CAS_ERR_INVALID, "engine: max_itl_ms must be in [0, 1e7] milliseconds (got %g)",
+                       (double)o->max_itl_ms);
+        goto fail;
+    }
     if (o->cascade < 0 || o->cascade > 2) {
         st = cas_error(CAS_ERR_INVALID, "engine: cascade must be 0 (off), 1 (cost model) or 2 (all) (got %d)",
                        o->cascade);
@@ -517,6 +523,7 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     so.max_context = e->max_context;
     so.use_priority = 1;
     so.debug_checks = o->debug_checks;
+    so.max_itl_ms = o->max_itl_ms;
     if ((st = cas_sched_create(e->kv, &so, &e->sched))) goto fail;
 
     int32_t V = e->cfg->n_vocab;
@@ -551,9 +558,10 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     *out = e;
     const size_t kv_bytes = e->gkv ? cas_gpu_kv_bytes(e->gkv) : cas_model_kv_bytes(e->cache);
     cas_log(CAS_LOG_INFO,
-            "engine: %s on %s, %d KV pages of %d tokens (%.1f MiB), context %d, %d seqs x %d tokens per step",
+            "engine: %s on %s, %d KV pages of %d tokens (%.1f MiB), context %d, %d seqs x %d tokens per step, "
+            "ITL target %g ms",
             e->model_name, e->device_name, pages, o->page_size, (double)kv_bytes / (1 << 20), e->max_context,
-            o->max_seqs, o->max_batch_tokens);
+            o->max_seqs, o->max_batch_tokens, (double)o->max_itl_ms);
     return CAS_OK;
 fail:
     cas_engine_destroy(e);
@@ -956,6 +964,7 @@ static void refresh_stats(cas_engine *e) {
     e->stats.prefix_hit_tokens = ks.hit_tokens + ks.pending_hit_tokens;
     e->stats.prompt_tokens_computed = ss.prompt_tokens_computed;
     e->stats.preemptions = ss.preemptions;
+    e->stats.itl_limited_steps = ss.time_limited_steps;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -1078,13 +1087,19 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
         if (why == CAS_FINISH_LENGTH && e->stop[i]) why = CAS_FINISH_STOP;
         finish_req(e, r, why);
     }
+    /* the whole step's time teaches the scheduler's cost model (sched.h); a
+     * time it refuses costs the model one sample, not the step */
+    const double step_s = cas_now_s() - t0;
+    if (cas_sched_observe(e->sched, step_s) != CAS_OK)
+        cas_log(CAS_LOG_WARN, "engine: step time not used: %s", cas_last_error());
     /* stats */
     refresh_stats(e);
     pthread_mutex_lock(&e->mu);
     e->stats.generation_tokens += gen;
     e->stats.steps++;
     if (pinfo.shared_passes > 0) e->stats.cascade_steps++;
-    e->stats.last_step_s = cas_now_s() - t0;
+    e->stats.last_step_s = step_s;
+    e->stats.last_step_predicted_s = plan.predicted_s;
     e->stats.busy_seconds += e->stats.last_step_s;
     e->stats.last_step_seqs = plan.n_items;
     e->stats.last_step_tokens = plan.n_tokens;
@@ -1098,9 +1113,10 @@ cas_status cas_engine_step(cas_engine *e, int *busy) {
     }
     pthread_mutex_unlock(&e->mu);
     if (cas_log_enabled(CAS_LOG_DEBUG))
-        cas_log(CAS_LOG_DEBUG, "step %lld: %d seqs, %d tokens, attention %d tree nodes, %d shared passes, KV read %lld of %lld tokens",
+        cas_log(CAS_LOG_DEBUG, "step %lld: %d seqs, %d tokens, attention %d tree nodes, %d shared passes, KV read %lld of %lld tokens, %.1f ms (predicted %.1f%s)",
                 (long long)e->stats.steps, plan.n_items, plan.n_tokens, pinfo.tree_nodes, pinfo.shared_passes,
-                (long long)pinfo.kv_tokens_read, (long long)pinfo.kv_tokens_flat);
+                (long long)pinfo.kv_tokens_read, (long long)pinfo.kv_tokens_flat, step_s * 1e3, plan.predicted_s * 1e3,
+                plan.time_limited ? ", prefill cut to the ITL target" : "");
     return CAS_OK;
 }
 

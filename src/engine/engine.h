@@ -42,6 +42,12 @@ typedef struct {
                                  gpu_memory_fraction's rest on a GPU */
     int32_t page_size;        /* tokens per KV block, 1..256; 0 = 16 */
     int32_t max_batch_tokens; /* tokens per step (decode tokens + prefill chunks); 0 = 512 */
+    float max_itl_ms;         /* target of a step's time, in ms, while requests decode: prefill
+                                 chunks are cut so that running streams wait about this long
+                                 between tokens, from a cost model fitted to measured steps, and
+                                 short prompts are prefilled before long ones (sched.h);
+                                 cas_engine_opts_default: 100 (10 tokens/s per stream, faster than
+                                 anyone reads); 0 = off, prefill takes the whole token budget */
     int32_t max_seqs;         /* sequences per step; 0 = 256 */
     int32_t max_context;      /* tokens per sequence; 0 = the model's context length */
     int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat; 2: every
@@ -188,11 +194,12 @@ typedef struct {
     int64_t generation_tokens;
     int64_t steps, cascade_steps;     /* steps, and steps whose plan had a shared pass */
     int64_t requests_finished, requests_aborted, preemptions;
+    int64_t itl_limited_steps;        /* steps whose prefill max_itl_ms cut */
     double busy_seconds;              /* time spent in steps */
     /* the last step: its wall time, sequences, new tokens, prompt tokens among
      * them, and the distinct KV tokens its attention must read (every page
      * the batch refers to once: what a step reads at the least) */
-    double last_step_s;
+    double last_step_s, last_step_predicted_s; /* and the scheduler's cost model's guess */
     int32_t last_step_seqs, last_step_tokens, last_step_prompt_tokens;
     int64_t last_step_kv_tokens;
     /* CUDA: decode steps replayed from graphs, and the other steps */

@@ -448,6 +448,31 @@ cas_status cas_kv_seq_create(cas_kv *kv, const int32_t *tokens, int32_t n, int32
     return debug_check(kv, "seq_create");
 }
 
+void cas_kv_match_peek(const cas_kv *kv, const int32_t *tokens, int32_t n, cas_kv_match *match) {
+    memset(match, 0, sizeof *match);
+    if (!kv || n <= 0 || !tokens) return;
+    int32_t ps = kv->page_size, nmatch = 0, nhit = 0;
+    if (kv->prefix_cache) {
+        /* the loop of cas_kv_seq_create, without its side effects */
+        int32_t maxm = (n - 1) / ps;
+        uint64_t parent = kv->seed;
+        int32_t pb = -1;
+        for (int32_t i = 0; i < maxm; i++) {
+            const int32_t *t = tokens + (size_t)i * ps;
+            uint64_t h = block_hash(kv, t, parent);
+            int32_t c = map_find(kv, h);
+            if (c < 0 || !block_matches(kv, c, pb, parent, t)) break;
+            nmatch++;
+            if (kv->blk[c].computed && nhit == i) nhit = i + 1;
+            parent = h;
+            pb = c;
+        }
+    }
+    match->hit_tokens = nhit * ps;
+    match->pending_tokens = (nmatch - nhit) * ps;
+    match->new_blocks = cas_kv_blocks_for(kv, (int64_t)n - (int64_t)nmatch * ps);
+}
+
 cas_status cas_kv_seq_append(cas_kv *kv, int32_t seq, const int32_t *tokens, int32_t n) {
     kv_seq *q = seq_get(kv, seq);
     if (!q) return cas_error(CAS_ERR_INVALID, "kv_seq_append: bad sequence %d", seq);

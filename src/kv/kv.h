@@ -110,6 +110,12 @@ typedef struct {
 cas_status cas_kv_seq_create(cas_kv *kv, const int32_t *tokens, int32_t n, int32_t *seq,
                              cas_kv_match *match);
 
+/* What cas_kv_seq_create would find for tokens[0..n) now, without creating
+ * anything or counting it in the stats: cached and pending prefix tokens,
+ * and the blocks it would allocate (the scheduler sizes a waiting request's
+ * prefill with it). All zero when the prefix cache is off, except new_blocks. */
+void cas_kv_match_peek(const cas_kv *kv, const int32_t *tokens, int32_t n, cas_kv_match *match);
+
 /* Appends n token ids (copied) to a sequence, allocating blocks when the last
  * fills; full blocks become pending keys of the cache. All or nothing:
  * CAS_ERR_NOMEM (nothing changed) when the pool cannot supply the blocks. */

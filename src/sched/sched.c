@@ -11,15 +11,24 @@
  * pending shared blocks (cas_kv_seq_ready says how far a request may run),
  * claims and commits. This file only decides who runs how much and who is
  * preempted, and lays the result out as the attention core's batch.
+ *
+ * Prefill is handed out in two steps: the candidates are collected first
+ * (running requests with tokens left, then admissions), each claiming its
+ * runnable range at once so that a later candidate's cas_kv_seq_ready sees it
+ * as the filler of any block both could compute; then every candidate's
+ * grant is laid out. The step cost model (sched.h) is a non-negative least
+ * squares over five terms, solved by trying every subset of terms (31
+ * systems of at most 5 unknowns) at each observation.
  */
 #include "sched.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { REQ_WAITING = 0, REQ_RUNNING = 1 };
 
-typedef struct {
+typedef struct sched_req_s {
     int64_t id;
     int32_t priority;
     uint64_t arrival;     /* order of cas_sched_add calls */
@@ -33,11 +42,53 @@ typedef struct {
     int32_t n_preempt;
 } sched_req;
 
+/* The cost model's terms, in the order of cas_sched_cost's fields. */
+enum { CF_STEP, CF_TOKEN, CF_SAMPLE, CF_PAIR, CF_KV, CF_N };
+
+/* Features are scaled to about 1 for a typical step before they enter the
+ * normal equations, so that their sums stay well conditioned. */
+static const double cf_scale[CF_N] = {1.0, 1.0 / 512, 1.0 / 64, 1.0 / (1 << 21), 1.0 / (1 << 16)};
+
+/* Each kind of step forgets with this factor per step of its kind. */
+#define COST_DECAY 0.98
+/* Steps observed before predictions are trusted enough to clip outliers. */
+#define COST_WARM 16
+/* An observed step counts at most this many times its prediction (a step the
+ * OS descheduled must not teach the model that everything got slower). */
+#define COST_CLIP 4.0
+/* Long waiting requests the admission scan passes over in one step. */
+#define MAX_SKIPS 64
+
+/* Decayed normal equations of one kind of step: sum of x x^T, x y, y^2. */
+typedef struct {
+    double xx[CF_N][CF_N], xy[CF_N], yy;
+    int64_t n;
+} cost_sums;
+
+/* A prefill candidate of the step being planned. */
+typedef struct {
+    struct sched_req_s *r;
+    int32_t q0;      /* its computed tokens: the first position it would run */
+    int32_t run;     /* tokens it may run now */
+    int32_t n;       /* tokens granted */
+    int32_t is_long;
+} pf_cand;
+
+/* What is left of a step's budget while prefill is handed out. */
+typedef struct {
+    int32_t tok;     /* tokens */
+    int32_t reserve; /* tokens held back for the first long prefill */
+    double t;        /* seconds (INFINITY: no time target this step) */
+    double reserve_t; /* and the seconds, already taken off t */
+    int32_t cut;     /* a grant was cut by time */
+} pf_budget;
+
 struct cas_sched {
     cas_kv *kv;
     cas_sched_opts o;
     int32_t ps, debug;
     uint64_t next_arrival;
+    int32_t long_tokens;
 
     sched_req **waiting; /* [cap_waiting], service order */
     int32_t n_waiting, cap_waiting;
@@ -54,6 +105,15 @@ struct cas_sched {
     int32_t *kv_indices;                 /* [max_seqs * max_bps] */
     int32_t *last_len;                   /* [max_seqs] */
     int64_t *preempted;                  /* [max_seqs] */
+    pf_cand *cand;                       /* [max_seqs] prefill candidates */
+
+    /* the step cost model */
+    cost_sums sums[2];       /* [0] steps without prefill tokens, [1] with */
+    double w[CF_N];          /* seconds per unscaled unit of each term */
+    int32_t cost_fixed;      /* 1: w was set, observations do not change it */
+    double plan_x[CF_N];     /* the unscaled terms of the plan in flight */
+    int32_t plan_prefill;    /* it has prefill tokens */
+    int32_t observable;      /* a plan with items awaits its time */
 
     cas_sched_stats st;
 };
@@ -67,6 +127,8 @@ cas_sched_opts cas_sched_opts_default(void) {
     o.max_prefill_chunk = 0;
     o.use_priority = 0;
     o.debug_checks = 0;
+    o.max_itl_ms = 0;
+    o.long_prefill_tokens = 0; /* 4% of max_context */
     return o;
 }
 
@@ -119,6 +181,9 @@ cas_status cas_sched_create(cas_kv *kv, const cas_sched_opts *opts, cas_sched **
                          "sched_create: max_tokens_per_step (%d), max_seqs (%d) and max_context "
                          "(%d) must be >= 1, max_prefill_chunk (%d) >= 0",
                          o.max_tokens_per_step, o.max_seqs, o.max_context, o.max_prefill_chunk);
+    if (!(o.max_itl_ms >= 0 && o.max_itl_ms <= 1e7f))
+        return cas_error(CAS_ERR_INVALID, "sched_create: max_itl_ms must be in [0, 1e7] (got %g)",
+                         (double)o.max_itl_ms);
     if (o.max_seqs > cas_kv_max_seqs(kv))
         return cas_error(CAS_ERR_INVALID, "sched_create: max_seqs %d > the pool's %d sequences",
                          o.max_seqs, cas_kv_max_seqs(kv));
@@ -132,6 +197,9 @@ cas_status cas_sched_create(cas_kv *kv, const cas_sched_opts *opts, cas_sched **
     s->o = o;
     s->ps = cas_kv_page_size(kv);
     s->debug = o.debug_checks != 0;
+    s->long_tokens = o.long_prefill_tokens < 0   ? INT32_MAX
+                     : o.long_prefill_tokens > 0 ? o.long_prefill_tokens
+                                                 : (o.max_context / 25 > 1 ? o.max_context / 25 : 1);
     s->max_bps = cas_kv_blocks_for(kv, o.max_context);
     size_t ms = (size_t)o.max_seqs, bud = (size_t)o.max_tokens_per_step;
     s->cap_waiting = 64;
@@ -147,9 +215,10 @@ cas_status cas_sched_create(cas_kv *kv, const cas_sched_opts *opts, cas_sched **
     s->kv_indices = malloc(ms * (size_t)s->max_bps * sizeof(int32_t));
     s->last_len = malloc(ms * sizeof(int32_t));
     s->preempted = malloc(ms * sizeof(int64_t));
+    s->cand = malloc(ms * sizeof *s->cand);
     if (!s->waiting || !s->running || !s->items || !s->plan_reqs || !s->tok || !s->pos ||
         !s->slot || !s->qo_indptr || !s->kv_indptr || !s->kv_indices || !s->last_len ||
-        !s->preempted) {
+        !s->preempted || !s->cand) {
         cas_sched_destroy(s);
         return cas_error(CAS_ERR_NOMEM, "sched_create: out of memory for the plan buffers");
     }
@@ -177,6 +246,7 @@ void cas_sched_destroy(cas_sched *s) {
     free(s->kv_indices);
     free(s->last_len);
     free(s->preempted);
+    free(s->cand);
     free(s);
 }
 
@@ -277,6 +347,138 @@ cas_status cas_sched_abort(cas_sched *s, int64_t id) {
     return CAS_OK;
 }
 
+/* ---- the step cost model --------------------------------------------------- */
+
+static double cost_of(const double *w, const double *x) {
+    double t = 0;
+    for (int k = 0; k < CF_N; k++) t += w[k] * x[k];
+    return t;
+}
+
+/* Solves m z = r for the leading k x k block in place (Gaussian elimination
+ * with partial pivoting); 0 when singular. */
+static int solve_small(double m[CF_N][CF_N], double *r, int k) {
+    for (int c = 0; c < k; c++) {
+        int p = c;
+        for (int i = c + 1; i < k; i++)
+            if (fabs(m[i][c]) > fabs(m[p][c])) p = i;
+        if (!(fabs(m[p][c]) > 1e-300)) return 0;
+        if (p != c) {
+            for (int j = 0; j < k; j++) {
+                double t = m[c][j];
+                m[c][j] = m[p][j];
+                m[p][j] = t;
+            }
+            double t = r[c];
+            r[c] = r[p];
+            r[p] = t;
+        }
+        for (int i = c + 1; i < k; i++) {
+            double f = m[i][c] / m[c][c];
+            for (int j = c; j < k; j++) m[i][j] -= f * m[c][j];
+            r[i] -= f * r[c];
+        }
+    }
+    for (int c = k - 1; c >= 0; c--) {
+        double t = r[c];
+        for (int j = c + 1; j < k; j++) t -= m[c][j] * r[j];
+        r[c] = t / m[c][c];
+    }
+    return 1;
+}
+
+/* Refits s->w: the least-squares solution with every coefficient >= 0, found
+ * by solving the normal equations restricted to each subset of the terms and
+ * keeping the feasible one with the smallest residual. Each subset is scaled
+ * to a unit diagonal and gets a tiny ridge, so terms that never varied apart
+ * (decode steps alone: one token, one sample per row) still give a solution. */
+static void cost_fit(cas_sched *s) {
+    double xx[CF_N][CF_N], xy[CF_N], yy = s->sums[0].yy + s->sums[1].yy;
+    for (int i = 0; i < CF_N; i++) {
+        xy[i] = s->sums[0].xy[i] + s->sums[1].xy[i];
+        for (int j = 0; j < CF_N; j++) xx[i][j] = s->sums[0].xx[i][j] + s->sums[1].xx[i][j];
+    }
+    double best = INFINITY, bw[CF_N] = {0};
+    for (int mask = 1; mask < (1 << CF_N); mask++) {
+        int idx[CF_N], k = 0, ok = 1;
+        for (int j = 0; j < CF_N && ok; j++)
+            if (mask >> j & 1) {
+                if (!(xx[j][j] > 0)) ok = 0;
+                idx[k++] = j;
+            }
+        if (!ok) continue;
+        double m[CF_N][CF_N], r[CF_N], d[CF_N], w[CF_N] = {0};
+        for (int i = 0; i < k; i++) d[i] = 1.0 / sqrt(xx[idx[i]][idx[i]]);
+        for (int i = 0; i < k; i++) {
+            r[i] = xy[idx[i]] * d[i];
+            for (int j = 0; j < k; j++) m[i][j] = xx[idx[i]][idx[j]] * d[i] * d[j] + (i == j ? 1e-9 : 0.0);
+        }
+        if (!solve_small(m, r, k)) continue;
+        for (int i = 0; i < k && ok; i++) {
+            w[idx[i]] = r[i] * d[i];
+            if (!(w[idx[i]] >= 0)) ok = 0;
+        }
+        if (!ok) continue;
+        double rss = yy;
+        for (int i = 0; i < CF_N; i++) {
+            rss -= 2 * w[i] * xy[i];
+            for (int j = 0; j < CF_N; j++) rss += w[i] * w[j] * xx[i][j];
+        }
+        if (rss < best) {
+            best = rss;
+            memcpy(bw, w, sizeof bw);
+        }
+    }
+    for (int j = 0; j < CF_N; j++) s->w[j] = bw[j] * cf_scale[j];
+}
+
+cas_status cas_sched_observe(cas_sched *s, double seconds) {
+    if (!s) return cas_error(CAS_ERR_INVALID, "sched_observe: NULL scheduler");
+    if (!(seconds >= 0) || !isfinite(seconds))
+        return cas_error(CAS_ERR_INVALID, "sched_observe: step time %g s", seconds);
+    if (!s->observable || s->in_step)
+        return cas_error(CAS_ERR_INVALID, "sched_observe: no finished step since the last report");
+    s->observable = 0;
+    double y = seconds, pred = cost_of(s->w, s->plan_x);
+    if (s->st.observations >= COST_WARM && pred > 0 && y > COST_CLIP * pred) y = COST_CLIP * pred;
+    cost_sums *c = &s->sums[s->plan_prefill];
+    double x[CF_N];
+    for (int k = 0; k < CF_N; k++) x[k] = s->plan_x[k] * cf_scale[k];
+    for (int i = 0; i < CF_N; i++) {
+        c->xy[i] = COST_DECAY * c->xy[i] + x[i] * y;
+        for (int j = 0; j < CF_N; j++) c->xx[i][j] = COST_DECAY * c->xx[i][j] + x[i] * x[j];
+    }
+    c->yy = COST_DECAY * c->yy + y * y;
+    c->n++;
+    s->st.observations++;
+    if (!s->cost_fixed) cost_fit(s);
+    return CAS_OK;
+}
+
+void cas_sched_get_cost(const cas_sched *s, cas_sched_cost *c) {
+    c->step_s = s->w[CF_STEP];
+    c->token_s = s->w[CF_TOKEN];
+    c->sample_s = s->w[CF_SAMPLE];
+    c->pair_s = s->w[CF_PAIR];
+    c->kv_s = s->w[CF_KV];
+}
+
+cas_status cas_sched_set_cost(cas_sched *s, const cas_sched_cost *c) {
+    if (!s) return cas_error(CAS_ERR_INVALID, "sched_set_cost: NULL scheduler");
+    if (!c) {
+        s->cost_fixed = 0;
+        cost_fit(s);
+        return CAS_OK;
+    }
+    const double w[CF_N] = {c->step_s, c->token_s, c->sample_s, c->pair_s, c->kv_s};
+    for (int k = 0; k < CF_N; k++)
+        if (!(w[k] >= 0) || !isfinite(w[k]))
+            return cas_error(CAS_ERR_INVALID, "sched_set_cost: coefficient %d is %g", k, w[k]);
+    memcpy(s->w, w, sizeof w);
+    s->cost_fixed = 1;
+    return CAS_OK;
+}
+
 /* ---- planning -------------------------------------------------------------- */
 
 /* Moves the last running request back to waiting, freeing its blocks. */
@@ -317,6 +519,10 @@ static cas_status schedule(cas_sched *s, sched_req *r, int32_t n) {
         else s->st.decode_tokens++;
         if (p < r->hi_computed) s->st.recomputed_tokens++;
     }
+    s->plan_x[CF_TOKEN] += n;
+    if (it->sample) s->plan_x[CF_SAMPLE] += 1;
+    if (n == 1) s->plan_x[CF_KV] += start + 1;
+    else s->plan_x[CF_PAIR] += (double)n * start + (double)n * (n + 1) / 2;
     int32_t kv_len = start + n, nb = (kv_len + ps - 1) / ps;
     memcpy(s->kv_indices + s->kv_indptr[k], blocks, (size_t)nb * sizeof(int32_t));
     s->kv_indptr[k + 1] = s->kv_indptr[k] + nb;
@@ -329,10 +535,78 @@ static cas_status schedule(cas_sched *s, sched_req *r, int32_t n) {
     return CAS_OK;
 }
 
-static int32_t chunk_of(const cas_sched *s, int32_t runnable, int32_t budget) {
-    int32_t n = runnable < budget ? runnable : budget;
+/* Predicted seconds of n prefill tokens of r from position from: the tokens,
+ * their causal attention, and a sampled row when they end r's known tokens. */
+static double chunk_cost(const cas_sched *s, const sched_req *r, int32_t from, int32_t n) {
+    double t = s->w[CF_TOKEN] * n + s->w[CF_PAIR] * ((double)n * from + (double)n * (n + 1) / 2);
+    if (from + n == r->n_tokens) t += s->w[CF_SAMPLE];
+    return t;
+}
+
+/* The most tokens, up to max_n, of r from position from that fit t seconds. */
+static int32_t fit_tokens(const cas_sched *s, const sched_req *r, int32_t from, int32_t max_n, double t) {
+    if (chunk_cost(s, r, from, max_n) <= t) return max_n;
+    int32_t lo = 0, hi = max_n - 1; /* the cost grows with n */
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        if (chunk_cost(s, r, from, mid) <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Makes r a prefill candidate with run tokens it may compute now, claiming
+ * them at once (see the top of this file). */
+static cas_status add_cand(cas_sched *s, sched_req *r, int32_t run, int32_t *nc) {
+    if (cas_kv_seq_claim(s->kv, r->seq, run) != CAS_OK)
+        return cas_error(CAS_ERR_INTERNAL, "sched: %s", cas_last_error());
+    pf_cand *c = &s->cand[(*nc)++];
+    c->r = r;
+    c->q0 = cas_kv_seq_num_computed(s->kv, r->seq);
+    c->run = run;
+    c->n = 0;
+    c->is_long = r->n_tokens - c->q0 > s->long_tokens;
+    return CAS_OK;
+}
+
+/* Grants candidate c up to want more tokens: what the token budget (less the
+ * reserve), max_prefill_chunk and the time left allow, but at least floor
+ * tokens where the budget has them, whatever the time says. */
+static void grant(const cas_sched *s, pf_budget *b, pf_cand *c, int32_t want, int32_t floor) {
+    int32_t n = want, avail = b->tok - b->reserve;
+    if (n > avail) n = avail;
+    if (s->o.max_prefill_chunk > 0 && n > s->o.max_prefill_chunk - c->n) n = s->o.max_prefill_chunk - c->n;
+    if (n <= 0) return;
+    if (isfinite(b->t)) {
+        const int32_t from = c->q0 + c->n;
+        int32_t fit = fit_tokens(s, c->r, from, n, b->t);
+        if (fit < n) b->cut = 1;
+        if (floor > n) floor = n;
+        n = fit > floor ? fit : floor;
+        b->t -= chunk_cost(s, c->r, from, n);
+    }
+    b->tok -= n;
+    c->n += n;
+}
+
+/* Holds back for long candidate c (the oldest long prefill) half of the
+ * step's prefill budget b0, in tokens and, with a time target, in seconds
+ * (at least one token), but no more than what b still has: short prefills
+ * come first but cannot take it all. */
+static void reserve_long(const cas_sched *s, pf_budget *b, const pf_budget *b0, const pf_cand *c) {
+    int32_t n = c->run, half = b0->tok / 2 > 1 ? b0->tok / 2 : 1;
+    if (n > half) n = half;
+    if (n > b->tok) n = b->tok;
     if (s->o.max_prefill_chunk > 0 && n > s->o.max_prefill_chunk) n = s->o.max_prefill_chunk;
-    return n;
+    if (n <= 0) return;
+    if (isfinite(b->t)) {
+        const double t = b0->t / 2 < b->t ? b0->t / 2 : b->t;
+        const int32_t fit = fit_tokens(s, c->r, c->q0, n, t);
+        n = fit > 1 ? fit : 1;
+        b->reserve_t = chunk_cost(s, c->r, c->q0, n);
+        b->t -= b->reserve_t;
+    }
+    b->reserve = n;
 }
 
 cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
@@ -344,6 +618,8 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
     cas_kv *kv = s->kv;
     cas_status st;
     s->n_items = s->n_tok = s->n_preempted = s->n_wait_shared = 0;
+    memset(s->plan_x, 0, sizeof s->plan_x);
+    s->plan_x[CF_STEP] = 1;
     int32_t budget = s->o.max_tokens_per_step;
     int32_t run, wait;
 
@@ -371,7 +647,17 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
         }
     }
 
-    /* pass 2: prefill chunks of running requests, in order */
+    /* pass 2: prefill, short ones first (sched.h). The time the target
+     * leaves after the decodes, and never less than half the longer of the
+     * target and the decodes' own time. */
+    pf_budget b = {budget, 0, INFINITY, 0, 0};
+    if (s->o.max_itl_ms > 0 && s->n_items > 0) {
+        const double target = (double)s->o.max_itl_ms * 1e-3, base = cost_of(s->w, s->plan_x);
+        const double floor = 0.5 * (base > target ? base : target);
+        b.t = target - base > floor ? target - base : floor;
+    }
+    const pf_budget b0 = b;
+    int32_t nc = 0, first_long = -1, have_short = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         sched_req *r = s->running[i];
         if (r->in_plan) continue;
@@ -380,22 +666,52 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
             if (wait) s->n_wait_shared++;
             continue;
         }
-        if (budget == 0) continue;
-        int32_t n = chunk_of(s, run, budget);
-        if ((st = schedule(s, r, n)) != CAS_OK) return st;
-        budget -= n;
+        if ((st = add_cand(s, r, run, &nc)) != CAS_OK) return st;
     }
+    /* the oldest long prefill's share is held back from the short ones; the
+     * first short one runs at least a token whatever the time says */
+    for (int32_t k = 0; k < nc && first_long < 0; k++)
+        if (s->cand[k].is_long) {
+            first_long = k;
+            reserve_long(s, &b, &b0, &s->cand[k]);
+        }
+    for (int32_t k = 0; k < nc; k++)
+        if (!s->cand[k].is_long) {
+            grant(s, &b, &s->cand[k], s->cand[k].run, have_short ? 0 : 1);
+            have_short = 1;
+        }
 
     /* pass 3: admission in order (not in a step that had to preempt: the
-     * blocks just freed would be taken back at once) */
-    while (s->n_preempted == 0 && s->n_waiting > 0 && s->n_running < s->o.max_seqs && budget > 0) {
-        sched_req *r = s->waiting[0];
-        int32_t seq;
+     * blocks just freed would be taken back at once), of requests that would
+     * run this step or wait on blocks others compute; long ones wait while a
+     * long prefill is in progress, unless the long ones admitted could all
+     * finish in what is left of this step (then the next gets the rest) */
+    int32_t at = 0, skips = 0, long_tok = 0;
+    double long_t = 0;
+    for (int32_t k = 0; k < nc; k++)
+        if (s->cand[k].is_long) {
+            long_tok += s->cand[k].run;
+            long_t += chunk_cost(s, s->cand[k].r, s->cand[k].q0, s->cand[k].run);
+        }
+    while (s->n_preempted == 0 && at < s->n_waiting && s->n_running < s->o.max_seqs &&
+           b.tok - b.reserve > 0) {
+        sched_req *r = s->waiting[at];
         cas_kv_match m;
+        cas_kv_match_peek(kv, r->tokens, r->n_tokens, &m);
+        const int is_long = r->n_tokens - m.hit_tokens - m.pending_tokens > s->long_tokens;
+        if (is_long && first_long >= 0 && (long_tok >= b.tok || (isfinite(b.t) && long_t >= b.t))) {
+            if (++skips > MAX_SKIPS) break;
+            at++;
+            continue;
+        }
+        if (!is_long && m.pending_tokens == 0 && have_short && isfinite(b.t) &&
+            chunk_cost(s, r, m.hit_tokens, 1) > b.t)
+            break; /* no time left for it, and the first short one ran */
+        int32_t seq;
         st = cas_kv_seq_create(kv, r->tokens, r->n_tokens, &seq, &m);
-        if (st == CAS_ERR_NOMEM) break; /* the head waits for blocks (strict FCFS) */
+        if (st == CAS_ERR_NOMEM) break; /* it waits for blocks, and those behind it (FCFS) */
         if (st != CAS_OK) return cas_error(CAS_ERR_INTERNAL, "sched: %s", cas_last_error());
-        remove_at(s->waiting, &s->n_waiting, 0);
+        remove_at(s->waiting, &s->n_waiting, at);
         r->seq = seq;
         r->state = REQ_RUNNING;
         insert_ordered(s, s->running, &s->n_running, r);
@@ -406,12 +722,40 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
             if (wait) s->n_wait_shared++;
             continue;
         }
-        int32_t n = chunk_of(s, run, budget);
-        if ((st = schedule(s, r, n)) != CAS_OK) return st;
-        budget -= n;
+        if ((st = add_cand(s, r, run, &nc)) != CAS_OK) return st;
+        pf_cand *c = &s->cand[nc - 1];
+        if (!c->is_long) {
+            grant(s, &b, c, c->run, have_short ? 0 : 1);
+            have_short = 1;
+            continue;
+        }
+        if (first_long < 0) {
+            first_long = nc - 1;
+            reserve_long(s, &b, &b0, c);
+        }
+        long_tok += c->run;
+        long_t += chunk_cost(s, r, c->q0, c->run);
     }
 
+    /* long prefills get what is left, in order; the first at least its share */
+    for (int32_t k = 0; k < nc; k++) {
+        pf_cand *c = &s->cand[k];
+        if (!c->is_long) continue;
+        int32_t floor = 0;
+        if (k == first_long) {
+            floor = b.reserve;
+            b.reserve = 0;
+            b.t += b.reserve_t;
+        }
+        grant(s, &b, c, c->run - c->n, floor);
+    }
+    for (int32_t k = 0; k < nc; k++)
+        if (s->cand[k].n > 0 && (st = schedule(s, s->cand[k].r, s->cand[k].n)) != CAS_OK) return st;
+    if (b.cut) s->st.time_limited_steps++;
+
     s->in_step = 1;
+    s->observable = s->n_items > 0;
+    s->plan_prefill = s->plan_x[CF_PAIR] > 0;
     if (s->n_items > 0) s->st.steps++;
     plan->n_items = s->n_items;
     plan->items = s->items;
@@ -426,6 +770,8 @@ cas_status cas_sched_step_plan(cas_sched *s, cas_sched_plan *plan) {
     plan->n_preempted = s->n_preempted;
     plan->preempted_ids = s->preempted;
     plan->n_waiting_shared = s->n_wait_shared;
+    plan->predicted_s = s->n_items > 0 ? cost_of(s->w, s->plan_x) : 0.0;
+    plan->time_limited = b.cut;
     if (s->debug && (st = cas_sched_check(s)) != CAS_OK) {
         cas_log(CAS_LOG_ERROR, "sched: invariant broken after step_plan: %s", cas_last_error());
         return st;

@@ -21,15 +21,58 @@
  * put back in the waiting queue with its generated tokens; it resumes later
  * by recomputing prompt + generated (mostly prefix-cache hits if its blocks
  * were not evicted). Then decodes are scheduled (one token each), then
- * prefill chunks of running requests, then waiting requests are admitted in
- * order while the budget, the sequence limit and the pool allow: admission
+ * prefill chunks of running requests and newly admitted ones (in the order
+ * below); waiting requests are admitted in order while the budget, the
+ * sequence limit and the pool allow and they would run this step: admission
  * takes KV blocks for all the request's known tokens at once (minus prefix
  * hits), which registers its full prompt blocks as pending cache keys at
  * once, so requests admitted after it with the same prefix attach to them
  * instead of computing them (cold-cache sharing). A request whose next block
  * is being computed by another request runs nothing until it is computed. The
- * head of the waiting queue blocks the rest (strict FCFS) while it does not
- * fit; nothing is preempted to admit a request.
+ * first waiting request that may be admitted blocks the rest (FCFS) while it
+ * does not fit; nothing is preempted to admit a request.
+ *
+ * Prefill order and the step's time. Prefill tokens are handed out after the
+ * decodes, to requests with a prompt (or a recompute) left, in this order:
+ * short ones first, then long ones, each group in service order. A prefill
+ * is long when the tokens it has left to compute exceed long_prefill_tokens
+ * (vLLM's long_prefill_token_threshold, 4% of the context by default); a
+ * waiting request is classified by what the prefix cache would leave it
+ * (cas_kv_match_peek), so a prompt behind a cached system prompt is short.
+ * One long prefill runs at a time, as with vLLM's max_long_partial_prefills
+ * = 1: while one is in progress, long waiting requests stay queued and short
+ * ones behind them are admitted past them (the queue is scanned past at most
+ * 64 such long requests a step); the next long one is admitted in the step
+ * where those in progress can finish, and gets what they leave. So a short
+ * prompt that arrives while a long one is mid-prefill is computed in the
+ * next step instead of after it.
+ *
+ * With max_itl_ms > 0 and decodes in the step, prefill is also cut to time:
+ * the scheduler predicts a step's seconds with a linear cost model,
+ *
+ *     seconds = step_s + token_s * tokens + sample_s * sampled rows
+ *             + pair_s * (query, key) pairs of prefill attention
+ *             + kv_s * KV tokens that decode rows read,
+ *
+ * and gives prefill the time the target leaves after the decodes: each
+ * chunk is the most tokens whose predicted cost fits what is left (a chunk
+ * deep in a long prompt costs more per token: its queries see more keys).
+ * The engine reports every step's wall time (cas_sched_observe) and the
+ * model is a non-negative least-squares fit to those, steps with and without
+ * prefill kept in separate exponentially decayed sums (each forgets with a
+ * factor 0.98 a step of its kind) so that a long stretch of decoding does not
+ * erase what prefill steps taught. Until it has data it predicts 0, which
+ * cuts nothing. Without decodes in the step the whole token budget goes to
+ * prefill: nobody waits for a token. When the decodes alone come near or
+ * past the target, prefill still gets half the longer of the target and
+ * the decodes' own time (so such a step lasts at most 1.5 times that), and
+ * prefill never stops: the first prefill of a step runs at least one token.
+ *
+ * Sharing a step's prefill budget. Short prefills go first, but the oldest
+ * long one is guaranteed half of the step's prefill budget, in tokens and
+ * (with a target) in time, where it can use it: shorts arriving all the
+ * time cannot starve it, and a short one that arrives beside it still gets
+ * the other half at once.
  *
  * Progress. A request is accepted only if it fits the pool alone, so the
  * first running request can always advance (everyone behind it can be
@@ -65,9 +108,17 @@ typedef struct {
     int32_t use_priority;        /* 1: higher priority first, FCFS among equals; 0: FCFS */
     int32_t debug_checks;        /* 1: check scheduler and kv invariants every step (the
                                     engine's debug_checks sets it) */
+    float max_itl_ms;            /* target of a step's time while requests decode, in
+                                    milliseconds: prefill is cut to fit it (see above);
+                                    0 = off, prefill takes the whole token budget */
+    int32_t long_prefill_tokens; /* a prefill with more tokens left is long; 0 = 4% of
+                                    max_context (at least 1); < 0 = none is long: plain
+                                    FCFS chunks, the first prefill takes what it can */
 } cas_sched_opts;
 
-/* 2048 tokens per step, 64 sequences, max_context from the pool, no chunk cap, FCFS. */
+/* 2048 tokens per step, 64 sequences, max_context from the pool, no chunk cap,
+ * FCFS, no time target (the scheduler alone has no step times to fit), long
+ * prefills from 4% of the context. */
 cas_sched_opts cas_sched_opts_default(void);
 
 /* Creates a scheduler over a kv pool (borrowed; see above). Allocates the
@@ -120,6 +171,9 @@ typedef struct {
     const int64_t *preempted_ids;    /* [n_preempted] */
     int32_t n_waiting_shared;        /* running requests that wait this step for blocks
                                         another request is computing */
+    double predicted_s;              /* the cost model's seconds for this step (0 before it
+                                        has data) */
+    int32_t time_limited;            /* 1: max_itl_ms cut a prefill chunk this step */
 } cas_sched_plan;
 
 /* Plans a step into *plan. CAS_ERR_INVALID if the previous plan was not
@@ -143,6 +197,33 @@ enum {
  * blocks released (cached blocks stay for later hits). */
 cas_status cas_sched_step_done(cas_sched *s, const int32_t *sampled, const uint8_t *stop,
                                uint8_t *finished);
+
+/* ---- the step cost model --------------------------------------------------- */
+
+/* Seconds per unit of each term of the model above. */
+typedef struct {
+    double step_s;   /* per step */
+    double token_s;  /* per token run (decode or prefill) */
+    double sample_s; /* per row whose logits are sampled */
+    double pair_s;   /* per (query, key) pair of a prefill chunk's causal attention:
+                        a chunk of n tokens from position p has n*p + n*(n+1)/2 */
+    double kv_s;     /* per KV token a one-token row (a decode) attends to */
+} cas_sched_cost;
+
+/* Reports the wall time, in seconds, of the step planned last (call it after
+ * step_done, once per plan with items; the engine times the whole step). The
+ * model is refitted from it unless a fixed model was set. CAS_ERR_INVALID for
+ * a negative or non-finite time, or when no step was planned since the last
+ * report. */
+cas_status cas_sched_observe(cas_sched *s, double seconds);
+
+/* The model in use: fitted, or fixed with cas_sched_set_cost. */
+void cas_sched_get_cost(const cas_sched *s, cas_sched_cost *c);
+
+/* Fixes the model (tests; a device measured beforehand): observations are
+ * still summed but no longer change it. NULL returns to the fitted model.
+ * CAS_ERR_INVALID for a negative or non-finite coefficient. */
+cas_status cas_sched_set_cost(cas_sched *s, const cas_sched_cost *c);
 
 /* ---- inspection ---------------------------------------------------------- */
 
@@ -168,6 +249,8 @@ typedef struct {
     int64_t recomputed_tokens;      /* tokens run again after a preemption */
     int64_t preemptions;
     int64_t finished, aborted, rejected;
+    int64_t time_limited_steps;     /* steps whose prefill max_itl_ms cut */
+    int64_t observations;           /* step times reported to the cost model */
 } cas_sched_stats;
 
 void cas_sched_get_stats(const cas_sched *s, cas_sched_stats *st);

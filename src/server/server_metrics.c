@@ -141,6 +141,9 @@ char *cas_srv_metrics_text(cas_srv_metrics *m, const cas_engine_stats *st) {
     metric(&b, "cascade_requests_aborted_total", "counter", "Engine requests aborted.", (double)st->requests_aborted);
     metric(&b, "cascade_preemptions_total", "counter", "Requests preempted for lack of KV pages.", (double)st->preemptions);
     metric(&b, "cascade_engine_busy_seconds_total", "counter", "Time spent in engine steps.", st->busy_seconds);
+    metric(&b, "cascade_itl_limited_steps_total", "counter",
+           "Engine steps whose prefill was cut to keep decoding streams under the inter-token latency target.",
+           (double)st->itl_limited_steps);
     pthread_mutex_lock(&m->mu);
     hist(&b, "cascade_time_to_first_token_seconds", "Time from request arrival to its first token.", &m->ttft);
     hist(&b, "cascade_time_per_output_token_seconds", "Mean time between output tokens of a request, after the first.",

@@ -334,6 +334,7 @@ static int64_t kv_bytes_per_token(const model_shape *m) {
 typedef struct {
     double t;     /* start, seconds after the first submission */
     double s;     /* the engine's last_step_s */
+    double pred;  /* the scheduler's prediction of it */
     int32_t seqs, tokens, prompt_tokens;
     int64_t kv_tokens;
 } step_rec;
@@ -360,6 +361,7 @@ static json_t *run_json(const char *workload, const char *label, const char *mod
     json_object_set_new(o, "cascade", json_integer(eo->cascade));
     json_object_set_new(o, "batch_invariant", json_boolean(!eo->no_batch_invariance));
     json_object_set_new(o, "prefix_cache", json_integer(eo->prefix_cache));
+    json_object_set_new(o, "max_itl_ms", json_real(eo->max_itl_ms));
     return o;
 }
 
@@ -385,7 +387,8 @@ static void usage(void) {
     printf("usage: cascade bench [-m MODEL] [--workload NAME] [--scale X] [--requests N] [--prefix T]\n"
            "                     [--suffix T] [--output T] [--tree SPEC] [--rate R] [--temperature X]\n"
            "                     [--no-cascade] [--no-prefix-cache] [--threads N] [--kv-cache-mb N]\n"
-           "                     [--max-batch-tokens N] [--max-context N] [--seed N] [--json] [--label S]\n"
+           "                     [--max-batch-tokens N] [--max-itl-ms X] [--max-context N] [--seed N]\n"
+           "                     [--json] [--label S]\n"
            "                     [--copy-gbps X] [--measure-copy] [--steps-json FILE] [--latency-json FILE]\n"
            "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
            "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X] [--enforce-eager]\n"
@@ -410,6 +413,8 @@ static void usage(void) {
            "  --rate R        Poisson arrivals at R requests/s (default: all at once)\n"
            "  --temperature X sampling temperature (default: greedy); request i gets seed --seed + i\n"
            "  --max-context N tokens per sequence (default: the model's, raised to the longest request)\n"
+           "  --max-itl-ms X  target time between a stream's tokens while prompts are prefilled: prefill\n"
+           "                  chunks are cut to fit it, short prompts go first (default 100; 0 = off)\n"
            "  --label S       a name for this run, copied into the JSON\n"
            "  --copy-gbps X   device copy bandwidth, GB/s of bytes read + written: gives the decode\n"
            "                  steps' byte roofline (else its fields are null)\n"
@@ -452,7 +457,7 @@ int cmd_bench(int argc, char **argv) {
                     !strcmp(a, "--device") || !strcmp(a, "--gpu-memory-fraction") || !strcmp(a, "--workload") ||
                     !strcmp(a, "--scale") || !strcmp(a, "--temperature") || !strcmp(a, "--max-context") ||
                     !strcmp(a, "--label") || !strcmp(a, "--copy-gbps") || !strcmp(a, "--steps-json") ||
-                    !strcmp(a, "--latency-json");
+                    !strcmp(a, "--latency-json") || !strcmp(a, "--max-itl-ms");
         if (takes) {
             if (!v) {
                 fprintf(stderr, "bench: %s needs a value\n", a);
@@ -472,6 +477,15 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-mb")) eo.kv_cache_bytes = (int64_t)atoll(v) << 20;
         else if (!strcmp(a, "--max-batch-tokens")) eo.max_batch_tokens = atoi(v);
         else if (!strcmp(a, "--max-context")) eo.max_context = atoi(v);
+        else if (!strcmp(a, "--max-itl-ms")) {
+            char *end = NULL;
+            double x = strtod(v, &end);
+            if (!*v || *end || !(x >= 0 && x <= 1e7)) {
+                fprintf(stderr, "bench: --max-itl-ms needs a number of milliseconds in [0, 1e7] (0 = off)\n");
+                return 2;
+            }
+            eo.max_itl_ms = (float)x;
+        }
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
         else if (!strcmp(a, "--no-batch-invariance")) eo.no_batch_invariance = 1;
@@ -685,7 +699,8 @@ int cmd_bench(int argc, char **argv) {
             steps = p;
             steps_cap = cap;
         }
-        steps[n_steps++] = (step_rec){ts - t0, st.last_step_s, st.last_step_seqs, st.last_step_tokens,
+        steps[n_steps++] = (step_rec){ts - t0, st.last_step_s, st.last_step_predicted_s, st.last_step_seqs,
+                                      st.last_step_tokens,
                                       st.last_step_prompt_tokens, st.last_step_kv_tokens};
     }
     double elapsed = cas_now_s() - t0;
@@ -769,6 +784,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(o, "steps", json_integer((long long)st.steps));
         json_object_set_new(o, "cascade_steps", json_integer((long long)st.cascade_steps));
         json_object_set_new(o, "preemptions", json_integer((long long)st.preemptions));
+        json_object_set_new(o, "itl_limited_steps", json_integer((long long)st.itl_limited_steps));
         json_object_set_new(o, "graph_steps", json_integer((long long)st.graph_steps));
         json_object_set_new(o, "eager_steps", json_integer((long long)st.eager_steps));
         json_object_set_new(o, "decode_steps", json_integer((long long)nd));
@@ -804,13 +820,14 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)kvb));
         json_object_set_new(o, "copy_gbps", jnum(copy_gbps > 0 ? copy_gbps : NAN));
         /* t: start in s after the first submission; s: the step's time in s;
+         * predicted_s: the scheduler's cost model's guess of s (before the step);
          * kv_tokens: distinct KV tokens its attention reads; decode: no prompt
          * token computed; bytes: weights + kv_tokens * kv_bytes_per_token */
         json_t *arr = json_array();
         for (int64_t i = 0; i < n_steps; i++) {
             const step_rec *r = &steps[i];
-            json_array_append_new(arr, json_pack("{s:f, s:f, s:i, s:i, s:i, s:I, s:b, s:f}", "t", r->t, "s", r->s,
-                                                 "seqs", r->seqs, "tokens", r->tokens, "prompt_tokens",
+            json_array_append_new(arr, json_pack("{s:f, s:f, s:f, s:i, s:i, s:i, s:I, s:b, s:f}", "t", r->t, "s", r->s,
+                                                 "predicted_s", r->pred, "seqs", r->seqs, "tokens", r->tokens, "prompt_tokens",
                                                  r->prompt_tokens, "kv_tokens", (json_int_t)r->kv_tokens, "decode",
                                                  r->prompt_tokens == 0, "bytes",
                                                  (double)wbytes + (double)r->kv_tokens * (double)kvb));

@@ -42,6 +42,8 @@ static void usage(FILE *f) {
             "                       change with the sequences batched beside it)\n"
             "  --threads N          CPU threads (default: all cores)\n"
             "  --ctx N              context length (default: the model's, at most 8192)\n"
+            "  --max-itl-ms X       while some prompts decode, cut other prompts' prefill chunks so\n"
+            "                       that a step takes about X ms (default 100; 0 = off)\n"
             "  --no-cascade         flat attention\n"
             "  --no-prefix-cache    compute every prompt in full\n"
             "  --simd LEVEL         kernels' instruction set: auto (default), generic, avx2, avx512\n"
@@ -193,6 +195,8 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--gpu-memory-fraction"))
             ok = parse_float(v, &eo.gpu_memory_fraction) && eo.gpu_memory_fraction > 0 && eo.gpu_memory_fraction <= 1;
         else if (!strcmp(a, "--ctx")) ok = parse_int(v, 16, 1 << 20, &ctx);
+        else if (!strcmp(a, "--max-itl-ms"))
+            ok = parse_float(v, &eo.max_itl_ms) && eo.max_itl_ms >= 0 && eo.max_itl_ms <= 1e7f;
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
         else if (!strcmp(a, "--no-batch-invariance")) eo.no_batch_invariance = 1;

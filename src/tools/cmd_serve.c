@@ -70,6 +70,10 @@ static void usage(FILE *f) {
             "  --kv-cache-mb N         KV cache memory (default 256)\n"
             "  --page-size N           tokens per KV page (default 16)\n"
             "  --max-batch-tokens N    tokens per step (default 512)\n"
+            "  --max-itl-ms X          keep the time between a stream's tokens near X ms while prompts\n"
+            "                          are prefilled: prefill chunks are cut to fit (from measured step\n"
+            "                          times) and short prompts go before long ones (default 100;\n"
+            "                          0 = off, prefill takes every step's whole token budget)\n"
             "  --max-seqs N            sequences per step (default 256)\n"
             "  --max-context N         tokens per sequence (default the model's context length)\n"
             "  --no-cascade            flat attention only\n"
@@ -269,6 +273,17 @@ int cmd_serve(int argc, char **argv) {
                 fprintf(stderr, "serve: --device takes auto, cpu or cuda\n");
                 return 2;
             }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--max-itl-ms")) {
+            char *end = NULL;
+            double x = val ? strtod(val, &end) : -1.0;
+            if (!val || !*val || *end || !(x >= 0 && x <= 1e7)) {
+                fprintf(stderr, "serve: --max-itl-ms needs a number of milliseconds in [0, 1e7] (0 = off)\n");
+                return 2;
+            }
+            eo.max_itl_ms = (float)x;
             i++;
             continue;
         }
