@@ -1,0 +1,97 @@
+/*
+ * quant_k.h: the K-quant and IQ4 weight types, internal to src/model. Their
+ * formats and the contract they keep (bitwise batch invariance) are described
+ * in quant_impl.h with the other types; quant.c forwards every call on one of
+ * these types here (cas_qk_type), so that the code for them lives apart from
+ * the 32-element block kernels: quant_k.c holds the formats, the activation
+ * quantizer, the portable kernels and the threading, quant_k_avx2.c the AVX2
+ * kernels.
+ *
+ * Every path computes, for one weight row and one token, the same f32 chain:
+ * the activation x is quantized per token the same way everywhere, each
+ * (super-)block's integer dot product is exact (int32), and the f32 result
+ * is one sequential fused multiply-add chain over the blocks in order,
+ *     s = fma((float)isum_b, d_w * d_x, s)   [+ s = fma((float)imin_b, -(dmin_w * d_x), s)]
+ * so the result is the same bits in the portable, AVX2 and batched kernels,
+ * for any thread count and whatever other tokens share the call.
+ */
+#ifndef CASCADE_MODEL_QUANT_K_H
+#define CASCADE_MODEL_QUANT_K_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/core.h"
+#include "tensor.h"
+
+#define CAS_QK_SUPER 256 /* elements per super-block */
+
+/* x quantized per 256-element super-block for the super-block types (the
+ * activation ggml calls Q8_K): x[i] ~= d * q[i], d = amax / 127, q rounded to
+ * nearest (ties to even) and clamped to +-127; bsum[k] = sum of q[16k ..
+ * 16k+15], which the zero-point and offset terms need. 320 bytes, so that
+ * every q row of a 64-byte aligned array is aligned. */
+typedef struct {
+    int8_t q[CAS_QK_SUPER];
+    int16_t bsum[16];
+    float d;
+    uint8_t pad[28];
+} cas_q8k_block;
+
+/* x quantized per 32-element block for IQ4_NL (whose rows need only be a
+ * multiple of 32): x[i] ~= d * q[i] as above. 64 bytes. */
+typedef struct {
+    int8_t q[32];
+    float d;
+    uint8_t pad[28];
+} cas_q8b_block;
+
+/* The 16 values of the IQ4 formats' 4-bit indices (the format's table). */
+extern const int8_t cas_qk_iq4_values[16];
+
+/* 1 for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; else 0. */
+int cas_qk_type(int t);
+
+/* Elements per block (256; 32 for IQ4_NL), bytes per block, name ("q4_k",
+ * ...); 0 / 0 / NULL for other types. */
+int64_t cas_qk_block_size(int t);
+size_t cas_qk_block_bytes(int t);
+const char *cas_qk_name(int t);
+
+/* One row of n elements (a multiple of the block size; checked by the
+ * caller). */
+void cas_qk_dequantize_row(int t, const uint8_t *src, float *dst, int64_t n);
+void cas_qk_quantize_row(int t, const float *x, uint8_t *dst, int64_t n);
+
+/* Bytes of one token's quantized x for weights of type t with n columns. */
+size_t cas_qk_x_bytes(int t, int64_t n);
+
+/* Scratch of a cas_qk_matmul call (m tokens). */
+size_t cas_qk_work_bytes(int t, int64_t n, int64_t m);
+
+/* Kernel level: 0 portable, 1 AVX2+FMA+F16C (the caller has checked the CPU). */
+
+/* Y[m][rows] = X[m][n] . W^T as cas_q_matmul specifies (arguments checked by
+ * the caller; rb = row bytes; work: cas_qk_work_bytes, 64-byte aligned; nt
+ * OpenMP threads). */
+void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, const float *x, int64_t m,
+                   float *y, int level, int nt, void *work);
+
+/* x[n] quantized for weights of type t into buf (cas_qk_x_bytes). */
+void cas_qk_quantize_x(int t, const float *x, int64_t n, void *buf, int level);
+
+/* y[r] = W[r] . x for r in [r0, r1), x quantized in buf by cas_qk_quantize_x. */
+void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1,
+                         const void *buf, float *y, int level);
+
+/* ---- AVX2 (quant_k_avx2.c) ------------------------------------------------ */
+
+/* x quantized as cas_qk_quantize_x does, bit for bit. */
+void cas_qk_avx2_quantize_x(int t, const float *x, int64_t n, void *buf);
+
+/* Rows [r0, r1) of W against m tokens of quantized x (token i at xq + i *
+ * xstride bytes), into Y[m][rows] (token i's row at y + i * rows). */
+void cas_qk_avx2_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                      const uint8_t *xq, size_t xstride, int64_t m, float *y);
+
+#endif
