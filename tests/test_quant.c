@@ -1162,6 +1162,14 @@ static int bench_main(void) {
     if (s1 > 0 && s32 > 0)
         printf("  -> 32 tokens cost %.1fx one matvec (%.1fx the tokens/s)\n", s32 / s1, 32 * s1 / s32);
     for (int i = 0; i < N_TYPES; i++) bench_line("decode 1536x576 all types", k_types[i], 1536, 576, 1, 1, bw, NULL);
+    /* K-quants: of the 135M model's matrices only ffn_down (576 x 1536) has rows that are a
+     * multiple of 256; IQ4_NL (32-element blocks) takes the 576-wide ones too */
+    static const int cmp[] = {CAS_T_Q4_1, CAS_T_Q8_0};
+    for (int i = 0; i < 2; i++) bench_line("decode ffn down 576x1536", cmp[i], 576, 1536, 1, 1, bw, NULL);
+    for (int i = 0; i < N_KQ; i++) bench_line("decode ffn down 576x1536", kq_types[i], 576, 1536, 1, 1, bw, NULL);
+    bench_line("decode ffn up 1536x576", CAS_T_IQ4_NL, 1536, 576, 1, 1, bw, NULL);
+    for (int i = 0; i < 2; i++) bench_line("batched 32 tokens", cmp[i], 576, 1536, 32, 1, bw, NULL);
+    for (int i = 0; i < N_KQ; i++) bench_line("batched 32 tokens", kq_types[i], 576, 1536, 32, 1, bw, NULL);
     bench_line("batched 128 tokens", CAS_T_Q4_1, 1536, 576, 128, 1, bw, NULL);
     bench_line("batched 32 tokens", CAS_T_F32, 1536, 576, 32, 1, bw, NULL);
     return 0;
