@@ -370,7 +370,7 @@ size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads)
     size_t rb;
     if (rows <= 0 || m <= 0 || nthreads < 0) return 0;
     if (cas_tensor_row_bytes(t, n, &rb) != CAS_OK) return 0;
-    if (cas_qk_type(t)) return cas_qk_work_bytes(t, n, m);
+    if (cas_qk_type(t)) return cas_qk_work_bytes(t, n, m, resolve_threads(nthreads));
     size_t nt = (size_t)resolve_threads(nthreads);
     size_t nb = is_quant(t) ? (size_t)(n / 32) : 0;
     size_t bytes = align64((size_t)m * nb * sizeof(cas_q8x_block)) + align64((size_t)m * nb * 4);

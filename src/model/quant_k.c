@@ -407,43 +407,62 @@ void cas_qk_quantize_x(int t, const float *x, int64_t n, void *buf, int level) {
         quantize_x_generic(t, x, n, buf);
 }
 
-/* ---- portable kernels ---------------------------------------------------- */
+/* ---- portable kernels ----------------------------------------------------
+ * Integer sums: |value| <= 127 and |q| <= 127, so a sub-block's dot is below
+ * 32 * 127^2 and a super-block's scaled sum below 2^28 for every format (the
+ * largest, Q6_K: 16 sub-blocks * |sc| 128 * 16 elements * |v| 32 * 127). */
 
-/* W row . x: the canonical chain (quant_k.h). Integer sums: |value| <= 127
- * and |q| <= 127, so a sub-block's dot is below 32 * 127^2 and a super-
- * block's scaled sum below 2^31 for every format (Q6_K, the largest: 16
- * sub-blocks * 128 * 16 * 64 * 127 < 2^28). */
-static float row_dot(int t, const uint8_t *w, int64_t n, const void *xq) {
-    kblk k;
-    float s = 0;
+/* Block b of one weight row (decoded) against the same block of one token's x:
+ * the exact integer sums. */
+static inline void block_sums(int t, const kblk *k, const void *xq, int64_t b, int32_t *isum, int32_t *imin) {
     if (t == CAS_T_IQ4_NL) {
-        const cas_q8b_block *xb = xq;
-        for (int64_t b = 0; b < n / 32; b++, w += 18) {
-            k_unpack(t, w, &k);
-            int32_t isum = 0;
-            for (int e = 0; e < 32; e++) isum += cas_qk_iq4_values[k.code[e]] * xb[b].q[e];
-            s = fmaf((float)isum, cas_f16_to_f32(k.d) * xb[b].d, s);
-        }
-        return s;
+        const cas_q8b_block *xb = (const cas_q8b_block *)xq + b;
+        int32_t s = 0;
+        for (int e = 0; e < 32; e++) s += cas_qk_iq4_values[k->code[e]] * xb->q[e];
+        *isum = s, *imin = 0;
+        return;
     }
-    const cas_q8k_block *xb = xq;
-    const size_t bb = cas_qk_block_bytes(t);
-    const int mins = has_min(t);
-    for (int64_t b = 0; b < n / CAS_QK_SUPER; b++, w += bb) {
-        k_unpack(t, w, &k);
-        const int sub = CAS_QK_SUPER / k.nsub;
-        int32_t isum = 0, imin = 0;
-        for (int j = 0; j < k.nsub; j++) {
-            int32_t dot = 0, xs = 0;
-            for (int i = j * sub; i < (j + 1) * sub; i++) dot += k_value(t, k.code[i]) * xb[b].q[i];
-            for (int h = j * sub / 16; h < (j + 1) * sub / 16; h++) xs += xb[b].bsum[h];
-            isum += k.sc[j] * dot;
-            imin += k.mn[j] * xs;
-        }
-        s = fmaf((float)isum, cas_f16_to_f32(k.d) * xb[b].d, s);
-        if (mins) s = fmaf((float)imin, -(cas_f16_to_f32(k.dmin) * xb[b].d), s);
+    const cas_q8k_block *xb = (const cas_q8k_block *)xq + b;
+    const int sub = CAS_QK_SUPER / k->nsub;
+    int32_t is = 0, im = 0;
+    for (int j = 0; j < k->nsub; j++) {
+        int32_t dot = 0, xs = 0;
+        for (int i = j * sub; i < (j + 1) * sub; i++) dot += k_value(t, k->code[i]) * xb->q[i];
+        for (int h = j * sub / 16; h < (j + 1) * sub / 16; h++) xs += xb->bsum[h];
+        is += k->sc[j] * dot;
+        im += k->mn[j] * xs;
     }
+    *isum = is, *imin = im;
+}
+
+/* One step of the canonical chain (quant_k.h) for block b of x. */
+static inline float chain_step(int t, const kblk *k, const void *xq, int64_t b, int32_t isum, int32_t imin, float s) {
+    const float dx = t == CAS_T_IQ4_NL ? ((const cas_q8b_block *)xq)[b].d : ((const cas_q8k_block *)xq)[b].d;
+    s = fmaf((float)isum, cas_f16_to_f32(k->d) * dx, s);
+    if (has_min(t)) s = fmaf((float)imin, -(cas_f16_to_f32(k->dmin) * dx), s);
     return s;
+}
+
+/* Rows [r0, r1) against m tokens (token i's x at xq + i * xs bytes) into
+ * Y[m][rows]: each block is decoded once and advances every token's chain,
+ * so each token sees the same operations as alone. acc: m floats. */
+static void rows_generic(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                         const uint8_t *xq, size_t xs, int64_t m, float *y, float *acc) {
+    const int64_t bs = cas_qk_block_size(t), nb = n / bs;
+    const size_t bb = cas_qk_block_bytes(t);
+    kblk k;
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t i = 0; i < m; i++) acc[i] = 0;
+        for (int64_t b = 0; b < nb; b++) {
+            k_unpack(t, w + (size_t)r * rb + (size_t)b * bb, &k);
+            for (int64_t i = 0; i < m; i++) {
+                int32_t isum, imin;
+                block_sums(t, &k, xq + (size_t)i * xs, b, &isum, &imin);
+                acc[i] = chain_step(t, &k, xq + (size_t)i * xs, b, isum, imin, acc[i]);
+            }
+        }
+        for (int64_t i = 0; i < m; i++) y[i * rows + r] = acc[i];
+    }
 }
 
 void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1,
@@ -453,14 +472,17 @@ void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t 
         cas_qk_avx2_rows(t, w, rb, n, r0, r1, r1, buf, 0, 1, y);
         return;
     }
-    for (int64_t r = r0; r < r1; r++) y[r] = row_dot(t, w + (size_t)r * rb, n, buf);
+    float acc;
+    rows_generic(t, w, rb, n, r0, r1, r1, buf, 0, 1, y, &acc);
 }
 
 /* ---- matrix call ----------------------------------------------------------- */
 
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
-size_t cas_qk_work_bytes(int t, int64_t n, int64_t m) { return align64((size_t)m * cas_qk_x_bytes(t, n)) + 64; }
+size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt) {
+    return align64((size_t)m * cas_qk_x_bytes(t, n)) + (size_t)nt * align64((size_t)m * sizeof(float)) + 64;
+}
 
 /* Rows go to threads in contiguous ranges of whole 8-row groups (the AVX2
  * kernels' unit; any split gives the same bits). Each thread's weight rows
@@ -484,9 +506,8 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
             if (level >= 1) {
                 cas_qk_avx2_rows(t, w, rb, n, r0, r1, rows, xq, xs, m, y);
             } else {
-                for (int64_t r = r0; r < r1; r++)
-                    for (int64_t i = 0; i < m; i++)
-                        y[i * rows + r] = row_dot(t, w + (size_t)r * rb, n, xq + (size_t)i * xs);
+                float *acc = (float *)(void *)(xq + align64((size_t)m * xs) + (size_t)tid * align64((size_t)m * sizeof(float)));
+                rows_generic(t, w, rb, n, r0, r1, rows, xq, xs, m, y, acc);
             }
         }
     }

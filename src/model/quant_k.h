@@ -66,8 +66,8 @@ void cas_qk_quantize_row(int t, const float *x, uint8_t *dst, int64_t n);
 /* Bytes of one token's quantized x for weights of type t with n columns. */
 size_t cas_qk_x_bytes(int t, int64_t n);
 
-/* Scratch of a cas_qk_matmul call (m tokens). */
-size_t cas_qk_work_bytes(int t, int64_t n, int64_t m);
+/* Scratch of a cas_qk_matmul call (m tokens, nt threads). */
+size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt);
 
 /* Kernel level: 0 portable, 1 AVX2+FMA+F16C (the caller has checked the CPU). */
 

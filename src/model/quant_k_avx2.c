@@ -178,9 +178,10 @@ static inline __m256i dot_q6k(const uint8_t *blk, const cas_q8k_block *xb) {
     const __m256i off = _mm256_madd_epi16(sc, LDU(xb->bsum));
     const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     __m256i acc = _mm256_setzero_si256();
+    const __m256i s_lo = _mm256_permute2x128_si256(sc, sc, 0x00), s_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
-        const __m256i s = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
+        const __m256i s = h ? s_hi : s_lo;
         const __m256i qh = LDU(blk + 128 + 32 * h), l0 = LDU(blk + 64 * h), l1 = LDU(blk + 64 * h + 32);
         __m256i q[4];
         q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
@@ -208,9 +209,10 @@ static inline __m256i dot_q3k(const uint8_t *blk, const cas_q8k_block *xb) {
     const __m256i off = _mm256_madd_epi16(sc, LDU(xb->bsum));
     const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
     __m256i hm = LDU(blk), acc = _mm256_setzero_si256();
+    const __m256i s_lo = _mm256_permute2x128_si256(sc, sc, 0x00), s_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
-        const __m256i s = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
+        const __m256i s = h ? s_hi : s_lo;
         __m256i qs = LDU(blk + 32 + 32 * h);
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
@@ -230,9 +232,10 @@ static inline __m256i dot_q2k(const uint8_t *blk, const cas_q8k_block *xb, __m25
     *imin = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), m4)), LDU(xb->bsum));
     const __m256i m3 = _mm256_set1_epi8(3);
     __m256i acc = _mm256_setzero_si256();
+    const __m256i s_lo = _mm256_permute2x128_si256(sc, sc, 0x00), s_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
-        const __m256i s = _mm256_permute2x128_si256(sc, sc, h ? 0x11 : 0x00);
+        const __m256i s = h ? s_hi : s_lo;
         __m256i qs = LDU(blk + 16 + 32 * h);
 #pragma GCC unroll 4
         for (int g = 0; g < 4; g++) {
