@@ -315,12 +315,18 @@ uninstall:
 # build-fuzz/crash-*. See fuzz/README.md.
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 120
-FUZZ_SRC  := fuzz/fuzz_gguf.c src/core/core.c src/model/gguf.c src/model/tokenizer.c src/model/chat.c
+FUZZ_SRC  := fuzz/fuzz_gguf.c src/core/core.c src/model/gguf.c src/model/tokenizer.c src/model/chat.c \
+             src/model/quant_k.c
+FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 
-build-fuzz/fuzz_gguf: $(FUZZ_SRC) src/model/model.h src/model/tensor.h src/core/core.h
+# the K-quant kernels' AVX2 file, with its instruction sets (the harness checks the CPU)
+build-fuzz/quant_k_avx2.o: src/model/quant_k_avx2.c src/model/quant_k.h src/model/tensor.h src/core/core.h
 	@mkdir -p build-fuzz
-	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
-	  -fno-sanitize-recover=undefined $$(pkg-config --cflags libpcre2-8) -o $@ $(FUZZ_SRC) \
+	$(FUZZ_CC) $(subst fuzzer,fuzzer-no-link,$(FUZZ_FLAGS)) -mavx2 -mfma -mf16c -c $< -o $@
+
+build-fuzz/fuzz_gguf: $(FUZZ_SRC) build-fuzz/quant_k_avx2.o src/model/model.h src/model/tensor.h src/model/quant_k.h src/core/core.h
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) $$(pkg-config --cflags libpcre2-8) -o $@ $(FUZZ_SRC) build-fuzz/quant_k_avx2.o \
 	  $$(pkg-config --libs libpcre2-8) -lm -lpthread
 
 fuzz: build-fuzz/fuzz_gguf

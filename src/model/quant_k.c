@@ -480,8 +480,34 @@ void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t 
 
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
+/* Workspace: xq[m] (each token's x) | acc[nt][m] (portable) | for the
+ * token-lane kernels x8[ceil(m / 8)][nb] | tile[nt]. */
+static int lanes_for(int t, int64_t m, int level) { return level >= 1 && m >= CAS_QK_LANE_MIN_M && t != CAS_T_IQ4_NL; }
+
+static size_t tile_bytes(int64_t n) {
+    return align64((size_t)CAS_QK_TILE * (size_t)(n / CAS_QK_SUPER) * CAS_QK_TILE_BLOCK_BYTES);
+}
+
+static size_t lanes_x8_bytes(int64_t n, int64_t m) {
+    return align64((size_t)((m + 7) / 8) * (size_t)(n / CAS_QK_SUPER) * sizeof(cas_q8k8_block));
+}
+
 size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt) {
-    return align64((size_t)m * cas_qk_x_bytes(t, n)) + (size_t)nt * align64((size_t)m * sizeof(float)) + 64;
+    size_t b = align64((size_t)m * cas_qk_x_bytes(t, n)) + (size_t)nt * align64((size_t)m * sizeof(float)) + 64;
+    if (t != CAS_T_IQ4_NL && m >= CAS_QK_LANE_MIN_M)
+        b += lanes_x8_bytes(n, m) + (size_t)nt * tile_bytes(n);
+    return b;
+}
+
+/* Block b of tokens [8 g, 8 g + k) (k <= 8) into the token-lane layout. */
+static void pack_x8(const uint8_t *xq, size_t xs, int64_t g, int64_t k, int64_t b, cas_q8k8_block *o) {
+    memset(o, 0, sizeof *o);
+    for (int64_t t = 0; t < k; t++) {
+        const cas_q8k_block *x = (const cas_q8k_block *)(const void *)(xq + (size_t)(8 * g + t) * xs) + b;
+        for (int i = 0; i < 64; i++) memcpy(o->q[i] + 4 * t, x->q + 4 * i, 4);
+        for (int p = 0; p < 8; p++) o->bs[p][2 * t] = x->bsum[2 * p], o->bs[p][2 * t + 1] = x->bsum[2 * p + 1];
+        o->d[t] = x->d;
+    }
 }
 
 /* Rows go to threads in contiguous ranges of whole 8-row groups (the AVX2
@@ -495,15 +521,30 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
     const int64_t groups = (rows + 7) / 8;
     if (nt > groups) nt = (int)groups;
     if (nt < 1) nt = 1;
+    const int lanes = lanes_for(t, m, level);
+    const int64_t nb = n / CAS_QK_SUPER;
+    uint8_t *after = xq + align64((size_t)m * xs) + (size_t)nt * align64((size_t)m * sizeof(float));
+    cas_q8k8_block *x8 = (cas_q8k8_block *)(void *)after;
+    uint8_t *tiles = after + (lanes ? lanes_x8_bytes(n, m) : 0);
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) cas_qk_quantize_x(t, x + i * n, n, xq + (size_t)i * xs, level);
+        if (lanes) {
+#pragma omp for schedule(static)
+            for (int64_t gb = 0; gb < (m + 7) / 8 * nb; gb++) {
+                const int64_t g = gb / nb, k = m - 8 * g < 8 ? m - 8 * g : 8;
+                pack_x8(xq, xs, g, k, gb % nb, x8 + gb);
+            }
+        }
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         const int64_t r0 = groups * tid / nth * 8, r1e = groups * (tid + 1) / nth * 8;
         const int64_t r1 = r1e < rows ? r1e : rows;
         if (r1 > r0) {
-            if (level >= 1) {
+            if (lanes) {
+                void *tile = tiles + (size_t)tid * tile_bytes(n);
+                cas_qk_avx2_rows_lanes(t, w, rb, n, r0, r1, rows, x8, m, y, tile);
+            } else if (level >= 1) {
                 cas_qk_avx2_rows(t, w, rb, n, r0, r1, rows, xq, xs, m, y);
             } else {
                 float *acc = (float *)(void *)(xq + align64((size_t)m * xs) + (size_t)tid * align64((size_t)m * sizeof(float)));

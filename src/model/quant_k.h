@@ -46,6 +46,26 @@ typedef struct {
     uint8_t pad[28];
 } cas_q8b_block;
 
+/* Eight tokens' x for one super-block, transposed for the batched kernels:
+ * q[g] holds elements 4g .. 4g+3 of each token (token t in bytes 4t .. 4t+3),
+ * so that four weight codes broadcast against it give every token's partial
+ * sums in its own lane; bs[p] holds each token's sums of the 16-element
+ * groups 2p and 2p+1 (token t in 16-bit lanes 2t, 2t+1); d the tokens'
+ * scales. Tokens past the call's m are zero. 2336 bytes, a multiple of 32. */
+typedef struct {
+    int8_t q[64][32];
+    int16_t bs[8][16];
+    float d[8];
+} cas_q8k8_block;
+
+/* Batched calls with at least this many tokens (on the super-block types)
+ * use the token-lane kernels: they pad to multiples of eight tokens, so
+ * below this the row-lane kernel, run once per token, does less work. */
+#define CAS_QK_LANE_MIN_M 4
+
+/* Rows the token-lane kernels decode at a time. */
+#define CAS_QK_TILE 4
+
 /* The 16 values of the IQ4 formats' 4-bit indices (the format's table). */
 extern const int8_t cas_qk_iq4_values[16];
 
@@ -90,8 +110,17 @@ void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t 
 void cas_qk_avx2_quantize_x(int t, const float *x, int64_t n, void *buf);
 
 /* Rows [r0, r1) of W against m tokens of quantized x (token i at xq + i *
- * xstride bytes), into Y[m][rows] (token i's row at y + i * rows). */
+ * xstride bytes), into Y[m][rows] (token i's row at y + i * rows): eight
+ * rows in the lanes, the tokens one after another. */
 void cas_qk_avx2_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                       const uint8_t *xq, size_t xstride, int64_t m, float *y);
+
+/* The same for a super-block type from x8[ceil(m / 8)][n / 256] (tokens in
+ * the lanes); tile: CAS_QK_TILE * (n / 256) * CAS_QK_TILE_BLOCK_BYTES of
+ * 32-byte aligned scratch (one row's super-block decoded takes
+ * CAS_QK_TILE_BLOCK_BYTES). */
+#define CAS_QK_TILE_BLOCK_BYTES 384
+void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                            const cas_q8k8_block *x8, int64_t m, float *y, void *tile);
 
 #endif

@@ -367,3 +367,237 @@ void cas_qk_avx2_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0,
     default: break;
     }
 }
+
+/* ---- batched: tokens in lanes ---------------------------------------------
+ * For m >= CAS_QK_LANE_MIN_M tokens the eight f32 lanes hold eight tokens of
+ * one weight row instead of eight rows of one token. A tile of CAS_QK_TILE
+ * rows is decoded once (codes to bytes in element order, scales to 16-bit
+ * pairs, d and dmin to f32) and stays in L1 while every group of eight
+ * tokens uses it: four codes of a row, broadcast to all lanes, times the
+ * eight tokens' four x bytes (cas_q8k8_block) give each token two 16-bit
+ * partial sums per _mm256_maddubs_epi16; a sub-block's partial sums add up
+ * in 16 bits as far as they cannot overflow (codes below 16: 8 * 2 * 15 *
+ * 127 < 2^15; Q5_K four, Q6_K two, IQ4_XS one maddubs at a time), then one
+ * _mm256_madd_epi16 by the broadcast scale widens them into the block's
+ * int32 sum. The integer sums are the exact ones again, and each lane's f32
+ * chain is the canonical one (d_w * d_x is the same product in either
+ * order), so a token's results are the bits of its matvec. */
+
+/* One row's super-block decoded for the lane kernel. */
+typedef struct {
+    uint8_t c[CAS_QK_SUPER]; /* codes in element order (IQ4_XS: the signed table values) */
+    int32_t sc[16];          /* sub-block j's scale in both 16-bit halves */
+    int32_t sp[8];           /* 16-bit pairs against bsum pair p: (sc_2p, sc_2p+1) for Q6_K and Q3_K's
+                                offsets, the minimums (mn_p, mn_p) for Q4_K, Q5_K, (mn_2p, mn_2p+1) for Q2_K */
+    float d, dmin;
+    uint8_t pad[24];
+} lt_blk;
+
+_Static_assert(sizeof(lt_blk) == CAS_QK_TILE_BLOCK_BYTES, "lt_blk is the size quant_k.c reserves");
+
+static inline int32_t pack16(int a, int b) { return (int32_t)((uint32_t)(uint16_t)a | (uint32_t)(uint16_t)b << 16); }
+
+static inline void st32(uint8_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)(void *)p, v); }
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static void lt_decode(const int t, const uint8_t *blk, lt_blk *o) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    int sc[16], mn[16];
+    switch (t) {
+    case CAS_T_Q4_K: case CAS_T_Q5_K: {
+        const uint32_t w0 = rd32(blk + 4), w1 = rd32(blk + 8), w2 = rd32(blk + 12);
+        const uint32_t s4[2] = {w0 & 0x3f3f3f3fu, (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u)};
+        const uint32_t m4s[2] = {w1 & 0x3f3f3f3fu, ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u)};
+        for (int j = 0; j < 8; j++) sc[j] = (s4[j / 4] >> (8 * (j % 4))) & 63, mn[j] = (m4s[j / 4] >> (8 * (j % 4))) & 63;
+        const uint8_t *qs = blk + (t == CAS_T_Q5_K ? 48 : 16);
+        __m256i hb = t == CAS_T_Q5_K ? LDU(blk + 16) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = LDU(qs + 32 * c);
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (t == CAS_T_Q5_K) {
+                const __m256i b4 = _mm256_set1_epi8(16);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), b4));
+                hb = _mm256_srli_epi16(hb, 2);
+            }
+            st32(o->c + 64 * c, lo);
+            st32(o->c + 64 * c + 32, hi);
+        }
+        for (int j = 0; j < 8; j++) o->sc[j] = pack16(sc[j], sc[j]), o->sp[j] = pack16(mn[j], mn[j]);
+        o->d = f16_at(blk), o->dmin = f16_at(blk + 2);
+        break;
+    }
+    case CAS_T_Q6_K: {
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const __m256i qh = LDU(blk + 128 + 32 * h), l0 = LDU(blk + 64 * h), l1 = LDU(blk + 64 * h + 32);
+            st32(o->c + 128 * h, _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            st32(o->c + 128 * h + 32,
+                 _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            st32(o->c + 128 * h + 64,
+                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30)));
+            st32(o->c + 128 * h + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                      _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+        }
+        for (int j = 0; j < 16; j++) sc[j] = (int8_t)blk[192 + j];
+        o->d = f16_at(blk + 208), o->dmin = 0;
+        break;
+    }
+    case CAS_T_Q3_K: {
+        const uint8_t *s = blk + 96;
+        for (int j = 0; j < 16; j++) {
+            const int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+            sc[j] = (lo | hi << 4) - 32;
+        }
+        const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+        __m256i hm = LDU(blk);
+        for (int h = 0; h < 2; h++) {
+            __m256i qs = LDU(blk + 32 + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                st32(o->c + 128 * h + 32 * g,
+                     _mm256_or_si256(_mm256_and_si256(qs, m3), _mm256_and_si256(_mm256_slli_epi16(hm, 2), b2)));
+                qs = _mm256_srli_epi16(qs, 2);
+                hm = _mm256_srli_epi16(hm, 1);
+            }
+        }
+        o->d = f16_at(blk + 108), o->dmin = 0;
+        break;
+    }
+    case CAS_T_Q2_K: {
+        for (int j = 0; j < 16; j++) sc[j] = blk[j] & 15, mn[j] = blk[j] >> 4;
+        const __m256i m3 = _mm256_set1_epi8(3);
+        for (int h = 0; h < 2; h++) {
+            __m256i qs = LDU(blk + 16 + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                st32(o->c + 128 * h + 32 * g, _mm256_and_si256(qs, m3));
+                qs = _mm256_srli_epi16(qs, 2);
+            }
+        }
+        for (int p = 0; p < 8; p++) o->sp[p] = pack16(mn[2 * p], mn[2 * p + 1]);
+        o->d = f16_at(blk + 80), o->dmin = f16_at(blk + 82);
+        break;
+    }
+    default: { /* IQ4_XS */
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
+        const uint32_t sh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8, sl = rd32(blk + 4);
+        for (int j = 0; j < 8; j++) {
+            sc[j] = (int)(((sl >> (4 * j)) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
+            st32(o->c + 32 * j, _mm256_shuffle_epi8(table, nibbles16(blk + 8 + 16 * j)));
+        }
+        o->d = f16_at(blk), o->dmin = 0;
+        break;
+    }
+    }
+    const int nsub = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_IQ4_XS ? 8 : 16;
+    for (int j = 0; j < nsub; j++) o->sc[j] = pack16(sc[j], sc[j]);
+    if (t == CAS_T_Q6_K || t == CAS_T_Q3_K)
+        for (int p = 0; p < 8; p++) o->sp[p] = pack16(sc[2 * p], sc[2 * p + 1]);
+}
+
+static inline __m256i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* One decoded row block against eight tokens' x block: the int32 sum of each
+ * token (offsets included) and, for the types with a minimum, *imin. */
+static inline __attribute__((always_inline)) __m256i lane_sums(const int t, const lt_blk *k, const cas_q8k8_block *x,
+                                                               __m256i *imin) {
+    const __m256i *xq = (const __m256i *)(const void *)x->q;
+    __m256i is = _mm256_setzero_si256();
+    if (t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_IQ4_XS) {
+        /* sub-blocks of 32 elements: eight groups of four */
+        const int run = t == CAS_T_Q4_K ? 8 : t == CAS_T_Q5_K ? 4 : 1;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m256i s = bcast32(&k->sc[j]);
+#pragma GCC unroll 8
+            for (int g0 = 0; g0 < 8; g0 += run) {
+                __m256i p = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = g0; g < g0 + run; g++) {
+                    const __m256i w = bcast32(k->c + 32 * j + 4 * g), xv = _mm256_load_si256(xq + 8 * j + g);
+                    p = _mm256_add_epi16(p, t == CAS_T_IQ4_XS ? maddubs_signed(w, xv) : _mm256_maddubs_epi16(w, xv));
+                }
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(p, s));
+            }
+        }
+    } else {
+        /* sub-blocks of 16 elements: four groups of four */
+        const int run = t == CAS_T_Q6_K ? 2 : 4;
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            const __m256i s = bcast32(&k->sc[j]);
+#pragma GCC unroll 4
+            for (int g0 = 0; g0 < 4; g0 += run) {
+                __m256i p = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int g = g0; g < g0 + run; g++)
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(bcast32(k->c + 16 * j + 4 * g), _mm256_load_si256(xq + 4 * j + g)));
+                is = _mm256_add_epi32(is, _mm256_madd_epi16(p, s));
+            }
+        }
+    }
+    if (t == CAS_T_Q6_K || t == CAS_T_Q3_K || t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K) {
+        const __m256i *bs = (const __m256i *)(const void *)x->bs;
+        __m256i o = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) o = _mm256_add_epi32(o, _mm256_madd_epi16(_mm256_load_si256(bs + p), bcast32(&k->sp[p])));
+        if (t == CAS_T_Q6_K) is = _mm256_sub_epi32(is, _mm256_slli_epi32(o, 5));
+        else if (t == CAS_T_Q3_K) is = _mm256_sub_epi32(is, _mm256_slli_epi32(o, 2));
+        else *imin = o;
+    }
+    return is;
+}
+
+/* Rows [r, r + nr) (nr <= CAS_QK_TILE) decoded in tile, against every group
+ * of eight tokens in x8[ceil(m / 8)][nb]. */
+static inline __attribute__((always_inline)) void lanes_t(const int t, const uint8_t *w, size_t rb, int64_t n, int64_t r,
+                                                          int64_t nr, int64_t rows, const cas_q8k8_block *x8, int64_t m,
+                                                          float *y, lt_blk *tile) {
+    const int64_t nb = n / CAS_QK_SUPER;
+    const size_t bb = (size_t)cas_ttype_block_bytes(t);
+    for (int64_t j = 0; j < nr; j++)
+        for (int64_t b = 0; b < nb; b++) lt_decode(t, w + (size_t)(r + j) * rb + (size_t)b * bb, tile + j * nb + b);
+    const int mins = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K;
+    for (int64_t g = 0; g < (m + 7) / 8; g++) {
+        const cas_q8k8_block *xg = x8 + g * nb;
+        for (int64_t j = 0; j < nr; j++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const lt_blk *k = tile + j * nb + b;
+                __m256i im = _mm256_setzero_si256();
+                const __m256i is = lane_sums(t, k, xg + b, &im);
+                const __m256 dx = _mm256_load_ps(xg[b].d);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_set1_ps(k->d), dx), acc);
+                if (mins) acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(_mm256_set1_ps(k->dmin), dx), acc);
+            }
+            float out[8];
+            _mm256_storeu_ps(out, acc);
+            const int64_t nt = m - 8 * g < 8 ? m - 8 * g : 8;
+            for (int64_t i = 0; i < nt; i++) y[(8 * g + i) * rows + r + j] = out[i];
+        }
+    }
+}
+
+void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                            const cas_q8k8_block *x8, int64_t m, float *y, void *tile) {
+    for (int64_t r = r0; r < r1; r += CAS_QK_TILE) {
+        const int64_t nr = r1 - r < CAS_QK_TILE ? r1 - r : CAS_QK_TILE;
+        switch (t) {
+        case CAS_T_Q2_K: lanes_t(CAS_T_Q2_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
+        case CAS_T_Q3_K: lanes_t(CAS_T_Q3_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
+        case CAS_T_Q4_K: lanes_t(CAS_T_Q4_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
+        case CAS_T_Q5_K: lanes_t(CAS_T_Q5_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
+        case CAS_T_Q6_K: lanes_t(CAS_T_Q6_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
+        case CAS_T_IQ4_XS: lanes_t(CAS_T_IQ4_XS, w, rb, n, r, nr, rows, x8, m, y, tile); break;
+        default: break;
+        }
+    }
+}
