@@ -505,82 +505,111 @@ static inline __m256i bcast32(const void *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* One decoded row block against eight tokens' x block: the int32 sum of each
- * token (offsets included) and, for the types with a minimum, *imin. */
-static inline __attribute__((always_inline)) __m256i lane_sums(const int t, const lt_blk *k, const cas_q8k8_block *x,
-                                                               __m256i *imin) {
+/* The 16-bit sums of n (1, 2 or 4) maddubs of codes c[4i .. 4i+3], broadcast,
+ * with the token vectors x[i]. */
+static inline __attribute__((always_inline)) __m256i msum(const int n, const uint8_t *c, const __m256i *x) {
+    __m256i p = _mm256_maddubs_epi16(bcast32(c), x[0]);
+    if (n >= 2) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(bcast32(c + 4), x[1]));
+    if (n >= 4) {
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(bcast32(c + 8), x[2]));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(bcast32(c + 12), x[3]));
+    }
+    return p;
+}
+
+/* CAS_QK_TILE decoded rows' block b (k[j * nb]) against eight tokens' x
+ * block: is[j] the int32 sum of each token (offsets included) and, for the
+ * types with a minimum, im[j]. A sub-block's x vectors are loaded once into
+ * registers and used by every row of the tile. */
+static inline __attribute__((always_inline)) void lane_sums(const int t, const lt_blk *k, int64_t nb,
+                                                            const cas_q8k8_block *x, __m256i is[CAS_QK_TILE],
+                                                            __m256i im[CAS_QK_TILE]) {
     const __m256i *xq = (const __m256i *)(const void *)x->q;
-    __m256i is = _mm256_setzero_si256();
-    if (t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_IQ4_XS) {
-        /* sub-blocks of 32 elements: eight groups of four */
-        const int run = t == CAS_T_Q4_K ? 8 : t == CAS_T_Q5_K ? 4 : 1;
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const __m256i s = bcast32(&k->sc[j]);
-#pragma GCC unroll 8
-            for (int g0 = 0; g0 < 8; g0 += run) {
-                __m256i p = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int g = g0; g < g0 + run; g++) {
-                    const __m256i w = bcast32(k->c + 32 * j + 4 * g), xv = _mm256_load_si256(xq + 8 * j + g);
-                    p = _mm256_add_epi16(p, t == CAS_T_IQ4_XS ? maddubs_signed(w, xv) : _mm256_maddubs_epi16(w, xv));
-                }
-                is = _mm256_add_epi32(is, _mm256_madd_epi16(p, s));
-            }
-        }
-    } else {
-        /* sub-blocks of 16 elements: four groups of four */
-        const int run = t == CAS_T_Q6_K ? 2 : 4;
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) {
-            const __m256i s = bcast32(&k->sc[j]);
 #pragma GCC unroll 4
-            for (int g0 = 0; g0 < 4; g0 += run) {
-                __m256i p = _mm256_setzero_si256();
+    for (int r = 0; r < CAS_QK_TILE; r++) is[r] = im[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        /* 32 elements: sub-block j of Q4_K, Q5_K, IQ4_XS; sub-blocks 2j, 2j+1 of the others */
+        __m256i xv[8];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) xv[g] = _mm256_load_si256(xq + 8 * j + g);
 #pragma GCC unroll 4
-                for (int g = g0; g < g0 + run; g++)
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(bcast32(k->c + 16 * j + 4 * g), _mm256_load_si256(xq + 4 * j + g)));
-                is = _mm256_add_epi32(is, _mm256_madd_epi16(p, s));
+        for (int r = 0; r < CAS_QK_TILE; r++) {
+            const lt_blk *kr = k + r * nb;
+            const uint8_t *c = kr->c + 32 * j;
+            __m256i a;
+            if (t == CAS_T_Q4_K) { /* codes below 16: eight maddubs fit in 16 bits */
+                a = _mm256_madd_epi16(_mm256_add_epi16(msum(4, c, xv), msum(4, c + 16, xv + 4)), bcast32(&kr->sc[j]));
+            } else if (t == CAS_T_Q5_K) { /* below 32: four */
+                const __m256i sc = bcast32(&kr->sc[j]);
+                a = _mm256_add_epi32(_mm256_madd_epi16(msum(4, c, xv), sc), _mm256_madd_epi16(msum(4, c + 16, xv + 4), sc));
+            } else if (t == CAS_T_IQ4_XS) { /* signed values up to 127: one */
+                const __m256i sc = bcast32(&kr->sc[j]);
+                a = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int g = 0; g < 8; g++) a = _mm256_add_epi32(a, _mm256_madd_epi16(maddubs_signed(bcast32(c + 4 * g), xv[g]), sc));
+            } else if (t == CAS_T_Q6_K) { /* below 64: two */
+                const __m256i s0 = bcast32(&kr->sc[2 * j]), s1 = bcast32(&kr->sc[2 * j + 1]);
+                a = _mm256_add_epi32(_mm256_madd_epi16(msum(2, c, xv), s0), _mm256_madd_epi16(msum(2, c + 8, xv + 2), s0));
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(msum(2, c + 16, xv + 4), s1));
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(msum(2, c + 24, xv + 6), s1));
+            } else { /* Q3_K, Q2_K: below 8, a 16-element sub-block in one run */
+                a = _mm256_add_epi32(_mm256_madd_epi16(msum(4, c, xv), bcast32(&kr->sc[2 * j])),
+                                     _mm256_madd_epi16(msum(4, c + 16, xv + 4), bcast32(&kr->sc[2 * j + 1])));
             }
+            is[r] = _mm256_add_epi32(is[r], a);
         }
     }
-    if (t == CAS_T_Q6_K || t == CAS_T_Q3_K || t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K) {
+    if (t != CAS_T_IQ4_XS) {
         const __m256i *bs = (const __m256i *)(const void *)x->bs;
-        __m256i o = _mm256_setzero_si256();
+        __m256i bv[8];
 #pragma GCC unroll 8
-        for (int p = 0; p < 8; p++) o = _mm256_add_epi32(o, _mm256_madd_epi16(_mm256_load_si256(bs + p), bcast32(&k->sp[p])));
-        if (t == CAS_T_Q6_K) is = _mm256_sub_epi32(is, _mm256_slli_epi32(o, 5));
-        else if (t == CAS_T_Q3_K) is = _mm256_sub_epi32(is, _mm256_slli_epi32(o, 2));
-        else *imin = o;
+        for (int p = 0; p < 8; p++) bv[p] = _mm256_load_si256(bs + p);
+#pragma GCC unroll 4
+        for (int r = 0; r < CAS_QK_TILE; r++) {
+            const lt_blk *kr = k + r * nb;
+            __m256i o = _mm256_madd_epi16(bv[0], bcast32(&kr->sp[0]));
+#pragma GCC unroll 8
+            for (int p = 1; p < 8; p++) o = _mm256_add_epi32(o, _mm256_madd_epi16(bv[p], bcast32(&kr->sp[p])));
+            if (t == CAS_T_Q6_K) is[r] = _mm256_sub_epi32(is[r], _mm256_slli_epi32(o, 5));
+            else if (t == CAS_T_Q3_K) is[r] = _mm256_sub_epi32(is[r], _mm256_slli_epi32(o, 2));
+            else im[r] = o;
+        }
     }
-    return is;
 }
 
 /* Rows [r, r + nr) (nr <= CAS_QK_TILE) decoded in tile, against every group
- * of eight tokens in x8[ceil(m / 8)][nb]. */
+ * of eight tokens in x8[ceil(m / 8)][nb]. Rows past nr are decoded as copies
+ * of the first (their lanes are dropped). */
 static inline __attribute__((always_inline)) void lanes_t(const int t, const uint8_t *w, size_t rb, int64_t n, int64_t r,
                                                           int64_t nr, int64_t rows, const cas_q8k8_block *x8, int64_t m,
                                                           float *y, lt_blk *tile) {
     const int64_t nb = n / CAS_QK_SUPER;
     const size_t bb = (size_t)cas_ttype_block_bytes(t);
-    for (int64_t j = 0; j < nr; j++)
-        for (int64_t b = 0; b < nb; b++) lt_decode(t, w + (size_t)(r + j) * rb + (size_t)b * bb, tile + j * nb + b);
+    for (int64_t j = 0; j < CAS_QK_TILE; j++)
+        for (int64_t b = 0; b < nb; b++)
+            lt_decode(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b);
     const int mins = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K;
     for (int64_t g = 0; g < (m + 7) / 8; g++) {
         const cas_q8k8_block *xg = x8 + g * nb;
-        for (int64_t j = 0; j < nr; j++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
+        __m256 acc[CAS_QK_TILE];
+#pragma GCC unroll 4
+        for (int j = 0; j < CAS_QK_TILE; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i is[CAS_QK_TILE], im[CAS_QK_TILE];
+            lane_sums(t, tile + b, nb, xg + b, is, im);
+            const __m256 dx = _mm256_load_ps(xg[b].d);
+#pragma GCC unroll 4
+            for (int j = 0; j < CAS_QK_TILE; j++) {
                 const lt_blk *k = tile + j * nb + b;
-                __m256i im = _mm256_setzero_si256();
-                const __m256i is = lane_sums(t, k, xg + b, &im);
-                const __m256 dx = _mm256_load_ps(xg[b].d);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_set1_ps(k->d), dx), acc);
-                if (mins) acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(_mm256_set1_ps(k->dmin), dx), acc);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[j]), _mm256_mul_ps(_mm256_set1_ps(k->d), dx), acc[j]);
+                if (mins)
+                    acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[j]), _mm256_mul_ps(_mm256_set1_ps(k->dmin), dx), acc[j]);
             }
+        }
+        const int64_t nt = m - 8 * g < 8 ? m - 8 * g : 8;
+        for (int64_t j = 0; j < nr; j++) {
             float out[8];
-            _mm256_storeu_ps(out, acc);
-            const int64_t nt = m - 8 * g < 8 ? m - 8 * g : 8;
+            _mm256_storeu_ps(out, acc[j]);
             for (int64_t i = 0; i < nt; i++) y[(8 * g + i) * rows + r + j] = out[i];
         }
     }
