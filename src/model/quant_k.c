@@ -482,31 +482,44 @@ static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
 /* Workspace: xq[m] (each token's x) | acc[nt][m] (portable) | for the
  * token-lane kernels x8[ceil(m / 8)][nb] | tile[nt]. */
-static int lanes_for(int t, int64_t m, int level) { return level >= 1 && m >= CAS_QK_LANE_MIN_M && t != CAS_T_IQ4_NL; }
+static int lanes_for(int64_t m, int level) { return level >= 1 && m >= CAS_QK_LANE_MIN_M; }
 
-static size_t tile_bytes(int64_t n) {
-    return align64((size_t)CAS_QK_TILE * (size_t)(n / CAS_QK_SUPER) * CAS_QK_TILE_BLOCK_BYTES);
+static size_t tile_bytes(int t, int64_t n) {
+    return t == CAS_T_IQ4_NL ? align64((size_t)CAS_QK_TILE * (size_t)(n / 32) * CAS_QK_TILE_BLOCK_BYTES_NL)
+                             : align64((size_t)CAS_QK_TILE * (size_t)(n / CAS_QK_SUPER) * CAS_QK_TILE_BLOCK_BYTES);
 }
 
-static size_t lanes_x8_bytes(int64_t n, int64_t m) {
-    return align64((size_t)((m + 7) / 8) * (size_t)(n / CAS_QK_SUPER) * sizeof(cas_q8k8_block));
+static size_t lanes_x8_bytes(int t, int64_t n, int64_t m) {
+    const size_t groups = (size_t)((m + 7) / 8);
+    return t == CAS_T_IQ4_NL ? align64(groups * (size_t)(n / 32) * sizeof(cas_q8b8_block))
+                             : align64(groups * (size_t)(n / CAS_QK_SUPER) * sizeof(cas_q8k8_block));
 }
 
 size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt) {
     size_t b = align64((size_t)m * cas_qk_x_bytes(t, n)) + (size_t)nt * align64((size_t)m * sizeof(float)) + 64;
-    if (t != CAS_T_IQ4_NL && m >= CAS_QK_LANE_MIN_M)
-        b += lanes_x8_bytes(n, m) + (size_t)nt * tile_bytes(n);
+    if (m >= CAS_QK_LANE_MIN_M) b += lanes_x8_bytes(t, n, m) + (size_t)nt * tile_bytes(t, n);
     return b;
 }
 
 /* Block b of tokens [8 g, 8 g + k) (k <= 8) into the token-lane layout. */
-static void pack_x8(const uint8_t *xq, size_t xs, int64_t g, int64_t k, int64_t b, cas_q8k8_block *o) {
+static void pack_x8(int t, const uint8_t *xq, size_t xs, int64_t g, int64_t k, int64_t b, void *out) {
+    if (t == CAS_T_IQ4_NL) {
+        cas_q8b8_block *o = out;
+        memset(o, 0, sizeof *o);
+        for (int64_t i = 0; i < k; i++) {
+            const cas_q8b_block *x = (const cas_q8b_block *)(const void *)(xq + (size_t)(8 * g + i) * xs) + b;
+            for (int e = 0; e < 8; e++) memcpy(o->q[e] + 4 * i, x->q + 4 * e, 4);
+            o->d[i] = x->d;
+        }
+        return;
+    }
+    cas_q8k8_block *o = out;
     memset(o, 0, sizeof *o);
-    for (int64_t t = 0; t < k; t++) {
-        const cas_q8k_block *x = (const cas_q8k_block *)(const void *)(xq + (size_t)(8 * g + t) * xs) + b;
-        for (int i = 0; i < 64; i++) memcpy(o->q[i] + 4 * t, x->q + 4 * i, 4);
-        for (int p = 0; p < 8; p++) o->bs[p][2 * t] = x->bsum[2 * p], o->bs[p][2 * t + 1] = x->bsum[2 * p + 1];
-        o->d[t] = x->d;
+    for (int64_t i = 0; i < k; i++) {
+        const cas_q8k_block *x = (const cas_q8k_block *)(const void *)(xq + (size_t)(8 * g + i) * xs) + b;
+        for (int e = 0; e < 64; e++) memcpy(o->q[e] + 4 * i, x->q + 4 * e, 4);
+        for (int p = 0; p < 8; p++) o->bs[p][2 * i] = x->bsum[2 * p], o->bs[p][2 * i + 1] = x->bsum[2 * p + 1];
+        o->d[i] = x->d;
     }
 }
 
@@ -521,11 +534,11 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
     const int64_t groups = (rows + 7) / 8;
     if (nt > groups) nt = (int)groups;
     if (nt < 1) nt = 1;
-    const int lanes = lanes_for(t, m, level);
-    const int64_t nb = n / CAS_QK_SUPER;
-    uint8_t *after = xq + align64((size_t)m * xs) + (size_t)nt * align64((size_t)m * sizeof(float));
-    cas_q8k8_block *x8 = (cas_q8k8_block *)(void *)after;
-    uint8_t *tiles = after + (lanes ? lanes_x8_bytes(n, m) : 0);
+    const int lanes = lanes_for(m, level);
+    const int64_t nb = n / cas_qk_block_size(t);
+    const size_t x8b = t == CAS_T_IQ4_NL ? sizeof(cas_q8b8_block) : sizeof(cas_q8k8_block);
+    uint8_t *x8 = xq + align64((size_t)m * xs) + (size_t)nt * align64((size_t)m * sizeof(float));
+    uint8_t *tiles = x8 + (lanes ? lanes_x8_bytes(t, n, m) : 0);
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
@@ -534,7 +547,7 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
 #pragma omp for schedule(static)
             for (int64_t gb = 0; gb < (m + 7) / 8 * nb; gb++) {
                 const int64_t g = gb / nb, k = m - 8 * g < 8 ? m - 8 * g : 8;
-                pack_x8(xq, xs, g, k, gb % nb, x8 + gb);
+                pack_x8(t, xq, xs, g, k, gb % nb, x8 + (size_t)gb * x8b);
             }
         }
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -542,7 +555,7 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
         const int64_t r1 = r1e < rows ? r1e : rows;
         if (r1 > r0) {
             if (lanes) {
-                void *tile = tiles + (size_t)tid * tile_bytes(n);
+                void *tile = tiles + (size_t)tid * tile_bytes(t, n);
                 cas_qk_avx2_rows_lanes(t, w, rb, n, r0, r1, rows, x8, m, y, tile);
             } else if (level >= 1) {
                 cas_qk_avx2_rows(t, w, rb, n, r0, r1, rows, xq, xs, m, y);

@@ -58,7 +58,14 @@ typedef struct {
     float d[8];
 } cas_q8k8_block;
 
-/* Batched calls with at least this many tokens (on the super-block types)
+/* The same for IQ4_NL's 32-element blocks: q[g] elements 4g .. 4g+3 of each
+ * token, d the tokens' scales. 288 bytes. */
+typedef struct {
+    int8_t q[8][32];
+    float d[8];
+} cas_q8b8_block;
+
+/* Batched calls with at least this many tokens
  * use the token-lane kernels: they pad to multiples of eight tokens, so
  * below this the row-lane kernel, run once per token, does less work. */
 #define CAS_QK_LANE_MIN_M 4
@@ -115,12 +122,13 @@ void cas_qk_avx2_quantize_x(int t, const float *x, int64_t n, void *buf);
 void cas_qk_avx2_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                       const uint8_t *xq, size_t xstride, int64_t m, float *y);
 
-/* The same for a super-block type from x8[ceil(m / 8)][n / 256] (tokens in
- * the lanes); tile: CAS_QK_TILE * (n / 256) * CAS_QK_TILE_BLOCK_BYTES of
- * 32-byte aligned scratch (one row's super-block decoded takes
- * CAS_QK_TILE_BLOCK_BYTES). */
+/* The same with the tokens in the lanes, from x8[ceil(m / 8)][blocks]
+ * (cas_q8k8_block, or cas_q8b8_block for IQ4_NL); tile: CAS_QK_TILE *
+ * blocks * CAS_QK_TILE_BLOCK_BYTES (CAS_QK_TILE_BLOCK_BYTES_NL for IQ4_NL)
+ * of 32-byte aligned scratch, one row's block decoded taking that many. */
 #define CAS_QK_TILE_BLOCK_BYTES 384
+#define CAS_QK_TILE_BLOCK_BYTES_NL 64
 void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
-                            const cas_q8k8_block *x8, int64_t m, float *y, void *tile);
+                            const void *x8, int64_t m, float *y, void *tile);
 
 #endif

@@ -615,11 +615,66 @@ static inline __attribute__((always_inline)) void lanes_t(const int t, const uin
     }
 }
 
+/* IQ4_NL: one row's block decoded (the signed table values and d), and the
+ * lane kernel for its 32-element blocks: signed values against signed x take
+ * the sign trick, and each maddubs is widened at once (two products of up to
+ * 127 * 127 fill 16 bits). */
+typedef struct {
+    int8_t v[32];
+    float d;
+    uint8_t pad[28];
+} lt_nl;
+
+_Static_assert(sizeof(lt_nl) == CAS_QK_TILE_BLOCK_BYTES_NL, "lt_nl is the size quant_k.c reserves");
+
+static void lanes_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_t nr, int64_t rows,
+                     const cas_q8b8_block *x8, int64_t m, float *y, lt_nl *tile) {
+    const int64_t nb = n / 32;
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t j = 0; j < CAS_QK_TILE; j++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * 18;
+            lt_nl *o = tile + j * nb + b;
+            st32((uint8_t *)o->v, _mm256_shuffle_epi8(table, nibbles16(blk + 2)));
+            o->d = f16_at(blk);
+        }
+    for (int64_t g = 0; g < (m + 7) / 8; g++) {
+        const cas_q8b8_block *xg = x8 + g * nb;
+        __m256 acc[CAS_QK_TILE];
+#pragma GCC unroll 4
+        for (int j = 0; j < CAS_QK_TILE; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i xv[8];
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) xv[e] = _mm256_load_si256((const __m256i *)(const void *)xg[b].q[e]);
+            const __m256 dx = _mm256_load_ps(xg[b].d);
+#pragma GCC unroll 4
+            for (int j = 0; j < CAS_QK_TILE; j++) {
+                const lt_nl *k = tile + j * nb + b;
+                __m256i is = _mm256_madd_epi16(maddubs_signed(bcast32(k->v), xv[0]), ones);
+#pragma GCC unroll 8
+                for (int e = 1; e < 8; e++)
+                    is = _mm256_add_epi32(is, _mm256_madd_epi16(maddubs_signed(bcast32(k->v + 4 * e), xv[e]), ones));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_set1_ps(k->d), dx), acc[j]);
+            }
+        }
+        const int64_t nt = m - 8 * g < 8 ? m - 8 * g : 8;
+        for (int64_t j = 0; j < nr; j++) {
+            float out[8];
+            _mm256_storeu_ps(out, acc[j]);
+            for (int64_t i = 0; i < nt; i++) y[(8 * g + i) * rows + r + j] = out[i];
+        }
+    }
+}
+
 void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
-                            const cas_q8k8_block *x8, int64_t m, float *y, void *tile) {
+                            const void *x8v, int64_t m, float *y, void *tile) {
+    const cas_q8k8_block *x8 = x8v;
     for (int64_t r = r0; r < r1; r += CAS_QK_TILE) {
         const int64_t nr = r1 - r < CAS_QK_TILE ? r1 - r : CAS_QK_TILE;
         switch (t) {
+        case CAS_T_IQ4_NL: lanes_nl(w, rb, n, r, nr, rows, x8v, m, y, tile); break;
         case CAS_T_Q2_K: lanes_t(CAS_T_Q2_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
         case CAS_T_Q3_K: lanes_t(CAS_T_Q3_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
         case CAS_T_Q4_K: lanes_t(CAS_T_Q4_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
