@@ -25,6 +25,7 @@
 #include "../src/core/core.h"
 #include "../src/model/model.h"
 #include "../src/model/quant_impl.h"
+#include "../src/model/quant_k.h"
 
 static const int k_types[] = {CAS_T_F32, CAS_T_F16, CAS_T_BF16, CAS_T_Q8_0, CAS_T_Q4_0, CAS_T_Q4_1};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
@@ -780,7 +781,18 @@ static void kq_fill_x(cas_rng *rng, int t, float *x, int64_t m, int64_t n) {
         for (int64_t e = 0; e < xb; e++) x[e] = 0, x[xb + e] *= 1e-6f, x[2 * xb + e] *= 1e-38f;
 }
 
-static const char *kq_path_name(int path) { return path == CAS_Q_SIMD_AVX2 ? "avx2" : "generic"; }
+static const char *kq_path_name(int path) {
+    return path == CAS_Q_SIMD_AVX512 ? "avx512" : path == CAS_Q_SIMD_AVX2 ? "avx2" : "generic";
+}
+
+/* The paths this CPU runs: generic, AVX2, and AVX-512 (whose K-quant batched
+ * kernels need VNNI as well); *np of them into paths[3]. */
+static void kq_paths(int paths[3], int *np) {
+    *np = 0;
+    paths[(*np)++] = CAS_Q_SIMD_GENERIC;
+    if (have_avx2()) paths[(*np)++] = CAS_Q_SIMD_AVX2;
+    if (have_avx2() && cas_qk_avx512_available()) paths[(*np)++] = CAS_Q_SIMD_AVX512;
+}
 
 /* One (type, shape): every path and 1-3 threads against the reference, bit
  * for bit against each other, and each token of a batch bit for bit against
@@ -798,14 +810,15 @@ static void kq_case(int t, int64_t rows, int64_t n, const int64_t *ms, int nm, c
     fill_weights(rng, w, rows, n);
     make_matrix(t, w, rows, n, &wq, wd);
     kq_magnitudes(t, wq, wd, rows, n, mag);
-    const int avx2 = have_avx2();
     for (int mi = 0; mi < nm; mi++) {
         const int64_t m = ms[mi];
         kq_fill_x(rng, t, x, m, n);
         kq_reference(t, wd, mag, rows, n, x, m, yref, tol);
         int first = 1;
-        for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
-            if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
+        int paths[3], np;
+        kq_paths(paths, &np);
+        for (int pi = 0; pi < np; pi++) {
+            const int path = paths[pi];
             for (int nt = 1; nt <= 3; nt++) {
                 cas_q_opts o = {nt, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
                 poison(y, m * rows);
@@ -855,7 +868,7 @@ static void test_kq_kernels(void) {
         for (int a = 0; a < 4; a++)
             for (int b = 0; b < 4; b++) {
                 const int64_t n = ns[a], rows = rowss[b];
-                int64_t ms[3] = {1, 3, 9};
+                int64_t ms[3] = {1, 3, 17};
                 kq_case(t, rows, n, ms, rows * n <= 13 * 2816 ? 3 : 2, &rng);
             }
         if (t == CAS_T_IQ4_NL) { /* rows of 32-element blocks: the model's 576 and 1536 */
@@ -874,7 +887,6 @@ static void test_kq_batch_invariance(void) {
     cas_rng rng;
     cas_rng_seed(&rng, 77);
     const int64_t rows = 37, M = 40;
-    const int avx2 = have_avx2();
     for (int ti = 0; ti < N_KQ; ti++) {
         const int t = kq_types[ti];
         const int64_t n = t == CAS_T_IQ4_NL ? 576 : 768;
@@ -886,8 +898,10 @@ static void test_kq_batch_invariance(void) {
         fill_weights(&rng, w, rows, n);
         make_matrix(t, w, rows, n, &wq, wd);
         kq_fill_x(&rng, t, x, M, n);
-        for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
-            if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
+        int paths[3], np;
+        kq_paths(paths, &np);
+        for (int pi = 0; pi < np; pi++) {
+            const int path = paths[pi];
             for (int64_t i = 0; i < M; i++) {
                 cas_q_opts o = {1, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
                 CHECK(cas_q_matvec(t, wq, rows, n, x + i * n, alone + i * rows, &o) == CAS_OK);
@@ -895,8 +909,8 @@ static void test_kq_batch_invariance(void) {
             if (path == CAS_Q_SIMD_GENERIC)
                 memcpy(alone_g, alone, (size_t)(M * rows) * 4);
             else
-                CHECKF(!memcmp(alone, alone_g, (size_t)(M * rows) * 4), "%s: avx2 matvec differs from generic",
-                       cas_tensor_type_name(t));
+                CHECKF(!memcmp(alone, alone_g, (size_t)(M * rows) * 4), "%s: %s matvec differs from generic",
+                       cas_tensor_type_name(t), kq_path_name(path));
             int bad = 0;
             for (int64_t m = 1; m <= M && bad < 3; m++) {
                 cas_q_opts o = {1 + (int)(m % 3), (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
@@ -983,7 +997,6 @@ static void test_kq_in_region(void) {
 static void test_kq_fixture(void) {
     cas_gguf *g = NULL;
     REQUIRE(cas_gguf_open("tests/fixtures/kquant_blocks.gguf", &g) == CAS_OK);
-    const int avx2 = have_avx2();
     for (int ti = 0; ti < N_KQ; ti++) {
         const int t = kq_types[ti];
         char name[32];
@@ -1008,8 +1021,10 @@ static void test_kq_fixture(void) {
         float *mag = cas_alloc_array((size_t)(rows * n), 4);
         REQUIRE(mag);
         kq_magnitudes(t, q->data, d, rows, n, mag);
-        for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
-            if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
+        int paths[3], np;
+        kq_paths(paths, &np);
+        for (int pi = 0; pi < np; pi++) {
+            const int path = paths[pi];
             cas_q_opts o = {1, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
             int bad = 0;
             for (int64_t k = 0; k < n && bad < 3; k += 7) {

@@ -677,8 +677,9 @@ static cas_status matmul_prep(const cas_model *m, const cas_mat *w, const float 
     o.prep = prep;
     o.prep_ctx = prep_ctx;
     o.nthreads = m->opts.threads;
-    /* AUTO takes AMX for a batched call given the packed copy, which exists only where m->amx */
-    o.simd = !m->avx2 ? CAS_Q_SIMD_GENERIC : m->amx ? CAS_Q_SIMD_AUTO : CAS_Q_SIMD_AVX2;
+    /* AUTO takes AMX for a batched call given the packed copy, which exists only where m->amx;
+     * AVX512 takes the AVX-512 kernels of the types that have them (the K-quants) */
+    o.simd = !m->avx2 ? CAS_Q_SIMD_GENERIC : m->amx ? CAS_Q_SIMD_AUTO : m->avx512 ? CAS_Q_SIMD_AVX512 : CAS_Q_SIMD_AVX2;
     o.work = m->work;
     o.work_bytes = m->work_bytes;
     o.packed = w->packed;

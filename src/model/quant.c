@@ -321,6 +321,12 @@ const char *cas_q_batch_simd_name(void) { return auto_amx() ? "amx" : cas_q_simd
 static int pick_avx2(cas_q_simd s) {
     switch (s) {
     case CAS_Q_SIMD_GENERIC: return 0;
+    case CAS_Q_SIMD_AVX512:
+        if (!cpu_has_avx2() || !cas_cpu_features_get()->avx512) {
+            cas_error(CAS_ERR_UNSUPPORTED, "AVX-512 kernels requested; this CPU lacks them");
+            return -1;
+        }
+        return 1;
     case CAS_Q_SIMD_AVX2:
     case CAS_Q_SIMD_AMX:
         if (!cpu_has_avx2()) {
@@ -443,7 +449,8 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
 #pragma omp parallel for num_threads(nt) schedule(static)
             for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
         }
-        cas_qk_matmul(t, w, rb, rows, n, x, m, y, avx2, nt, work);
+        const int best = opt->simd == CAS_Q_SIMD_AUTO || opt->simd == CAS_Q_SIMD_AMX || opt->simd == CAS_Q_SIMD_AVX512;
+        cas_qk_matmul(t, w, rb, rows, n, x, m, y, avx2 && best && cas_qk_avx512_available() ? 2 : avx2, nt, work);
         cas_free(owned);
         return CAS_OK;
     }

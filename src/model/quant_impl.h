@@ -114,8 +114,18 @@ cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, i
  * m = 1) and fails with CAS_ERR_UNSUPPORTED when they cannot run, or with
  * CAS_ERR_INVALID when a batched call on a quantized type has no packed
  * copy. The K-quant and IQ4 types have no AMX kernels (and no packed
- * layout): AMX and AUTO take their vector kernels. */
-typedef enum { CAS_Q_SIMD_AUTO = 0, CAS_Q_SIMD_GENERIC = 1, CAS_Q_SIMD_AVX2 = 2, CAS_Q_SIMD_AMX = 3 } cas_q_simd;
+ * layout): for them AUTO and AMX take the best vector kernels. AVX512 asks
+ * for the AVX-512 kernels where a type has them (the batched kernels of the
+ * K-quant and IQ4 types, which also need AVX512-VNNI; AVX2 without it) and
+ * AVX2 elsewhere, and fails with CAS_ERR_UNSUPPORTED when the CPU lacks
+ * AVX-512. Every path gives the K-quant and IQ4 types the same bits. */
+typedef enum {
+    CAS_Q_SIMD_AUTO = 0,
+    CAS_Q_SIMD_GENERIC = 1,
+    CAS_Q_SIMD_AVX2 = 2,
+    CAS_Q_SIMD_AMX = 3,
+    CAS_Q_SIMD_AVX512 = 4
+} cas_q_simd;
 
 /* Options of a kernel call; a NULL pointer means all defaults (zeroes). */
 typedef struct {

@@ -482,23 +482,68 @@ static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
 /* Workspace: xq[m] (each token's x) | acc[nt][m] (portable) | for the
  * token-lane kernels x8[ceil(m / 8)][nb] | tile[nt]. */
-static int lanes_for(int64_t m, int level) { return level >= 1 && m >= CAS_QK_LANE_MIN_M; }
+_Static_assert(sizeof(cas_qk_tblk) == CAS_QK_TILE_BLOCK_BYTES, "decoded block size");
+_Static_assert(sizeof(cas_qk_tblk_nl) == CAS_QK_TILE_BLOCK_BYTES_NL, "decoded IQ4_NL block size");
+
+int cas_qk_avx512_available(void) {
+    return cas_cpu_features_get()->avx512 && cas_cpu_features_get()->avx2 && __builtin_cpu_supports("avx512vnni");
+}
+
+/* Token lanes: 16 (AVX-512), 8 (AVX2) or none (row kernels). */
+static int lanes_for(int64_t m, int level) {
+    return level >= 2 && m >= CAS_QK_LANE16_MIN_M ? 16 : level >= 1 && m >= CAS_QK_LANE_MIN_M ? 8 : 0;
+}
 
 static size_t tile_bytes(int t, int64_t n) {
     return t == CAS_T_IQ4_NL ? align64((size_t)CAS_QK_TILE * (size_t)(n / 32) * CAS_QK_TILE_BLOCK_BYTES_NL)
                              : align64((size_t)CAS_QK_TILE * (size_t)(n / CAS_QK_SUPER) * CAS_QK_TILE_BLOCK_BYTES);
 }
 
-static size_t lanes_x8_bytes(int t, int64_t n, int64_t m) {
-    const size_t groups = (size_t)((m + 7) / 8);
-    return t == CAS_T_IQ4_NL ? align64(groups * (size_t)(n / 32) * sizeof(cas_q8b8_block))
-                             : align64(groups * (size_t)(n / CAS_QK_SUPER) * sizeof(cas_q8k8_block));
+/* Bytes of one token group's block of x in the lane layout (8 or 16 lanes). */
+static size_t lane_block_bytes(int t, int lanes) {
+    if (lanes == 16) return t == CAS_T_IQ4_NL ? sizeof(cas_q8b16_block) : sizeof(cas_q8k16_block);
+    return t == CAS_T_IQ4_NL ? sizeof(cas_q8b8_block) : sizeof(cas_q8k8_block);
+}
+
+static size_t lanes_x_bytes(int t, int64_t n, int64_t m, int lanes) {
+    return align64((size_t)((m + lanes - 1) / lanes) * (size_t)(n / cas_qk_block_size(t)) * lane_block_bytes(t, lanes));
 }
 
 size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt) {
     size_t b = align64((size_t)m * cas_qk_x_bytes(t, n)) + (size_t)nt * align64((size_t)m * sizeof(float)) + 64;
-    if (m >= CAS_QK_LANE_MIN_M) b += lanes_x8_bytes(t, n, m) + (size_t)nt * tile_bytes(t, n);
+    if (m >= CAS_QK_LANE_MIN_M) {
+        size_t x8 = lanes_x_bytes(t, n, m, 8), x16 = lanes_x_bytes(t, n, m, 16);
+        b += (x8 > x16 ? x8 : x16) + (size_t)nt * tile_bytes(t, n);
+    }
     return b;
+}
+
+/* Block b of tokens [16 g, 16 g + k) (k <= 16) into the 16-lane layout. */
+static void pack_x16(int t, const uint8_t *xq, size_t xs, int64_t g, int64_t k, int64_t b, void *out) {
+    if (t == CAS_T_IQ4_NL) {
+        cas_q8b16_block *o = out;
+        memset(o, 0, sizeof *o);
+        for (int64_t i = 0; i < k; i++) {
+            const cas_q8b_block *x = (const cas_q8b_block *)(const void *)(xq + (size_t)(16 * g + i) * xs) + b;
+            int32_t sum = 0;
+            for (int e = 0; e < 32; e++) sum += x->q[e];
+            for (int e = 0; e < 8; e++) memcpy(o->q[e] + 4 * i, x->q + 4 * e, 4);
+            o->xs[i] = sum;
+            o->d[i] = x->d;
+        }
+        return;
+    }
+    cas_q8k16_block *o = out;
+    memset(o, 0, sizeof *o);
+    for (int64_t i = 0; i < k; i++) {
+        const cas_q8k_block *x = (const cas_q8k_block *)(const void *)(xq + (size_t)(16 * g + i) * xs) + b;
+        for (int e = 0; e < 64; e++) memcpy(o->q[e] + 4 * i, x->q + 4 * e, 4);
+        for (int p = 0; p < 8; p++) {
+            o->bs[p][2 * i] = x->bsum[2 * p], o->bs[p][2 * i + 1] = x->bsum[2 * p + 1];
+            o->xs[p][i] = x->bsum[2 * p] + x->bsum[2 * p + 1];
+        }
+        o->d[i] = x->d;
+    }
 }
 
 /* Block b of tokens [8 g, 8 g + k) (k <= 8) into the token-lane layout. */
@@ -536,27 +581,32 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
     if (nt < 1) nt = 1;
     const int lanes = lanes_for(m, level);
     const int64_t nb = n / cas_qk_block_size(t);
-    const size_t x8b = t == CAS_T_IQ4_NL ? sizeof(cas_q8b8_block) : sizeof(cas_q8k8_block);
-    uint8_t *x8 = xq + align64((size_t)m * xs) + (size_t)nt * align64((size_t)m * sizeof(float));
-    uint8_t *tiles = x8 + (lanes ? lanes_x8_bytes(t, n, m) : 0);
+    const size_t xlb = lanes ? lane_block_bytes(t, lanes) : 0;
+    uint8_t *xl = xq + align64((size_t)m * xs) + (size_t)nt * align64((size_t)m * sizeof(float));
+    uint8_t *tiles = xl + (lanes ? lanes_x_bytes(t, n, m, lanes) : 0);
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) cas_qk_quantize_x(t, x + i * n, n, xq + (size_t)i * xs, level);
         if (lanes) {
 #pragma omp for schedule(static)
-            for (int64_t gb = 0; gb < (m + 7) / 8 * nb; gb++) {
-                const int64_t g = gb / nb, k = m - 8 * g < 8 ? m - 8 * g : 8;
-                pack_x8(t, xq, xs, g, k, gb % nb, x8 + (size_t)gb * x8b);
+            for (int64_t gb = 0; gb < (m + lanes - 1) / lanes * nb; gb++) {
+                const int64_t g = gb / nb, k = m - lanes * g < lanes ? m - lanes * g : lanes;
+                if (lanes == 16)
+                    pack_x16(t, xq, xs, g, k, gb % nb, xl + (size_t)gb * xlb);
+                else
+                    pack_x8(t, xq, xs, g, k, gb % nb, xl + (size_t)gb * xlb);
             }
         }
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         const int64_t r0 = groups * tid / nth * 8, r1e = groups * (tid + 1) / nth * 8;
         const int64_t r1 = r1e < rows ? r1e : rows;
         if (r1 > r0) {
-            if (lanes) {
-                void *tile = tiles + (size_t)tid * tile_bytes(t, n);
-                cas_qk_avx2_rows_lanes(t, w, rb, n, r0, r1, rows, x8, m, y, tile);
+            void *tile = tiles + (size_t)tid * tile_bytes(t, n);
+            if (lanes == 16) {
+                cas_qk_avx512_rows_lanes(t, w, rb, n, r0, r1, rows, xl, m, y, tile);
+            } else if (lanes) {
+                cas_qk_avx2_rows_lanes(t, w, rb, n, r0, r1, rows, xl, m, y, tile);
             } else if (level >= 1) {
                 cas_qk_avx2_rows(t, w, rb, n, r0, r1, rows, xq, xs, m, y);
             } else {

@@ -65,13 +65,33 @@ typedef struct {
     float d[8];
 } cas_q8b8_block;
 
-/* Batched calls with at least this many tokens
- * use the token-lane kernels: they pad to multiples of eight tokens, so
- * below this the row-lane kernel, run once per token, does less work. */
+/* Sixteen tokens' x for the AVX-512 batched kernels: the layout of
+ * cas_q8k8_block with 16 tokens (q[g] 64 bytes, bs[p] 32 int16), and xs[j]
+ * each token's sum over the 32-element sub-block j. 5184 bytes. */
+typedef struct {
+    int8_t q[64][64];
+    int16_t bs[8][32];
+    int32_t xs[8][16];
+    float d[16];
+} cas_q8k16_block;
+
+/* The same for IQ4_NL's 32-element blocks. 640 bytes. */
+typedef struct {
+    int8_t q[8][64];
+    int32_t xs[16];
+    float d[16];
+} cas_q8b16_block;
+
+/* Batched calls with at least this many tokens use the token-lane kernels:
+ * they pad to multiples of eight tokens, so below this the row-lane kernel,
+ * run once per token, does less work. */
 #define CAS_QK_LANE_MIN_M 4
 
-/* Rows the token-lane kernels decode at a time. */
+/* Rows the token-lane kernels decode at a time, and the bytes of one row's
+ * block decoded (cas_qk_tblk, cas_qk_tblk_nl). */
 #define CAS_QK_TILE 4
+#define CAS_QK_TILE_BLOCK_BYTES 384
+#define CAS_QK_TILE_BLOCK_BYTES_NL 64
 
 /* The 16 values of the IQ4 formats' 4-bit indices (the format's table). */
 extern const int8_t cas_qk_iq4_values[16];
@@ -96,7 +116,12 @@ size_t cas_qk_x_bytes(int t, int64_t n);
 /* Scratch of a cas_qk_matmul call (m tokens, nt threads). */
 size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt);
 
-/* Kernel level: 0 portable, 1 AVX2+FMA+F16C (the caller has checked the CPU). */
+/* Kernel level: 0 portable, 1 AVX2+FMA+F16C, 2 the same and the AVX-512 VNNI
+ * batched kernels (the caller has checked the CPU: cas_qk_avx512_available). */
+
+/* 1 when the AVX-512 VNNI kernels can run: AVX-512 F/BW/VL/DQ (src/core's
+ * check, which includes the OS's state saving), AVX2 and AVX512-VNNI. */
+int cas_qk_avx512_available(void);
 
 /* Y[m][rows] = X[m][n] . W^T as cas_q_matmul specifies (arguments checked by
  * the caller; rb = row bytes; work: cas_qk_work_bytes, 64-byte aligned; nt
@@ -122,13 +147,45 @@ void cas_qk_avx2_quantize_x(int t, const float *x, int64_t n, void *buf);
 void cas_qk_avx2_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                       const uint8_t *xq, size_t xstride, int64_t m, float *y);
 
+/* One row's super-block decoded for the token-lane kernels (CAS_QK_TILE_BLOCK_BYTES). */
+typedef struct {
+    uint8_t c[CAS_QK_SUPER]; /* codes in element order (IQ4_XS: the signed table values, or with
+                                iq4_offset those plus 128, as unsigned bytes) */
+    int32_t sc[16];          /* sub-block j's scale in both 16-bit halves */
+    int32_t sp[8];           /* 16-bit pairs against bsum pair p: (sc_2p, sc_2p+1) for Q6_K and Q3_K's
+                                offsets, the minimums (mn_p, mn_p) for Q4_K, Q5_K, (mn_2p, mn_2p+1) for Q2_K */
+    float d, dmin;
+    uint8_t pad[24];
+} cas_qk_tblk;
+
+/* One IQ4_NL block decoded (CAS_QK_TILE_BLOCK_BYTES_NL): the table values
+ * (plus 128 with iq4_offset) and d. */
+typedef struct {
+    int8_t v[32];
+    float d;
+    uint8_t pad[28];
+} cas_qk_tblk_nl;
+
+/* A block of type t (a super-block type) decoded, or an IQ4_NL block. */
+void cas_qk_avx2_decode(int t, const uint8_t *blk, cas_qk_tblk *o, int iq4_offset);
+void cas_qk_avx2_decode_nl(const uint8_t *blk, cas_qk_tblk_nl *o, int iq4_offset);
+
 /* The same with the tokens in the lanes, from x8[ceil(m / 8)][blocks]
  * (cas_q8k8_block, or cas_q8b8_block for IQ4_NL); tile: CAS_QK_TILE *
  * blocks * CAS_QK_TILE_BLOCK_BYTES (CAS_QK_TILE_BLOCK_BYTES_NL for IQ4_NL)
  * of 32-byte aligned scratch, one row's block decoded taking that many. */
-#define CAS_QK_TILE_BLOCK_BYTES 384
-#define CAS_QK_TILE_BLOCK_BYTES_NL 64
 void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                             const void *x8, int64_t m, float *y, void *tile);
+
+/* ---- AVX-512 with VNNI (quant_k_avx512vnni.c) ------------------------------ */
+
+/* Batched calls with at least this many tokens take the AVX-512 kernels
+ * (sixteen tokens in the lanes) where they may run. */
+#define CAS_QK_LANE16_MIN_M 12
+
+/* As cas_qk_avx2_rows_lanes with sixteen tokens in the lanes, from
+ * x16[ceil(m / 16)][blocks] (cas_q8k16_block, cas_q8b16_block for IQ4_NL). */
+void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                              const void *x16, int64_t m, float *y, void *tile);
 
 #endif

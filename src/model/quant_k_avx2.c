@@ -383,17 +383,8 @@ void cas_qk_avx2_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0,
  * chain is the canonical one (d_w * d_x is the same product in either
  * order), so a token's results are the bits of its matvec. */
 
-/* One row's super-block decoded for the lane kernel. */
-typedef struct {
-    uint8_t c[CAS_QK_SUPER]; /* codes in element order (IQ4_XS: the signed table values) */
-    int32_t sc[16];          /* sub-block j's scale in both 16-bit halves */
-    int32_t sp[8];           /* 16-bit pairs against bsum pair p: (sc_2p, sc_2p+1) for Q6_K and Q3_K's
-                                offsets, the minimums (mn_p, mn_p) for Q4_K, Q5_K, (mn_2p, mn_2p+1) for Q2_K */
-    float d, dmin;
-    uint8_t pad[24];
-} lt_blk;
-
-_Static_assert(sizeof(lt_blk) == CAS_QK_TILE_BLOCK_BYTES, "lt_blk is the size quant_k.c reserves");
+typedef cas_qk_tblk lt_blk;
+typedef cas_qk_tblk_nl lt_nl;
 
 static inline int32_t pack16(int a, int b) { return (int32_t)((uint32_t)(uint16_t)a | (uint32_t)(uint16_t)b << 16); }
 
@@ -405,7 +396,7 @@ static inline float f16_at(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-static void lt_decode(const int t, const uint8_t *blk, lt_blk *o) {
+void cas_qk_avx2_decode(int t, const uint8_t *blk, cas_qk_tblk *o, int iq4_offset) {
     const __m256i m4 = _mm256_set1_epi8(15);
     int sc[16], mn[16];
     switch (t) {
@@ -487,7 +478,8 @@ static void lt_decode(const int t, const uint8_t *blk, lt_blk *o) {
         const uint32_t sh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8, sl = rd32(blk + 4);
         for (int j = 0; j < 8; j++) {
             sc[j] = (int)(((sl >> (4 * j)) & 15) | ((sh >> (2 * j)) & 3) << 4) - 32;
-            st32(o->c + 32 * j, _mm256_shuffle_epi8(table, nibbles16(blk + 8 + 16 * j)));
+            const __m256i v = _mm256_shuffle_epi8(table, nibbles16(blk + 8 + 16 * j));
+            st32(o->c + 32 * j, iq4_offset ? _mm256_xor_si256(v, _mm256_set1_epi8(-128)) : v);
         }
         o->d = f16_at(blk), o->dmin = 0;
         break;
@@ -587,7 +579,7 @@ static inline __attribute__((always_inline)) void lanes_t(const int t, const uin
     const size_t bb = (size_t)cas_ttype_block_bytes(t);
     for (int64_t j = 0; j < CAS_QK_TILE; j++)
         for (int64_t b = 0; b < nb; b++)
-            lt_decode(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b);
+            cas_qk_avx2_decode(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b, 0);
     const int mins = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K;
     for (int64_t g = 0; g < (m + 7) / 8; g++) {
         const cas_q8k8_block *xg = x8 + g * nb;
@@ -615,30 +607,24 @@ static inline __attribute__((always_inline)) void lanes_t(const int t, const uin
     }
 }
 
-/* IQ4_NL: one row's block decoded (the signed table values and d), and the
- * lane kernel for its 32-element blocks: signed values against signed x take
- * the sign trick, and each maddubs is widened at once (two products of up to
- * 127 * 127 fill 16 bits). */
-typedef struct {
-    int8_t v[32];
-    float d;
-    uint8_t pad[28];
-} lt_nl;
+void cas_qk_avx2_decode_nl(const uint8_t *blk, cas_qk_tblk_nl *o, int iq4_offset) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
+    const __m256i v = _mm256_shuffle_epi8(table, nibbles16(blk + 2));
+    st32((uint8_t *)o->v, iq4_offset ? _mm256_xor_si256(v, _mm256_set1_epi8(-128)) : v);
+    o->d = f16_at(blk);
+}
 
-_Static_assert(sizeof(lt_nl) == CAS_QK_TILE_BLOCK_BYTES_NL, "lt_nl is the size quant_k.c reserves");
+/* IQ4_NL's lane kernel for its 32-element blocks: signed values against
+ * signed x take the sign trick, and each maddubs is widened at once (two
+ * products of up to 127 * 127 fill 16 bits). */
 
 static void lanes_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_t nr, int64_t rows,
                      const cas_q8b8_block *x8, int64_t m, float *y, lt_nl *tile) {
     const int64_t nb = n / 32;
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t j = 0; j < CAS_QK_TILE; j++)
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * 18;
-            lt_nl *o = tile + j * nb + b;
-            st32((uint8_t *)o->v, _mm256_shuffle_epi8(table, nibbles16(blk + 2)));
-            o->d = f16_at(blk);
-        }
+        for (int64_t b = 0; b < nb; b++)
+            cas_qk_avx2_decode_nl(w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * 18, tile + j * nb + b, 0);
     for (int64_t g = 0; g < (m + 7) / 8; g++) {
         const cas_q8b8_block *xg = x8 + g * nb;
         __m256 acc[CAS_QK_TILE];
