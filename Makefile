@@ -8,9 +8,10 @@
 #
 # Sources are found by wildcard: every src/<layer>/*.c goes into the library
 # (src/tools/*.c into the command), every tests/test_*.c is one test program.
-# Files named *_avx2.c, *_avx512.c, *_amx.c (AVX-512 + AMX-INT8) and
-# *_avx512bf16.c (AVX-512 BF16 + AMX-BF16) are compiled with those instruction
-# sets; the code calling them checks the CPU at run time.
+# Files named *_avx2.c, *_avx512.c, *_avx512vnni.c (AVX-512 + VNNI), *_amx.c
+# (AVX-512 + AMX-INT8) and *_avx512bf16.c (AVX-512 BF16 + AMX-BF16) are
+# compiled with those instruction sets; the code calling them checks the CPU
+# at run time.
 
 BUILD   ?= build
 CC      ?= cc
@@ -86,6 +87,10 @@ $(BUILD)/%_avx512.o: %_avx512.c
 $(BUILD)/%_amx.o: %_amx.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c -mamx-tile -mamx-int8 -c $< -o $@
+
+$(BUILD)/%_avx512vnni.o: %_avx512vnni.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c -c $< -o $@
 
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c
 	@mkdir -p $(dir $@)
@@ -315,12 +320,26 @@ uninstall:
 # build-fuzz/crash-*. See fuzz/README.md.
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 120
-FUZZ_SRC  := fuzz/fuzz_gguf.c src/core/core.c src/model/gguf.c src/model/tokenizer.c src/model/chat.c
+FUZZ_SRC  := fuzz/fuzz_gguf.c src/core/core.c src/model/gguf.c src/model/tokenizer.c src/model/chat.c \
+             src/model/quant_k.c
+FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 
-build-fuzz/fuzz_gguf: $(FUZZ_SRC) src/model/model.h src/model/tensor.h src/core/core.h
+# the K-quant kernels' AVX2 and AVX-512 files, with their instruction sets (the harness
+# checks the CPU; it runs the matrix-vector kernels, which are AVX2)
+build-fuzz/quant_k_avx2.o: src/model/quant_k_avx2.c src/model/quant_k.h src/model/tensor.h src/core/core.h
 	@mkdir -p build-fuzz
-	$(FUZZ_CC) -std=c11 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined \
-	  -fno-sanitize-recover=undefined $$(pkg-config --cflags libpcre2-8) -o $@ $(FUZZ_SRC) \
+	$(FUZZ_CC) $(subst fuzzer,fuzzer-no-link,$(FUZZ_FLAGS)) -mavx2 -mfma -mf16c -c $< -o $@
+
+build-fuzz/quant_k_avx512vnni.o: src/model/quant_k_avx512vnni.c src/model/quant_k.h src/model/tensor.h src/core/core.h
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(subst fuzzer,fuzzer-no-link,$(FUZZ_FLAGS)) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni \
+	  -mavx2 -mfma -mf16c -c $< -o $@
+
+build-fuzz/fuzz_gguf: $(FUZZ_SRC) build-fuzz/quant_k_avx2.o build-fuzz/quant_k_avx512vnni.o src/model/model.h \
+                      src/model/tensor.h src/model/quant_k.h src/core/core.h
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) $$(pkg-config --cflags libpcre2-8) -o $@ $(FUZZ_SRC) build-fuzz/quant_k_avx2.o \
+	  build-fuzz/quant_k_avx512vnni.o \
 	  $$(pkg-config --libs libpcre2-8) -lm -lpthread
 
 fuzz: build-fuzz/fuzz_gguf

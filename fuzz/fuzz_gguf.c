@@ -3,8 +3,9 @@
  * cascade that parses untrusted bytes. Each input is opened from memory; if
  * the reader accepts it, everything it hands out is read back (every key
  * through every getter, every array element, every tensor byte), and the
- * tokenizer is built from it and run, so that a header the reader lets
- * through cannot crash its first consumer either. Build and run with
+ * tokenizer is built from it and run, and K-quant and IQ4 tensors go
+ * through their kernels, so that a header the reader lets through cannot
+ * crash its first consumers either. Build and run with
  * `make fuzz` (clang, -fsanitize=fuzzer,address,undefined); see README.md.
  */
 #include <stddef.h>
@@ -13,8 +14,36 @@
 #include <string.h>
 
 #include "../src/model/model.h"
+#include "../src/model/quant_k.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* A tensor of a K-quant or IQ4 type goes through the dequantizer, the
+ * activation quantizer and the matrix-vector kernels (portable, and AVX2
+ * where the CPU has it) on its first rows: any bytes are valid blocks (every
+ * code and scale field is in range by construction; the f16 scales may be
+ * NaN or infinite, which only reaches the floats), so none of them may crash
+ * or read outside the tensor. */
+static void kernels(const cas_gguf_tensor *t) {
+    if (!cas_qk_type(t->type)) return;
+    const int64_t n = t->ne[0], bs = cas_qk_block_size(t->type);
+    if (n <= 0 || n > 65536 || n % bs) return;
+    const int64_t rows = t->n_elem / n < 8 ? t->n_elem / n : 8;
+    const size_t rb = (size_t)(n / bs) * cas_qk_block_bytes(t->type);
+    float *f = malloc(sizeof(float) * (size_t)n), *x = malloc(sizeof(float) * (size_t)n), y[8];
+    void *xq = aligned_alloc(64, (cas_qk_x_bytes(t->type, n) + 63) / 64 * 64);
+    if (f && x && xq && rows > 0) {
+        for (int64_t r = 0; r < rows; r++) cas_qk_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * rb, f, n);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 7) - 3.0f + f[i] * 0.0f; /* f's NaNs reach x */
+        for (int level = 0; level <= (cas_cpu_features_get()->avx2 ? 1 : 0); level++) {
+            cas_qk_quantize_x(t->type, x, n, xq, level);
+            cas_qk_matvec_range(t->type, t->data, rb, n, 0, rows, xq, y, level);
+        }
+    }
+    free(f);
+    free(x);
+    free(xq);
+}
 
 static void walk(const cas_gguf *g) {
     volatile uint64_t sink = 0;
@@ -43,6 +72,7 @@ static void walk(const cas_gguf *g) {
         const cas_gguf_tensor *t = cas_gguf_tensor_at(g, i);
         if (cas_gguf_find_tensor(g, t->name) != t) abort();
         for (size_t k = 0; k < t->nbytes; k++) sink += ((const uint8_t *)t->data)[k];
+        kernels(t);
     }
     (void)sink;
 }

@@ -2,9 +2,10 @@
 """make_seeds.py: writes the seed corpus for fuzz_gguf.c into the directory
 given as the only argument. The seeds are small, well-formed GGUF files that
 reach every part of the reader (each value type, arrays, string arrays,
-tensors of several types, v2 and v3, a custom alignment) and a tiny byte-level
-BPE vocabulary with merges, special tokens and a chat template, so that the
-fuzzer starts from inputs the tokenizer also accepts. Standard library only.
+tensors of several types, the K-quants among them, v2 and v3, a custom
+alignment) and a tiny byte-level BPE vocabulary with merges, special tokens
+and a chat template, so that the fuzzer starts from inputs the tokenizer also
+accepts. Standard library only.
 """
 import os
 import struct
@@ -113,6 +114,14 @@ def main():
     q8 = bytes(34)
     tens = [("w.f32", [3, 2], 0, f32), ("w.q4_0", [64], 2, q4), ("w.q8_0", [32, 1], 8, q8),
             ("w.f16", [4], 1, struct.pack("<4H", 0, 0x3c00, 0x4000, 0x4200))]
+    # two rows of one block of each K-quant and IQ4 type (ggml ids, block bytes),
+    # patterned bytes after an f16 1.0 (the scale d of the types that start with it)
+    kq = []
+    for name, tt, bb, bs in [("q2_k", 10, 84, 256), ("q3_k", 11, 110, 256), ("q4_k", 12, 144, 256),
+                             ("q5_k", 13, 176, 256), ("q6_k", 14, 210, 256), ("iq4_nl", 20, 18, 32),
+                             ("iq4_xs", 23, 136, 256)]:
+        blk = b"\x00\x3c" + bytes((i * 37 + tt) % 256 for i in range(bb - 2))
+        kq.append(("w." + name, [bs, 2], tt, blk * 2))
     seeds = {
         "empty_v3.gguf": gguf([], []),
         "empty_v2.gguf": gguf([], [], version=2),
@@ -122,6 +131,7 @@ def main():
         "tok_smollm_chatml.gguf": gguf(tiny_vocab("smollm", CHATML), []),
         "tok_llama3.gguf": gguf(tiny_vocab("llama3", LLAMA3), [("w", [32], 0, bytes(128))]),
         "tok_qwen2.gguf": gguf(tiny_vocab("qwen2", CHATML), [], version=2),
+        "kquant_types.gguf": gguf(every[:2], kq),
     }
     for name, data in seeds.items():
         with open(os.path.join(out, name), "wb") as f:

@@ -394,6 +394,13 @@ static void test_malformed(void) {
     b = build_bad(27);
     CHECK(cas_gguf_open_memory(b.p, b.n, &g) == CAS_ERR_FORMAT && strstr(cas_last_error(), "past the end"));
     free(b.p);
+    b = build_bad(24); /* a type ggml defines and cascade cannot size: named, with the tensor */
+    CHECK(cas_gguf_open_memory(b.p, b.n, &g) == CAS_ERR_UNSUPPORTED && strstr(cas_last_error(), "iq2_xxs") &&
+          strstr(cas_last_error(), "id 16"));
+    free(b.p);
+    b = build_bad(23);
+    CHECK(cas_gguf_open_memory(b.p, b.n, &g) == CAS_ERR_FORMAT && strstr(cas_last_error(), "unknown type id 99"));
+    free(b.p);
 }
 
 static void test_type_traits(void) {
@@ -404,6 +411,10 @@ static void test_type_traits(void) {
     CHECK(cas_ttype_nbytes(99, 32) == -1);
     CHECK(cas_ttype_nbytes(CAS_T_F64, INT64_MAX) == -1);
     CHECK(cas_ttype_nbytes(CAS_T_Q6_K, 256) == 210);
+    CHECK(cas_ttype_nbytes(CAS_T_IQ4_NL, 64) == 36 && cas_ttype_nbytes(CAS_T_IQ4_XS, 512) == 272);
+    CHECK(!strcmp(cas_ttype_name(CAS_T_IQ4_XS), "iq4_xs") && !strcmp(cas_ttype_ggml_name(16), "iq2_xxs"));
+    CHECK(!strcmp(cas_ttype_ggml_name(CAS_T_Q4_K), "q4_k") && cas_ttype_ggml_name(4) == NULL &&
+          cas_ttype_ggml_name(99) == NULL && cas_ttype_ggml_name(-1) == NULL);
     CHECK(!strcmp(cas_ttype_name(CAS_T_BF16), "bf16") && cas_ttype_name(17) == NULL);
     CHECK(!strcmp(cas_gguf_type_name(CAS_GGUF_STRING), "string") && !strcmp(cas_gguf_type_name(77), "?"));
 }

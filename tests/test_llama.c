@@ -543,7 +543,7 @@ static void make_gguf(gbuf *g, const char *arch, uint32_t ttype) {
     put_u32(g, ttype);
     put_u64(g, 0);
     while (g->n % 32) g->buf[g->n++] = 0;
-    size_t bytes = ttype == 12 ? 144 * 4 : 256 * 4 * 4;
+    size_t bytes = ttype == 15 ? 292 * 4 : 256 * 4 * 4;
     memset(g->buf + g->n, 0, bytes);
     g->n += bytes;
 }
@@ -559,10 +559,10 @@ static void test_bad_models(void) {
     CHECK(cas_model_create(f, NULL, &m) == CAS_ERR_UNSUPPORTED);
     CHECK(strstr(cas_last_error(), "gpt2") != NULL);
     cas_gguf_close(f);
-    make_gguf(&g, "llama", 12); /* Q4_K: mapped, but no kernel */
+    make_gguf(&g, "llama", 15); /* Q8_K: mapped, but no kernel */
     REQUIRE(cas_gguf_open_memory(g.buf, g.n, &f) == CAS_OK);
     CHECK(cas_model_create(f, NULL, &m) == CAS_ERR_UNSUPPORTED);
-    CHECK(strstr(cas_last_error(), "q4_k") != NULL);
+    CHECK(strstr(cas_last_error(), "q8_k") != NULL);
     cas_gguf_close(f);
     make_gguf(&g, "llama", 0); /* f32 embedding, but every other tensor is missing */
     REQUIRE(cas_gguf_open_memory(g.buf, g.n, &f) == CAS_OK);

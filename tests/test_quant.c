@@ -23,7 +23,9 @@
 #include <string.h>
 
 #include "../src/core/core.h"
+#include "../src/model/model.h"
 #include "../src/model/quant_impl.h"
+#include "../src/model/quant_k.h"
 
 static const int k_types[] = {CAS_T_F32, CAS_T_F16, CAS_T_BF16, CAS_T_Q8_0, CAS_T_Q4_0, CAS_T_Q4_1};
 #define N_TYPES ((int)(sizeof k_types / sizeof k_types[0]))
@@ -128,7 +130,7 @@ static void test_type_info(void) {
     CHECK(cas_tensor_row_bytes(CAS_T_Q8_0, 16, &rb) == CAS_ERR_INVALID);
     CHECK(cas_tensor_row_bytes(CAS_T_Q4_0, 0, &rb) == CAS_ERR_INVALID);
     CHECK(cas_tensor_row_bytes(CAS_T_F32, -1, &rb) == CAS_ERR_INVALID);
-    CHECK(cas_tensor_row_bytes(12 /* q4_k */, 256, &rb) == CAS_ERR_UNSUPPORTED);
+    CHECK(cas_tensor_row_bytes(16 /* iq2_xxs */, 256, &rb) == CAS_ERR_UNSUPPORTED);
     CHECK(cas_tensor_row_bytes(CAS_T_F32, 32, NULL) == CAS_ERR_INVALID);
     CHECK(cas_tensor_block_size(CAS_T_Q4_1) == 32 && cas_tensor_block_size(CAS_T_BF16) == 1);
     CHECK(cas_tensor_block_size(99) == 0 && cas_tensor_block_bytes(99) == 0);
@@ -137,7 +139,7 @@ static void test_type_info(void) {
     CHECK(strcmp(cas_tensor_type_name(CAS_T_BF16), "bf16") == 0);
     CHECK(strcmp(cas_tensor_type_name(99), "?") == 0);
     for (int i = 0; i < N_TYPES; i++) CHECK(cas_tensor_type_supported(k_types[i]));
-    CHECK(!cas_tensor_type_supported(6) && !cas_tensor_type_supported(12));
+    CHECK(!cas_tensor_type_supported(6) && !cas_tensor_type_supported(16));
 }
 
 /* Hand-built blocks pin the layout: ggml's nibble order puts element i in the
@@ -679,7 +681,7 @@ static void test_bad_input(void) {
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 32, x, NULL, &o) == CAS_ERR_INVALID);
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 0, 32, x, y, &o) == CAS_ERR_INVALID);
     CHECK(cas_q_matmul(CAS_T_Q4_1, w, 1, 32, x, 0, y, &o) == CAS_ERR_INVALID);
-    CHECK(cas_q_matvec(12 /* q4_k */, w, 1, 256, x, y, &o) == CAS_ERR_UNSUPPORTED);
+    CHECK(cas_q_matvec(16 /* iq2_xxs */, w, 1, 256, x, y, &o) == CAS_ERR_UNSUPPORTED);
     cas_q_opts neg = {-1, CAS_Q_SIMD_AUTO, NULL, 0, NULL, NULL, NULL};
     CHECK(cas_q_matvec(CAS_T_Q4_1, w, 1, 32, x, y, &neg) == CAS_ERR_INVALID);
     CHECK(cas_q_dequantize_row(CAS_T_Q4_0, w, f, 40) == CAS_ERR_INVALID);
@@ -696,6 +698,464 @@ static void test_bad_input(void) {
         CHECK(cas_q_bench_peak(1, 0, &i8, &f32) == CAS_OK);
         CHECK(i8 > 0 && f32 > 0);
     }
+}
+
+/* ---- K-quants and IQ4 ------------------------------------------------------
+ * Q2_K..Q6_K and IQ4_XS quantize x per 256-element super-block (IQ4_NL per
+ * 32-element block) to d_b = amax_b / 127, so the x term of the tolerance is
+ * sum_b (d_b / 2) sum_{i in b} |w_i| as above, with 256-element b.
+ *
+ * The f32 part is derived from the kernels' chain (quant_k.h): per block k
+ * one fma s = fl(I_k P_k + s), with I_k = (float)isum_k and P_k = fl(d_w d_x)
+ * each within a relative 2^-24, so the term I_k P_k errs by at most
+ * 2 * 2^-24 |T_k| (T_k the exact term) and each of the K fmas rounds s by at
+ * most 2^-24 |s| <= 2^-24 G, G = sum_k |T_k|. The types with a minimum add a
+ * second chain step per block whose term can cancel the first, so G is
+ * bounded by the magnitudes of the parts, not of the weights:
+ *     G <= F = sum_i (|d sc_j v_i| + |dmin mn_j|) (|x_i| + d_b / 2)
+ * (the parts come from dequantizing copies of the matrix with dmin, or d,
+ * set to zero). The reference's own weights (the dequantized f32 values) are
+ * the exact ones rounded once (the scale part is exact in f32, only the
+ * minimum's subtraction rounds), another 2^-24 F. In all:
+ *     |y - y_ref| <= 1.001 * xterm + (K + 4) * 2^-24 * F,
+ * K = blocks per row, twice that with a minimum. Paths, thread counts and
+ * batch sizes must agree bit for bit (the contract in quant_impl.h). */
+
+static const int kq_types[] = {CAS_T_Q4_K, CAS_T_Q6_K, CAS_T_Q5_K, CAS_T_Q3_K, CAS_T_Q2_K, CAS_T_IQ4_NL, CAS_T_IQ4_XS};
+#define N_KQ ((int)(sizeof kq_types / sizeof kq_types[0]))
+
+static int kq_has_min(int t) { return t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K; }
+static int64_t kq_xblock(int t) { return t == CAS_T_IQ4_NL ? 32 : 256; }
+
+/* Byte offsets of a block's f16 d and dmin (-1: none), from the formats in
+ * quant_impl.h. */
+static void kq_scale_offsets(int t, int *d, int *dmin) {
+    *dmin = -1;
+    switch (t) {
+    case CAS_T_Q2_K: *d = 80, *dmin = 82; break;
+    case CAS_T_Q3_K: *d = 108; break;
+    case CAS_T_Q4_K: case CAS_T_Q5_K: *d = 0, *dmin = 2; break;
+    case CAS_T_Q6_K: *d = 208; break;
+    default: *d = 0; break;
+    }
+}
+
+/* mag[i] = |scale part| + |minimum part| of each weight (|w| without a minimum). */
+static void kq_magnitudes(int t, const uint8_t *wq, const float *wd, int64_t rows, int64_t n, float *mag) {
+    if (!kq_has_min(t)) {
+        for (int64_t i = 0; i < rows * n; i++) mag[i] = fabsf(wd[i]);
+        return;
+    }
+    size_t rb = 0, bb = cas_tensor_block_bytes(t);
+    CHECK(cas_tensor_row_bytes(t, n, &rb) == CAS_OK);
+    uint8_t *c = cas_alloc(rb * (size_t)rows);
+    float *part = cas_alloc_array((size_t)n, 4);
+    int od, om;
+    kq_scale_offsets(t, &od, &om);
+    for (int pass = 0; pass < 2; pass++) {
+        memcpy(c, wq, rb * (size_t)rows);
+        for (size_t b = 0; b < rb * (size_t)rows / bb; b++) memset(c + b * bb + (pass ? od : om), 0, 2);
+        for (int64_t r = 0; r < rows; r++) {
+            CHECK(cas_q_dequantize_row(t, c + (size_t)r * rb, part, n) == CAS_OK);
+            for (int64_t i = 0; i < n; i++) mag[r * n + i] = (pass ? mag[r * n + i] : 0) + fabsf(part[i]);
+        }
+    }
+    cas_free(c);
+    cas_free(part);
+}
+
+static void kq_reference(int t, const float *wd, const float *mag, int64_t rows, int64_t n, const float *x, int64_t m,
+                         double *yref, double *tol) {
+    const int64_t xb = kq_xblock(t), nblk = n / xb;
+    const double k = (double)(kq_has_min(t) ? 2 * nblk : nblk);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *wr = wd + r * n, *mr = mag + r * n, *xi = x + i * n;
+            double s = 0, xterm = 0, f = 0;
+            for (int64_t b = 0; b < n; b += xb) {
+                double amx = 0, sw = 0;
+                for (int64_t e = b; e < b + xb; e++) amx = fmax(amx, fabs(xi[e]));
+                const double d = amx / 127;
+                for (int64_t e = b; e < b + xb; e++) {
+                    s += (double)wr[e] * xi[e];
+                    sw += fabs(wr[e]);
+                    f += mr[e] * (fabs(xi[e]) + d / 2);
+                }
+                xterm += d / 2 * sw;
+            }
+            yref[i * rows + r] = s;
+            tol[i * rows + r] = 1.001 * xterm + (k + 4) * 0x1p-24 * f + 1e-30;
+        }
+}
+
+/* Random x for m tokens with, where n allows, an all-zero block, a tiny one
+ * and one so tiny (below 2^-120) that the quantizer divides instead. */
+static void kq_fill_x(cas_rng *rng, int t, float *x, int64_t m, int64_t n) {
+    const int64_t xb = kq_xblock(t);
+    for (int64_t i = 0; i < m * n; i++) x[i] = (float)cas_rng_normal(rng);
+    if (n >= 4 * xb)
+        for (int64_t e = 0; e < xb; e++) x[e] = 0, x[xb + e] *= 1e-6f, x[2 * xb + e] *= 1e-38f;
+}
+
+static const char *kq_path_name(int path) {
+    return path == CAS_Q_SIMD_AVX512 ? "avx512" : path == CAS_Q_SIMD_AVX2 ? "avx2" : "generic";
+}
+
+/* The paths this CPU runs: generic, AVX2, and AVX-512 (whose K-quant batched
+ * kernels need VNNI as well); *np of them into paths[3]. */
+static void kq_paths(int paths[3], int *np) {
+    *np = 0;
+    paths[(*np)++] = CAS_Q_SIMD_GENERIC;
+    if (have_avx2()) paths[(*np)++] = CAS_Q_SIMD_AVX2;
+    if (have_avx2() && cas_qk_avx512_available()) paths[(*np)++] = CAS_Q_SIMD_AVX512;
+}
+
+/* One (type, shape): every path and 1-3 threads against the reference, bit
+ * for bit against each other, and each token of a batch bit for bit against
+ * its own matvec. */
+static void kq_case(int t, int64_t rows, int64_t n, const int64_t *ms, int nm, cas_rng *rng) {
+    int64_t mmax = 0;
+    for (int i = 0; i < nm; i++) mmax = ms[i] > mmax ? ms[i] : mmax;
+    float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+    float *mag = cas_alloc_array((size_t)(rows * n), 4), *x = cas_alloc_array((size_t)(mmax * n), 4);
+    float *y = cas_alloc_array((size_t)(mmax * rows), 4), *yg = cas_alloc_array((size_t)(mmax * rows), 4);
+    float *y1 = cas_alloc_array((size_t)rows, 4);
+    double *yref = cas_alloc_array((size_t)(mmax * rows), 8), *tol = cas_alloc_array((size_t)(mmax * rows), 8);
+    uint8_t *wq = NULL;
+    REQUIRE(w && wd && mag && x && y && yg && y1 && yref && tol);
+    fill_weights(rng, w, rows, n);
+    make_matrix(t, w, rows, n, &wq, wd);
+    kq_magnitudes(t, wq, wd, rows, n, mag);
+    for (int mi = 0; mi < nm; mi++) {
+        const int64_t m = ms[mi];
+        kq_fill_x(rng, t, x, m, n);
+        kq_reference(t, wd, mag, rows, n, x, m, yref, tol);
+        int first = 1;
+        int paths[3], np;
+        kq_paths(paths, &np);
+        for (int pi = 0; pi < np; pi++) {
+            const int path = paths[pi];
+            for (int nt = 1; nt <= 3; nt++) {
+                cas_q_opts o = {nt, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
+                poison(y, m * rows);
+                cas_status st = m == 1 ? cas_q_matvec(t, wq, rows, n, x, y, &o) : cas_q_matmul(t, wq, rows, n, x, m, y, &o);
+                CHECKF(st == CAS_OK, "%s", cas_last_error());
+                check_result(kq_path_name(path), t, rows, n, m, y, yref, tol);
+                if (first) {
+                    memcpy(yg, y, (size_t)(m * rows) * 4);
+                    first = 0;
+                } else {
+                    CHECKF(!memcmp(y, yg, (size_t)(m * rows) * 4), "%s rows %lld n %lld m %lld: %s with %d threads "
+                           "differs from the first path", cas_tensor_type_name(t), (long long)rows, (long long)n,
+                           (long long)m, kq_path_name(path), nt);
+                }
+                if (m > 1 && nt == 2)
+                    for (int64_t i = 0; i < m; i++) {
+                        poison(y1, rows);
+                        CHECK(cas_q_matvec(t, wq, rows, n, x + i * n, y1, &o) == CAS_OK);
+                        CHECKF(!memcmp(y1, y + i * rows, (size_t)rows * 4), "%s %s: token %lld of %lld differs from "
+                               "its matvec", cas_tensor_type_name(t), kq_path_name(path), (long long)i, (long long)m);
+                    }
+            }
+        }
+    }
+    cas_free(wq);
+    cas_free(w);
+    cas_free(wd);
+    cas_free(mag);
+    cas_free(x);
+    cas_free(y);
+    cas_free(yg);
+    cas_free(y1);
+    cas_free(yref);
+    cas_free(tol);
+}
+
+static void test_kq_kernels(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 4242);
+    if (!have_avx2()) printf("note: no AVX2 on this CPU; K-quant kernels tested on the portable path only\n");
+    /* n: one super-block, and 3, 7, 11 of them (no power of two); rows not
+     * a multiple of the 8-row group, one whole group, one row */
+    static const int64_t ns[] = {256, 768, 1792, 2816};
+    static const int64_t rowss[] = {1, 8, 13, 67};
+    for (int ti = 0; ti < N_KQ; ti++) {
+        const int t = kq_types[ti];
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) {
+                const int64_t n = ns[a], rows = rowss[b];
+                int64_t ms[3] = {1, 3, 17};
+                kq_case(t, rows, n, ms, rows * n <= 13 * 2816 ? 3 : 2, &rng);
+            }
+        if (t == CAS_T_IQ4_NL) { /* rows of 32-element blocks: the model's 576 and 1536 */
+            int64_t ms[3] = {1, 2, 17};
+            kq_case(t, 11, 32, ms, 3, &rng);
+            kq_case(t, 37, 576, ms, 3, &rng);
+            kq_case(t, 9, 1504, ms, 2, &rng);
+        }
+    }
+}
+
+/* Batch invariance: for every token count 1..40 and thread counts 1-3, row i
+ * of the batched result is bitwise the matvec of token i alone, on both
+ * paths (which also agree with each other). */
+static void test_kq_batch_invariance(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 77);
+    const int64_t rows = 37, M = 40;
+    for (int ti = 0; ti < N_KQ; ti++) {
+        const int t = kq_types[ti];
+        const int64_t n = t == CAS_T_IQ4_NL ? 576 : 768;
+        float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+        float *x = cas_alloc_array((size_t)(M * n), 4), *y = cas_alloc_array((size_t)(M * rows), 4);
+        float *alone = cas_alloc_array((size_t)(M * rows), 4), *alone_g = cas_alloc_array((size_t)(M * rows), 4);
+        uint8_t *wq = NULL;
+        REQUIRE(w && wd && x && y && alone && alone_g);
+        fill_weights(&rng, w, rows, n);
+        make_matrix(t, w, rows, n, &wq, wd);
+        kq_fill_x(&rng, t, x, M, n);
+        int paths[3], np;
+        kq_paths(paths, &np);
+        for (int pi = 0; pi < np; pi++) {
+            const int path = paths[pi];
+            for (int64_t i = 0; i < M; i++) {
+                cas_q_opts o = {1, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
+                CHECK(cas_q_matvec(t, wq, rows, n, x + i * n, alone + i * rows, &o) == CAS_OK);
+            }
+            if (path == CAS_Q_SIMD_GENERIC)
+                memcpy(alone_g, alone, (size_t)(M * rows) * 4);
+            else
+                CHECKF(!memcmp(alone, alone_g, (size_t)(M * rows) * 4), "%s: %s matvec differs from generic",
+                       cas_tensor_type_name(t), kq_path_name(path));
+            int bad = 0;
+            for (int64_t m = 1; m <= M && bad < 3; m++) {
+                cas_q_opts o = {1 + (int)(m % 3), (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
+                poison(y, m * rows);
+                CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &o) == CAS_OK);
+                if (memcmp(y, alone, (size_t)(m * rows) * 4)) {
+                    CHECKF(0, "%s %s m=%lld: batched rows differ from matvec alone", cas_tensor_type_name(t),
+                           kq_path_name(path), (long long)m);
+                    bad++;
+                }
+            }
+        }
+        cas_free(wq);
+        cas_free(w);
+        cas_free(wd);
+        cas_free(x);
+        cas_free(y);
+        cas_free(alone);
+        cas_free(alone_g);
+    }
+}
+
+/* The forward pass's in-region pieces on K-quant weights: x quantized by
+ * either path is the same bytes, and row ranges are bitwise one matvec. */
+static void test_kq_in_region(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 31);
+    const int64_t rows = 45;
+    const int avx2 = have_avx2();
+    for (int ti = 0; ti < N_KQ; ti++) {
+        const int t = kq_types[ti];
+        const int64_t n = t == CAS_T_IQ4_NL ? 1536 : 1792;
+        float *x = cas_alloc_array((size_t)n, 4), *w = cas_alloc_array((size_t)(rows * n), 4);
+        float *wd = cas_alloc_array((size_t)(rows * n), 4), *y = cas_alloc_array((size_t)rows, 4);
+        float *y2 = cas_alloc_array((size_t)rows, 4);
+        const size_t xb = cas_q_xvec_bytes(n);
+        uint8_t *b0 = cas_alloc(xb), *b1 = cas_alloc(xb), *wq = NULL;
+        REQUIRE(x && w && wd && y && y2 && b0 && b1);
+        kq_fill_x(&rng, t, x, 1, n);
+        /* exact ties of x * 127 / amax (amax 127: the scaled value is x itself) */
+        x[kq_xblock(t) * 3] = 127;
+        for (int64_t k = 1; k < 31; k++) x[kq_xblock(t) * 3 + k] = (float)(k - 15) + 0.5f;
+        fill_weights(&rng, w, rows, n);
+        make_matrix(t, w, rows, n, &wq, wd);
+        size_t rb = 0;
+        CHECK(cas_tensor_row_bytes(t, n, &rb) == CAS_OK);
+        if (avx2) {
+            memset(b0, 0xA5, xb);
+            memset(b1, 0xA5, xb);
+            cas_q_xvec_quantize(t, x, n, b0, 0);
+            cas_q_xvec_quantize(t, x, n, b1, 1);
+            CHECKF(!memcmp(b0, b1, xb), "%s: quantized x differs between paths", cas_tensor_type_name(t));
+        }
+        for (int a = 0; a <= avx2; a++) {
+            cas_q_opts o = {1, a ? CAS_Q_SIMD_AVX2 : CAS_Q_SIMD_GENERIC, NULL, 0, NULL, NULL, NULL};
+            poison(y, rows);
+            CHECK(cas_q_matvec(t, wq, rows, n, x, y, &o) == CAS_OK);
+            cas_q_xvec_quantize(t, x, n, b0, a);
+            poison(y2, rows);
+            for (int tid = 0; tid < 3; tid++) {
+                int64_t r0, r1;
+                cas_q_thread_rows(rows, tid, 3, &r0, &r1);
+                cas_q_matvec_range(t, wq, rb, n, r0, r1, x, b0, y2, a);
+            }
+            CHECKF(!memcmp(y, y2, (size_t)rows * 4), "%s path %d: ranges differ from one call", cas_tensor_type_name(t), a);
+        }
+        cas_free(wq);
+        cas_free(x);
+        cas_free(w);
+        cas_free(wd);
+        cas_free(y);
+        cas_free(y2);
+        cas_free(b0);
+        cas_free(b1);
+    }
+}
+
+/* The layouts against ggml's, through an implementation that is not ours:
+ * tests/fixtures/kquant_blocks.gguf holds random blocks of every type and
+ * their values as the `gguf` Python package decodes them
+ * (tests/fixtures/make_kquant_blocks.py). The dequantizer must give the same
+ * bits (both compute d * sc * v exactly and round the minimum's subtraction
+ * once), and each kernel's matvec with one-hot x picks those values out. */
+static void test_kq_fixture(void) {
+    cas_gguf *g = NULL;
+    REQUIRE(cas_gguf_open("tests/fixtures/kquant_blocks.gguf", &g) == CAS_OK);
+    for (int ti = 0; ti < N_KQ; ti++) {
+        const int t = kq_types[ti];
+        char name[32];
+        snprintf(name, sizeof name, "%s.f32", cas_tensor_type_name(t));
+        const cas_gguf_tensor *q = cas_gguf_find_tensor(g, cas_tensor_type_name(t)), *f = cas_gguf_find_tensor(g, name);
+        CHECKF(q && f, "%s missing from the fixture", cas_tensor_type_name(t));
+        if (!q || !f) continue;
+        CHECK(q->type == (cas_ttype)t && f->type == CAS_T_F32 && q->ne[0] == f->ne[0] && q->ne[1] == f->ne[1]);
+        const int64_t rows = q->ne[1], n = q->ne[0];
+        size_t rb = 0;
+        CHECK(cas_tensor_row_bytes(t, n, &rb) == CAS_OK && rb * (size_t)rows == q->nbytes);
+        float *d = cas_alloc_array((size_t)(rows * n), 4), *x = cas_alloc_array((size_t)n, 4);
+        float *y = cas_alloc_array((size_t)rows, 4);
+        REQUIRE(d && x && y);
+        for (int64_t r = 0; r < rows; r++)
+            CHECK(cas_q_dequantize_row(t, (const uint8_t *)q->data + (size_t)r * rb, d + r * n, n) == CAS_OK);
+        CHECKF(!memcmp(d, f->data, (size_t)(rows * n) * 4), "%s: dequantized values differ from the gguf package's",
+               cas_tensor_type_name(t));
+        /* one-hot x quantizes to q = 127, d = fl(1/127): the chain computes each part
+         * (d sc v and dmin mn, whose difference w is) within 3 * 2^-24 of its magnitude
+         * (d_x, d_w d_x and the fma each round once), and the two parts' sum once more */
+        float *mag = cas_alloc_array((size_t)(rows * n), 4);
+        REQUIRE(mag);
+        kq_magnitudes(t, q->data, d, rows, n, mag);
+        int paths[3], np;
+        kq_paths(paths, &np);
+        for (int pi = 0; pi < np; pi++) {
+            const int path = paths[pi];
+            cas_q_opts o = {1, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
+            int bad = 0;
+            for (int64_t k = 0; k < n && bad < 3; k += 7) {
+                memset(x, 0, (size_t)n * 4);
+                x[k] = 1;
+                poison(y, rows);
+                CHECK(cas_q_matvec(t, q->data, rows, n, x, y, &o) == CAS_OK);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float want = ((const float *)f->data)[r * n + k];
+                    if (!(fabsf(y[r] - want) <= 5 * 0x1p-24f * mag[r * n + k])) {
+                        CHECKF(0, "%s %s column %lld row %lld: %g vs %g", cas_tensor_type_name(t), kq_path_name(path),
+                               (long long)k, (long long)r, (double)y[r], (double)want);
+                        bad++;
+                    }
+                }
+            }
+        }
+        cas_free(mag);
+        cas_free(d);
+        cas_free(x);
+        cas_free(y);
+    }
+    cas_gguf_close(g);
+}
+
+/* The test quantizer's round trip, per element (see quant_k.c): affine types
+ * (levels L, scale multipliers up to S) err by at most half their sub-block's
+ * step, at most R_j / L + d, plus half of dmin, with d = R_max / (L S) and
+ * dmin = M_max / S (R_j the range of sub-block j including zero, M_j its
+ * magnitude below zero); symmetric types (levels qlo..qhi) by one step,
+ * amax_j / |qlo| + d, for the value of the opposite sign; the IQ4 types by
+ * 14 steps (the table's widest half-gap is 12, and 127 lies 14 from 113).
+ * Each bound gets 2^-9 of the largest magnitude for the f16 scales. */
+static void test_kq_roundtrip(void) {
+    cas_rng rng;
+    cas_rng_seed(&rng, 5);
+    const int64_t rows = 6, n = 1024;
+    float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
+    REQUIRE(w && wd);
+    fill_weights(&rng, w, rows, n);
+    for (int64_t i = 0; i < 256; i++) w[i] = 0;                     /* an all-zero super-block */
+    for (int64_t i = 256; i < 512; i++) w[i] = fabsf(w[i]) + 0.5f; /* all positive */
+    for (int64_t i = 512; i < 768; i++) w[i] = -fabsf(w[i]) - 0.5f; /* all negative */
+    for (int ti = 0; ti < N_KQ; ti++) {
+        const int t = kq_types[ti];
+        uint8_t *q = NULL;
+        make_matrix(t, w, rows, n, &q, wd);
+        const int sub = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_IQ4_XS || t == CAS_T_IQ4_NL ? 32 : 16;
+        const int64_t bs = t == CAS_T_IQ4_NL ? 32 : 256;
+        int bad = 0;
+        for (int64_t b = 0; b < rows * n && bad < 3; b += bs) {
+            double rmax = 0, mmax = 0, amax = 0, big = 0;
+            for (int64_t j = b; j < b + bs; j += sub) {
+                double lo = 0, hi = w[j], am = 0;
+                for (int64_t e = j; e < j + sub; e++) lo = fmin(lo, w[e]), hi = fmax(hi, w[e]), am = fmax(am, fabs(w[e]));
+                rmax = fmax(rmax, hi - lo), mmax = fmax(mmax, -lo), amax = fmax(amax, am);
+                big = fmax(big, fmax(hi - lo, am));
+            }
+            for (int64_t j = b; j < b + bs; j += sub) {
+                double lo = 0, hi = w[j], am = 0, bound;
+                for (int64_t e = j; e < j + sub; e++) lo = fmin(lo, w[e]), hi = fmax(hi, w[e]), am = fmax(am, fabs(w[e]));
+                switch (t) {
+                case CAS_T_Q4_K: bound = (hi - lo) / 15 / 2 + rmax / (15 * 63) / 2 + mmax / 63 / 2; break;
+                case CAS_T_Q5_K: bound = (hi - lo) / 31 / 2 + rmax / (31 * 63) / 2 + mmax / 63 / 2; break;
+                case CAS_T_Q2_K: bound = (hi - lo) / 3 / 2 + rmax / (3 * 15) / 2 + mmax / 15 / 2; break;
+                case CAS_T_Q6_K: bound = am / 32 + amax / (32 * 127); break;
+                case CAS_T_Q3_K: bound = am / 4 + amax / (4 * 31); break;
+                case CAS_T_IQ4_XS: bound = 14 * (am / 127 + amax / (127 * 31)); break;
+                default: bound = 14 * am / 127; break;
+                }
+                bound += big * 0x1p-9;
+                for (int64_t e = j; e < j + sub; e++)
+                    if (!(fabs((double)wd[e] - w[e]) <= bound) && bad < 3) {
+                        CHECKF(0, "%s element %lld: %g -> %g (bound %g)", cas_tensor_type_name(t), (long long)e,
+                               (double)w[e], (double)wd[e], bound);
+                        bad++;
+                    }
+            }
+        }
+        for (int64_t i = 0; i < 256; i++) CHECK(wd[i] == 0);
+        cas_free(q);
+    }
+    cas_free(w);
+    cas_free(wd);
+}
+
+static void test_kq_type_info(void) {
+    size_t rb = 0;
+    static const struct { int t; size_t bytes; int64_t bs; const char *name; } want[] = {
+        {CAS_T_Q2_K, 84, 256, "q2_k"},   {CAS_T_Q3_K, 110, 256, "q3_k"},  {CAS_T_Q4_K, 144, 256, "q4_k"},
+        {CAS_T_Q5_K, 176, 256, "q5_k"},  {CAS_T_Q6_K, 210, 256, "q6_k"},  {CAS_T_IQ4_NL, 18, 32, "iq4_nl"},
+        {CAS_T_IQ4_XS, 136, 256, "iq4_xs"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        CHECK(cas_tensor_type_supported(want[i].t));
+        CHECK(cas_tensor_block_bytes(want[i].t) == want[i].bytes && cas_tensor_block_size(want[i].t) == want[i].bs);
+        CHECK(cas_ttype_block_bytes(want[i].t) == (int64_t)want[i].bytes && cas_ttype_block_size(want[i].t) == want[i].bs);
+        CHECK(strcmp(cas_tensor_type_name(want[i].t), want[i].name) == 0);
+        CHECK(cas_tensor_row_bytes(want[i].t, 3 * want[i].bs, &rb) == CAS_OK && rb == 3 * want[i].bytes);
+        CHECK(cas_tensor_row_bytes(want[i].t, want[i].bs + 32 * (want[i].bs > 32), &rb) == (want[i].bs > 32 ? CAS_ERR_INVALID : CAS_OK));
+    }
+    /* the model's 576-wide rows take IQ4_NL but no super-block type */
+    CHECK(cas_tensor_row_bytes(CAS_T_Q4_K, 576, &rb) == CAS_ERR_INVALID && strstr(cas_last_error(), "256"));
+    CHECK(cas_tensor_row_bytes(CAS_T_IQ4_NL, 576, &rb) == CAS_OK && rb == 18 * 18);
+    /* K-quant weights have no packed (AMX) layout: batched calls take the vector kernels */
+    CHECK(cas_q_packed_bytes(CAS_T_Q4_K, 16, 256) == 0 && cas_q_packed_block_bytes(CAS_T_Q6_K) == 0);
+    uint8_t w[144] = {0};
+    float x[512] = {0}, y[2];
+    cas_q_opts o = {1, CAS_Q_SIMD_AUTO, NULL, 0, w, NULL, NULL};
+    CHECK(cas_q_matmul(CAS_T_Q4_K, NULL, 1, 256, x, 2, y, &o) == CAS_ERR_INVALID);
+    o.simd = CAS_Q_SIMD_AMX; /* no AMX kernels for these types: AMX takes the vector path */
+    if (have_avx2()) CHECK(cas_q_matmul(CAS_T_Q4_K, w, 1, 256, x, 2, y, &o) == CAS_OK && y[0] == 0 && y[1] == 0);
+    /* an id the kernels cannot compute with is named in the error */
+    CHECK(cas_tensor_row_bytes(16, 256, &rb) == CAS_ERR_UNSUPPORTED && strstr(cas_last_error(), "iq2_xxs"));
+    CHECK(cas_q_matvec(CAS_T_Q8_K, w, 1, 256, x, y, NULL) == CAS_ERR_UNSUPPORTED && strstr(cas_last_error(), "q8_k"));
 }
 
 /* ---- benchmark mode --------------------------------------------------------- */
@@ -733,6 +1193,14 @@ static int bench_main(void) {
     if (s1 > 0 && s32 > 0)
         printf("  -> 32 tokens cost %.1fx one matvec (%.1fx the tokens/s)\n", s32 / s1, 32 * s1 / s32);
     for (int i = 0; i < N_TYPES; i++) bench_line("decode 1536x576 all types", k_types[i], 1536, 576, 1, 1, bw, NULL);
+    /* K-quants: of the 135M model's matrices only ffn_down (576 x 1536) has rows that are a
+     * multiple of 256; IQ4_NL (32-element blocks) takes the 576-wide ones too */
+    static const int cmp[] = {CAS_T_Q4_1, CAS_T_Q8_0};
+    for (int i = 0; i < 2; i++) bench_line("decode ffn down 576x1536", cmp[i], 576, 1536, 1, 1, bw, NULL);
+    for (int i = 0; i < N_KQ; i++) bench_line("decode ffn down 576x1536", kq_types[i], 576, 1536, 1, 1, bw, NULL);
+    bench_line("decode ffn up 1536x576", CAS_T_IQ4_NL, 1536, 576, 1, 1, bw, NULL);
+    for (int i = 0; i < 2; i++) bench_line("batched 32 tokens", cmp[i], 576, 1536, 32, 1, bw, NULL);
+    for (int i = 0; i < N_KQ; i++) bench_line("batched 32 tokens", kq_types[i], 576, 1536, 32, 1, bw, NULL);
     bench_line("batched 128 tokens", CAS_T_Q4_1, 1536, 576, 128, 1, bw, NULL);
     bench_line("batched 32 tokens", CAS_T_F32, 1536, 576, 32, 1, bw, NULL);
     return 0;
@@ -750,5 +1218,11 @@ int main(int argc, char **argv) {
     RUN(test_in_region_api);
     RUN(test_amx);
     RUN(test_elementwise);
+    RUN(test_kq_type_info);
+    RUN(test_kq_fixture);
+    RUN(test_kq_roundtrip);
+    RUN(test_kq_kernels);
+    RUN(test_kq_batch_invariance);
+    RUN(test_kq_in_region);
     return check_summary();
 }

@@ -315,9 +315,14 @@ static cas_status parse(cas_gguf *g) {
         t->n_elem = n_elem;
         if ((st = rd_u32(&r, &type, "tensor type"))) goto done;
         if (cas_ttype_block_size((int)type) <= 0) {
-            st = cas_error(type < 64 ? CAS_ERR_UNSUPPORTED : CAS_ERR_FORMAT,
-                           "gguf: tensor at offset %zu has unknown or unsupported type id %" PRIu32, at,
-                           type);
+            const char *tn = type < 64 ? cas_ttype_ggml_name((int)type) : NULL;
+            const int nl = names[i].len < 96 ? (int)names[i].len : 96;
+            if (tn)
+                st = cas_error(CAS_ERR_UNSUPPORTED, "gguf: tensor '%.*s' has type %s (id %" PRIu32 "), which cascade "
+                               "does not support", nl, names[i].ptr, tn, type);
+            else
+                st = cas_error(type < 64 ? CAS_ERR_UNSUPPORTED : CAS_ERR_FORMAT,
+                               "gguf: tensor at offset %zu has unknown type id %" PRIu32, at, type);
             goto done;
         }
         t->type = (cas_ttype)type;

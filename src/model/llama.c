@@ -157,8 +157,9 @@ static cas_status find_mat(const cas_gguf *g, const char *name, int64_t rows, in
     if (!cas_tensor_type_supported(t->type))
         return cas_error(CAS_ERR_UNSUPPORTED,
                          "model: tensor %s has type %s, which cascade cannot compute with "
-                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1)",
-                         name, cas_ttype_name(t->type) ? cas_ttype_name(t->type) : "?");
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                         "iq4_nl, iq4_xs)",
+                         name, cas_ttype_ggml_name(t->type) ? cas_ttype_ggml_name(t->type) : "?");
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
         return cas_error(CAS_ERR_FORMAT, "model: tensor %s is %lld x %lld, expected %lld x %lld",
                          name, (long long)t->ne[1], (long long)t->ne[0], (long long)rows,
@@ -180,7 +181,7 @@ static cas_status load_vec(const cas_gguf *g, const char *name, int64_t n, float
                          (long long)t->n_elem, (long long)n);
     if (!cas_tensor_type_supported(t->type))
         return cas_error(CAS_ERR_UNSUPPORTED, "model: tensor %s has unsupported type %s", name,
-                         cas_ttype_name(t->type) ? cas_ttype_name(t->type) : "?");
+                         cas_ttype_ggml_name(t->type) ? cas_ttype_ggml_name(t->type) : "?");
     float *v = cas_alloc_array((size_t)n, sizeof(float));
     if (!v) return cas_error(CAS_ERR_NOMEM, "model: %s", name);
     cas_status st = cas_q_dequantize_row(t->type, t->data, v, n);
@@ -677,8 +678,9 @@ static cas_status matmul_prep(const cas_model *m, const cas_mat *w, const float 
     o.prep = prep;
     o.prep_ctx = prep_ctx;
     o.nthreads = m->opts.threads;
-    /* AUTO takes AMX for a batched call given the packed copy, which exists only where m->amx */
-    o.simd = !m->avx2 ? CAS_Q_SIMD_GENERIC : m->amx ? CAS_Q_SIMD_AUTO : CAS_Q_SIMD_AVX2;
+    /* AUTO takes AMX for a batched call given the packed copy, which exists only where m->amx;
+     * AVX512 takes the AVX-512 kernels of the types that have them (the K-quants) */
+    o.simd = !m->avx2 ? CAS_Q_SIMD_GENERIC : m->amx ? CAS_Q_SIMD_AUTO : m->avx512 ? CAS_Q_SIMD_AVX512 : CAS_Q_SIMD_AVX2;
     o.work = m->work;
     o.work_bytes = m->work_bytes;
     o.packed = w->packed;

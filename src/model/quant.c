@@ -14,6 +14,7 @@
  * weights (decode is bound by memory bandwidth, not by compute).
  */
 #include "quant_impl.h"
+#include "quant_k.h"
 
 #include <math.h>
 #include <omp.h>
@@ -28,7 +29,7 @@ int cas_tensor_type_supported(int t) {
     case CAS_T_Q8_0: case CAS_T_Q4_0: case CAS_T_Q4_1:
         return 1;
     default:
-        return 0;
+        return cas_qk_type(t);
     }
 }
 
@@ -36,6 +37,7 @@ static int is_quant(int t) { return t == CAS_T_Q8_0 || t == CAS_T_Q4_0 || t == C
 
 int64_t cas_tensor_block_size(int t) {
     if (!cas_tensor_type_supported(t)) return 0;
+    if (cas_qk_type(t)) return cas_qk_block_size(t);
     return is_quant(t) ? CAS_Q_BLOCK : 1;
 }
 
@@ -47,7 +49,7 @@ size_t cas_tensor_block_bytes(int t) {
     case CAS_T_Q8_0: return 2 + 32;
     case CAS_T_Q4_0: return 2 + 16;
     case CAS_T_Q4_1: return 2 + 2 + 16;
-    default: return 0;
+    default: return cas_qk_block_bytes(t);
     }
 }
 
@@ -59,7 +61,7 @@ const char *cas_tensor_type_name(int t) {
     case CAS_T_Q8_0: return "q8_0";
     case CAS_T_Q4_0: return "q4_0";
     case CAS_T_Q4_1: return "q4_1";
-    default: return "?";
+    default: return cas_qk_type(t) ? cas_qk_name(t) : "?";
     }
 }
 
@@ -67,7 +69,8 @@ cas_status cas_tensor_row_bytes(int t, int64_t n, size_t *bytes) {
     if (!bytes) return cas_error(CAS_ERR_INVALID, "tensor row bytes: NULL output");
     *bytes = 0;
     if (!cas_tensor_type_supported(t))
-        return cas_error(CAS_ERR_UNSUPPORTED, "tensor type %d is not supported by the CPU kernels", t);
+        return cas_error(CAS_ERR_UNSUPPORTED, "tensor type %s (id %d) is not supported by the CPU kernels",
+                         cas_ttype_ggml_name(t) ? cas_ttype_ggml_name(t) : "?", t);
     int64_t bs = cas_tensor_block_size(t);
     if (n <= 0 || n % bs)
         return cas_error(CAS_ERR_INVALID, "%s row of %lld elements: must be a positive multiple of %lld",
@@ -132,7 +135,10 @@ cas_status cas_q_dequantize_row(int t, const void *src, float *dst, int64_t n) {
             }
         }
         break;
-    default: return cas_error(CAS_ERR_INTERNAL, "dequantize: type %d", t);
+    default:
+        if (!cas_qk_type(t)) return cas_error(CAS_ERR_INTERNAL, "dequantize: type %d", t);
+        cas_qk_dequantize_row(t, p, dst, n);
+        break;
     }
     return CAS_OK;
 }
@@ -208,7 +214,10 @@ cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, i
         case CAS_T_Q4_1:
             for (int64_t b = 0; b < n / 32; b++) quant_block_q4_1(xr + 32 * b, orow + 20 * b);
             break;
-        default: return cas_error(CAS_ERR_INTERNAL, "quantize: type %d", t);
+        default:
+            if (!cas_qk_type(t)) return cas_error(CAS_ERR_INTERNAL, "quantize: type %d", t);
+            cas_qk_quantize_row(t, xr, orow, n);
+            break;
         }
     }
     return CAS_OK;
@@ -316,6 +325,12 @@ const char *cas_q_batch_simd_name(void) { return auto_amx() ? "amx" : cas_q_simd
 static int pick_avx2(cas_q_simd s) {
     switch (s) {
     case CAS_Q_SIMD_GENERIC: return 0;
+    case CAS_Q_SIMD_AVX512:
+        if (!cpu_has_avx2() || !cas_cpu_features_get()->avx512) {
+            cas_error(CAS_ERR_UNSUPPORTED, "AVX-512 kernels requested; this CPU lacks them");
+            return -1;
+        }
+        return 1;
     case CAS_Q_SIMD_AVX2:
     case CAS_Q_SIMD_AMX:
         if (!cpu_has_avx2()) {
@@ -365,6 +380,7 @@ size_t cas_q_work_bytes(int t, int64_t rows, int64_t n, int64_t m, int nthreads)
     size_t rb;
     if (rows <= 0 || m <= 0 || nthreads < 0) return 0;
     if (cas_tensor_row_bytes(t, n, &rb) != CAS_OK) return 0;
+    if (cas_qk_type(t)) return cas_qk_work_bytes(t, n, m, resolve_threads(nthreads));
     size_t nt = (size_t)resolve_threads(nthreads);
     size_t nb = is_quant(t) ? (size_t)(n / 32) : 0;
     size_t bytes = align64((size_t)m * nb * sizeof(cas_q8x_block)) + align64((size_t)m * nb * 4);
@@ -427,6 +443,21 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                          need);
     }
     work = (uint8_t *)align64((size_t)work);
+    if (cas_qk_type(t)) { /* no AMX kernels: AMX asks for the best vector path */
+        if (!w) {
+            cas_free(owned);
+            return cas_error(CAS_ERR_INVALID, "%s: %s weights have no packed layout", m == 1 ? "matvec" : "matmul",
+                             cas_tensor_type_name(t));
+        }
+        if (opt->prep) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
+        }
+        const int best = opt->simd == CAS_Q_SIMD_AUTO || opt->simd == CAS_Q_SIMD_AMX || opt->simd == CAS_Q_SIMD_AVX512;
+        cas_qk_matmul(t, w, rb, rows, n, x, m, y, avx2 && best && cas_qk_avx512_available() ? 2 : avx2, nt, work);
+        cas_free(owned);
+        return CAS_OK;
+    }
 
     const int quant = is_quant(t);
     const int64_t nb = quant ? n / 32 : 0;
@@ -608,13 +639,19 @@ cas_status cas_q_pack(int t, const void *w, int64_t rows, int64_t n, void *dst) 
 /* ---- matrix-vector inside the caller's parallel region ------------------- */
 
 size_t cas_q_xvec_bytes(int64_t n) {
-    size_t nb = (size_t)(n / 32);
-    return align64(nb * sizeof(cas_q8x_block)) + align64(nb * 4);
+    size_t nb = (size_t)(n / 32), k = cas_qk_x_bytes(CAS_T_Q4_K, n), k32 = cas_qk_x_bytes(CAS_T_IQ4_NL, n);
+    size_t b = align64(nb * sizeof(cas_q8x_block)) + align64(nb * 4);
+    b = b > k ? b : k;
+    return b > k32 ? b : k32;
 }
 
 int cas_q_resolve_avx2(cas_q_simd s) { return pick_avx2(s); }
 
 void cas_q_xvec_quantize(int t, const float *x, int64_t n, void *buf, int avx2) {
+    if (cas_qk_type(t)) {
+        cas_qk_quantize_x(t, x, n, buf, avx2);
+        return;
+    }
     if (!is_quant(t)) return;
     int64_t nb = n / 32;
     cas_q8x_block *xq = buf;
@@ -627,6 +664,10 @@ void cas_q_xvec_quantize(int t, const float *x, int64_t n, void *buf, int avx2) 
 
 void cas_q_matvec_range(int t, const void *w, size_t rb, int64_t n, int64_t r0, int64_t r1,
                         const float *x, const void *buf, float *y, int avx2) {
+    if (cas_qk_type(t)) {
+        cas_qk_matvec_range(t, w, rb, n, r0, r1, buf, y, avx2);
+        return;
+    }
     int64_t nb = is_quant(t) ? n / 32 : 0;
     const cas_q8x_block *xq = buf;
     const float *sx = (const float *)(const void *)((const uint8_t *)buf +

@@ -1,7 +1,8 @@
 /*
  * quant_impl.h: tensor element types and the CPU matrix kernels of the model
  * layer (internal to src/model). Weights stay in their file format (ggml's
- * 32-element blocks for Q8_0, Q4_0, Q4_1; plain F32, F16, BF16) and the
+ * 32-element blocks for Q8_0, Q4_0, Q4_1, IQ4_NL; its 256-element super-
+ * blocks for Q2_K .. Q6_K and IQ4_XS; plain F32, F16, BF16) and the
  * kernels read them in place, because decode is bound by the bytes of weights
  * read per token: unpacking to f32 first would multiply those bytes by 4-8.
  * The AMX kernels for batched calls read a packed copy instead (the same
@@ -14,13 +15,38 @@
  * where nib(i) is the low nibble of qs[i] for i < 16 and the high nibble of
  * qs[i - 16] for i >= 16 (ggml's order).
  *
+ * K-quants and IQ4 (quant_k.c has the byte layouts): a super-block of 256
+ * elements in sub-blocks of 32 (Q4_K, Q5_K, IQ4_XS) or 16 (Q2_K, Q3_K,
+ * Q6_K), each with an integer scale sc_j (and for Q2_K, Q4_K, Q5_K a minimum
+ * mn_j) under the super-block's f16 d (and dmin):
+ *   x = d * sc_j * v - dmin * mn_j
+ *   Q2_K (84 bytes):  v 0..3,   sc, mn 4 bits   Q5_K (176):  v 0..31, 6 bits
+ *   Q3_K (110):       v -4..3,  sc 6 bits       Q6_K (210):  v -32..31, sc int8
+ *   Q4_K (144):       v 0..15,  sc, mn 6 bits   IQ4_XS (136): v = T[4 bits], sc 6 bits
+ *   IQ4_NL (18, 32-element blocks): f16 d, x = d * T[4 bits]
+ * where T is a fixed table of 16 values in -127..113 (cas_qk_iq4_values).
+ * Files mix them per tensor (a Q4_K_M file holds Q4_K and Q6_K matrices, and
+ * falls back to other types for rows that are not a multiple of 256).
+ *
  * For quantized weights the kernels first quantize the activation x to 8 bits
  * per 32-element block (an f32 scale, plus the block's sum for the zero-point
  * terms of Q4_0 and Q4_1) and compute exact integer dot products per block,
  * accumulating in f32 across blocks. The cost is an error on x of at most
  * half a step of its block scale: |y - y_exact| <= sum_b (amax_b(x) / 254) *
  * sum_{i in b} |w_i| plus f32 rounding. Float weights (F32, F16, BF16) use x
- * as given.
+ * as given. The K-quant and IQ4_XS kernels quantize x per 256-element
+ * super-block (the activation ggml calls Q8_K, with the sums of each 16
+ * elements for the minimum and offset terms), IQ4_NL per 32-element block;
+ * the same bound holds with those blocks.
+ *
+ * Batch invariance (K-quant and IQ4 types): row i of cas_q_matmul(..., m,
+ * ...) is bitwise identical to cas_q_matvec on row i of x alone, for every m,
+ * every thread count and every instruction-set path (portable and AVX2 give
+ * the same bits too), and to cas_q_matvec_range. Every path quantizes x per
+ * token the same way, computes each block's integer dot product exactly
+ * (int32), and accumulates one f32 chain per (weight row, token) over the
+ * blocks in order: s = fma((float)isum_b, d_w * d_x, s), then for the types
+ * with a minimum s = fma((float)imin_b, -(dmin_w * d_x), s).
  *
  * Batch invariance: y for one token does not depend on the other tokens of
  * the call, on m, on the thread count or on which kernel ran, only on the
@@ -54,22 +80,23 @@
 /* ---- type info ---------------------------------------------------------- */
 
 /* 1 when the kernels here can compute with type t (F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1), else 0. */
+ * Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), else 0. */
 int cas_tensor_type_supported(int t);
 
-/* Elements per block (1 for plain types, 32 for quantized); 0 if t is not a
- * supported type. */
+/* Elements per block (1 for plain types, 32 or 256 for quantized); 0 if t is
+ * not a supported type. */
 int64_t cas_tensor_block_size(int t);
 
 /* Bytes per block; 0 if t is not a supported type. */
 size_t cas_tensor_block_bytes(int t);
 
-/* A short name: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"; "?" otherwise. */
+/* A short name: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", ...;
+ * "?" otherwise. */
 const char *cas_tensor_type_name(int t);
 
 /* Bytes of one row of n elements into *bytes. CAS_ERR_UNSUPPORTED for a type
- * the kernels do not handle, CAS_ERR_INVALID when n <= 0 or n is not a
- * multiple of the block size. */
+ * the kernels do not handle (the message names it), CAS_ERR_INVALID when
+ * n <= 0 or n is not a multiple of the block size. */
 cas_status cas_tensor_row_bytes(int t, int64_t n, size_t *bytes);
 
 /* ---- conversion ---------------------------------------------------------- */
@@ -82,6 +109,8 @@ cas_status cas_q_dequantize_row(int t, const void *src, float *dst, int64_t n);
  * to f16 first and the values quantized against the stored scale, so the
  * round trip error is at most half a step (Q8_0, Q4_1) and one step for the
  * extreme opposite value of Q4_0, which has 8 steps below zero and 7 above.
+ * The K-quant and IQ4 quantizers are as simple (bounds in quant_k.c and
+ * tests/test_quant.c), not the error-minimizing searches of ggml's.
  * Values must be finite and below the f16 range times the step count.
  * Single-threaded (for tests and synthetic weights, not the hot path). */
 cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, int64_t n);
@@ -97,8 +126,19 @@ cas_status cas_q_quantize_rows(int t, const float *x, void *dst, int64_t rows, i
  * when the CPU lacks it. AMX asks for the AMX kernels for m > 1 (AVX2 for
  * m = 1) and fails with CAS_ERR_UNSUPPORTED when they cannot run, or with
  * CAS_ERR_INVALID when a batched call on a quantized type has no packed
- * copy. */
-typedef enum { CAS_Q_SIMD_AUTO = 0, CAS_Q_SIMD_GENERIC = 1, CAS_Q_SIMD_AVX2 = 2, CAS_Q_SIMD_AMX = 3 } cas_q_simd;
+ * copy. The K-quant and IQ4 types have no AMX kernels (and no packed
+ * layout): for them AUTO and AMX take the best vector kernels. AVX512 asks
+ * for the AVX-512 kernels where a type has them (the batched kernels of the
+ * K-quant and IQ4 types, which also need AVX512-VNNI; AVX2 without it) and
+ * AVX2 elsewhere, and fails with CAS_ERR_UNSUPPORTED when the CPU lacks
+ * AVX-512. Every path gives the K-quant and IQ4 types the same bits. */
+typedef enum {
+    CAS_Q_SIMD_AUTO = 0,
+    CAS_Q_SIMD_GENERIC = 1,
+    CAS_Q_SIMD_AVX2 = 2,
+    CAS_Q_SIMD_AMX = 3,
+    CAS_Q_SIMD_AVX512 = 4
+} cas_q_simd;
 
 /* Options of a kernel call; a NULL pointer means all defaults (zeroes). */
 typedef struct {

@@ -1,7 +1,8 @@
 /*
  * tensor.h: tensor element types of the model layer, numbered as in GGUF
  * (ggml's type ids) so that a file's type field maps directly. Quantized types
- * store blocks of 32 elements. Internal to src/model (the layer's public
+ * store blocks of 32 elements, or super-blocks of 256 (the K-quants and
+ * IQ4_XS). Internal to src/model (the layer's public
  * header, model.h, includes it).
  */
 #ifndef CASCADE_MODEL_TENSOR_H
@@ -28,6 +29,8 @@ typedef enum {
     CAS_T_Q5_K = 13,
     CAS_T_Q6_K = 14,
     CAS_T_Q8_K = 15,
+    CAS_T_IQ4_NL = 20,
+    CAS_T_IQ4_XS = 23,
     CAS_T_I8 = 24,
     CAS_T_I16 = 25,
     CAS_T_I32 = 26,
@@ -49,10 +52,10 @@ static inline int64_t cas_ttype_block_size(int t) {
     case CAS_T_I8: case CAS_T_I16: case CAS_T_I32: case CAS_T_I64:
         return 1;
     case CAS_T_Q4_0: case CAS_T_Q4_1: case CAS_T_Q5_0: case CAS_T_Q5_1:
-    case CAS_T_Q8_0: case CAS_T_Q8_1:
+    case CAS_T_Q8_0: case CAS_T_Q8_1: case CAS_T_IQ4_NL:
         return 32;
     case CAS_T_Q2_K: case CAS_T_Q3_K: case CAS_T_Q4_K: case CAS_T_Q5_K:
-    case CAS_T_Q6_K: case CAS_T_Q8_K:
+    case CAS_T_Q6_K: case CAS_T_Q8_K: case CAS_T_IQ4_XS:
         return 256;
     default:
         return 0;
@@ -82,6 +85,8 @@ static inline int64_t cas_ttype_block_bytes(int t) {
     case CAS_T_Q5_K: return 176;
     case CAS_T_Q6_K: return 210;
     case CAS_T_Q8_K: return 292;
+    case CAS_T_IQ4_NL: return 2 + 16;   /* f16 scale, 32 x 4-bit indices into a fixed table */
+    case CAS_T_IQ4_XS: return 136;
     default: return 0;
     }
 }
@@ -109,7 +114,30 @@ static inline const char *cas_ttype_name(int t) {
     case CAS_T_Q5_K: return "q5_k";
     case CAS_T_Q6_K: return "q6_k";
     case CAS_T_Q8_K: return "q8_k";
+    case CAS_T_IQ4_NL: return "iq4_nl";
+    case CAS_T_IQ4_XS: return "iq4_xs";
     default: return NULL;
+    }
+}
+
+/* ggml's name of any type id a GGUF file may carry, including those cascade
+ * cannot size or compute with ("iq2_xxs", "tq1_0", ...), for error messages
+ * that name the type; NULL for ids ggml does not define. */
+static inline const char *cas_ttype_ggml_name(int t) {
+    switch (t) {
+    case 16: return "iq2_xxs";
+    case 17: return "iq2_xs";
+    case 18: return "iq3_xxs";
+    case 19: return "iq1_s";
+    case 21: return "iq3_s";
+    case 22: return "iq2_s";
+    case 29: return "iq1_m";
+    case 34: return "tq1_0";
+    case 35: return "tq2_0";
+    case 39: return "mxfp4";
+    case 40: return "nvfp4";
+    case 41: return "q1_0";
+    default: return cas_ttype_name(t);
     }
 }
 

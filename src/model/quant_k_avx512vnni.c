@@ -1,0 +1,174 @@
+/*
+ * quant_k_avx512vnni.c: batched kernels of the K-quant and IQ4 types on
+ * AVX-512 with VNNI (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq
+ * -mavx512vnni -mfma -mf16c; quant_k.c calls them only after checking the
+ * CPU).
+ *
+ * The AVX2 token-lane kernel with sixteen tokens per 512-bit vector, and
+ * vpdpbusd in place of maddubs: four codes of a row, broadcast, times the
+ * sixteen tokens' four x bytes, summed into each token's int32 lane without
+ * the 16-bit intermediate, so no code range needs early widening; one
+ * vpmulld per sub-block applies its scale. The IQ4 tables' signed values are
+ * stored plus 128 (unsigned, as vpdpbusd wants) and 128 times the sub-block's
+ * x sum is taken off again. The integer sums are the exact ones and each
+ * lane's f32 chain is the canonical one (quant_k.h), so a token's results
+ * are the bits of the other kernels. The tile of decoded rows comes from the
+ * AVX2 decoder (every CPU with AVX-512 has AVX2).
+ */
+#include "quant_k.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+static inline __m512i bc32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* sc[j] holds the scale in both 16-bit halves: the low half, sign-extended */
+static inline __m512i scale32(const int32_t *sc) { return _mm512_set1_epi32((int32_t)(int16_t)(uint16_t)(uint32_t)*sc); }
+
+#define LD512(p) _mm512_load_si512((const void *)(p))
+
+/* CAS_QK_TILE decoded rows' block b (k[r * nb]) against sixteen tokens' x
+ * block: is[r] each token's int32 sum (offsets included), im[r] the minimum's. */
+static inline __attribute__((always_inline)) void lane_sums16(const int t, const cas_qk_tblk *k, int64_t nb,
+                                                              const cas_q8k16_block *x, __m512i is[CAS_QK_TILE],
+                                                              __m512i im[CAS_QK_TILE]) {
+    const __m512i zero = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int r = 0; r < CAS_QK_TILE; r++) is[r] = im[r] = zero;
+    for (int j = 0; j < 8; j++) {
+        __m512i xv[8];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) xv[g] = LD512(x->q[8 * j + g]);
+        /* 128 times each token's sum of these 32 elements, for the IQ4 offset */
+        const __m512i xs128 = t == CAS_T_IQ4_XS ? _mm512_slli_epi32(LD512(x->xs[j]), 7) : zero;
+#pragma GCC unroll 4
+        for (int r = 0; r < CAS_QK_TILE; r++) {
+            const cas_qk_tblk *kr = k + r * nb;
+            const uint8_t *c = kr->c + 32 * j;
+            if (t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_IQ4_XS) {
+                __m512i a = _mm512_dpbusd_epi32(zero, bc32(c), xv[0]);
+#pragma GCC unroll 8
+                for (int g = 1; g < 8; g++) a = _mm512_dpbusd_epi32(a, bc32(c + 4 * g), xv[g]);
+                if (t == CAS_T_IQ4_XS) a = _mm512_sub_epi32(a, xs128);
+                is[r] = _mm512_add_epi32(is[r], _mm512_mullo_epi32(a, scale32(&kr->sc[j])));
+            } else { /* two 16-element sub-blocks */
+                __m512i a0 = _mm512_dpbusd_epi32(zero, bc32(c), xv[0]), a1 = _mm512_dpbusd_epi32(zero, bc32(c + 16), xv[4]);
+#pragma GCC unroll 3
+                for (int g = 1; g < 4; g++) {
+                    a0 = _mm512_dpbusd_epi32(a0, bc32(c + 4 * g), xv[g]);
+                    a1 = _mm512_dpbusd_epi32(a1, bc32(c + 16 + 4 * g), xv[4 + g]);
+                }
+                is[r] = _mm512_add_epi32(is[r], _mm512_mullo_epi32(a0, scale32(&kr->sc[2 * j])));
+                is[r] = _mm512_add_epi32(is[r], _mm512_mullo_epi32(a1, scale32(&kr->sc[2 * j + 1])));
+            }
+        }
+    }
+    if (t != CAS_T_IQ4_XS) {
+        __m512i bv[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) bv[p] = LD512(x->bs[p]);
+#pragma GCC unroll 4
+        for (int r = 0; r < CAS_QK_TILE; r++) {
+            const cas_qk_tblk *kr = k + r * nb;
+            __m512i o = zero;
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) o = _mm512_dpwssd_epi32(o, bv[p], bc32(&kr->sp[p]));
+            if (t == CAS_T_Q6_K) is[r] = _mm512_sub_epi32(is[r], _mm512_slli_epi32(o, 5));
+            else if (t == CAS_T_Q3_K) is[r] = _mm512_sub_epi32(is[r], _mm512_slli_epi32(o, 2));
+            else im[r] = o;
+        }
+    }
+}
+
+/* Stores the first nt (<= 16) lanes of each of the nr rows' results. */
+static inline void store16(const __m512 *acc, int64_t nr, int64_t nt, int64_t g, int64_t rows, int64_t r, float *y) {
+    for (int64_t j = 0; j < nr; j++) {
+        float out[16];
+        _mm512_storeu_ps(out, acc[j]);
+        for (int64_t i = 0; i < nt; i++) y[(16 * g + i) * rows + r + j] = out[i];
+    }
+}
+
+static inline __attribute__((always_inline)) void lanes16_t(const int t, const uint8_t *w, size_t rb, int64_t n,
+                                                            int64_t r, int64_t nr, int64_t rows,
+                                                            const cas_q8k16_block *x16, int64_t m, float *y,
+                                                            cas_qk_tblk *tile) {
+    const int64_t nb = n / CAS_QK_SUPER;
+    const size_t bb = (size_t)cas_ttype_block_bytes(t);
+    for (int64_t j = 0; j < CAS_QK_TILE; j++)
+        for (int64_t b = 0; b < nb; b++)
+            cas_qk_avx2_decode(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b, 1);
+    const int mins = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K;
+    for (int64_t g = 0; g < (m + 15) / 16; g++) {
+        const cas_q8k16_block *xg = x16 + g * nb;
+        __m512 acc[CAS_QK_TILE];
+#pragma GCC unroll 4
+        for (int j = 0; j < CAS_QK_TILE; j++) acc[j] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i is[CAS_QK_TILE], im[CAS_QK_TILE];
+            lane_sums16(t, tile + b, nb, xg + b, is, im);
+            const __m512 dx = _mm512_load_ps(xg[b].d);
+#pragma GCC unroll 4
+            for (int j = 0; j < CAS_QK_TILE; j++) {
+                const cas_qk_tblk *k = tile + j * nb + b;
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[j]), _mm512_mul_ps(_mm512_set1_ps(k->d), dx), acc[j]);
+                if (mins)
+                    acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im[j]), _mm512_mul_ps(_mm512_set1_ps(k->dmin), dx), acc[j]);
+            }
+        }
+        store16(acc, nr, m - 16 * g < 16 ? m - 16 * g : 16, g, rows, r, y);
+    }
+}
+
+static void lanes16_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_t nr, int64_t rows,
+                       const cas_q8b16_block *x16, int64_t m, float *y, cas_qk_tblk_nl *tile) {
+    const int64_t nb = n / 32;
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t j = 0; j < CAS_QK_TILE; j++)
+        for (int64_t b = 0; b < nb; b++)
+            cas_qk_avx2_decode_nl(w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * 18, tile + j * nb + b, 1);
+    for (int64_t g = 0; g < (m + 15) / 16; g++) {
+        const cas_q8b16_block *xg = x16 + g * nb;
+        __m512 acc[CAS_QK_TILE];
+#pragma GCC unroll 4
+        for (int j = 0; j < CAS_QK_TILE; j++) acc[j] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i xv[8];
+#pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) xv[e] = LD512(xg[b].q[e]);
+            const __m512i xs128 = _mm512_slli_epi32(LD512(xg[b].xs), 7);
+            const __m512 dx = _mm512_load_ps(xg[b].d);
+#pragma GCC unroll 4
+            for (int j = 0; j < CAS_QK_TILE; j++) {
+                const cas_qk_tblk_nl *k = tile + j * nb + b;
+                __m512i a = _mm512_dpbusd_epi32(zero, bc32(k->v), xv[0]);
+#pragma GCC unroll 8
+                for (int e = 1; e < 8; e++) a = _mm512_dpbusd_epi32(a, bc32(k->v + 4 * e), xv[e]);
+                a = _mm512_sub_epi32(a, xs128);
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(_mm512_set1_ps(k->d), dx), acc[j]);
+            }
+        }
+        store16(acc, nr, m - 16 * g < 16 ? m - 16 * g : 16, g, rows, r, y);
+    }
+}
+
+void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                              const void *x16, int64_t m, float *y, void *tile) {
+    for (int64_t r = r0; r < r1; r += CAS_QK_TILE) {
+        const int64_t nr = r1 - r < CAS_QK_TILE ? r1 - r : CAS_QK_TILE;
+        switch (t) {
+        case CAS_T_IQ4_NL: lanes16_nl(w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q2_K: lanes16_t(CAS_T_Q2_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q3_K: lanes16_t(CAS_T_Q3_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q4_K: lanes16_t(CAS_T_Q4_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q5_K: lanes16_t(CAS_T_Q5_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q6_K: lanes16_t(CAS_T_Q6_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_IQ4_XS: lanes16_t(CAS_T_IQ4_XS, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        default: break;
+        }
+    }
+}
