@@ -181,6 +181,12 @@ static cas_status find_mat(const cas_gguf *g, const char *name, int64_t rows, in
     return CAS_OK;
 }
 
+/* Rows r0 .. r0 + n - 1 of w, in place (rows lie one after the other in every type). */
+static cas_mat mat_rows(const cas_mat *w, int64_t r0, int64_t n) {
+    const size_t rb = w->bytes / (size_t)w->rows;
+    return (cas_mat){(const uint8_t *)w->data + (size_t)r0 * rb, w->type, n, w->cols, (size_t)n * rb, NULL};
+}
+
 /* A 1-D norm weight, converted to an owned f32 vector. */
 static cas_status load_vec(const cas_gguf *g, const char *name, int64_t n, float **out) {
     const cas_gguf_tensor *t = cas_gguf_find_tensor(g, name);
@@ -241,6 +247,7 @@ const char *cas_model_arch_name(cas_model_arch arch) {
     case CAS_ARCH_LLAMA: return "llama";
     case CAS_ARCH_QWEN2: return "qwen2";
     case CAS_ARCH_QWEN3: return "qwen3";
+    case CAS_ARCH_PHI3: return "phi3";
     }
     return "?";
 }
@@ -250,9 +257,9 @@ const char *cas_model_arch_name(cas_model_arch arch) {
  * family) would change the model's output, so the file is refused instead. */
 static int tensor_used(const char *name, const cas_model_config *c) {
     static const char *const top[] = {"token_embd.weight", "output.weight", "output_norm.weight"};
-    static const char *const blk[] = {"attn_norm.weight", "ffn_norm.weight",   "attn_q.weight",  "attn_k.weight",
-                                      "attn_v.weight",    "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
-                                      "ffn_down.weight",  "attn_q.bias",       "attn_k.bias",    "attn_v.bias"};
+    static const char *const blk[] = {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight",  "attn_k.weight",
+                                      "attn_v.weight",    "attn_qkv.weight", "attn_output.weight", "ffn_up.weight",
+                                      "ffn_down.weight",  "attn_q.bias",     "attn_k.bias",    "attn_v.bias"};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (!strcmp(name, top[i])) return 1;
     if (c->arch == CAS_ARCH_LLAMA && !strcmp(name, "rope_freqs.weight")) return 1;
@@ -264,6 +271,7 @@ static int tensor_used(const char *name, const cas_model_config *c) {
     if (*p++ != '.' || l >= c->n_layers) return 0;
     for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
         if (!strcmp(p, blk[i])) return 1;
+    if (c->arch != CAS_ARCH_PHI3 && !strcmp(p, "ffn_gate.weight")) return 1; /* phi3's is in ffn_up */
     return c->arch == CAS_ARCH_QWEN3 && (!strcmp(p, "attn_q_norm.weight") || !strcmp(p, "attn_k_norm.weight"));
 }
 
@@ -275,9 +283,10 @@ cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
     if (!strcmp(arch, "llama")) c->arch = CAS_ARCH_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->arch = CAS_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = CAS_ARCH_QWEN3;
+    else if (!strcmp(arch, "phi3")) c->arch = CAS_ARCH_PHI3;
     else
         return cas_error(CAS_ERR_UNSUPPORTED,
-                         "model: architecture '%s' is not supported (cascade runs llama, qwen2, qwen3)", arch);
+                         "model: architecture '%s' is not supported (cascade runs llama, qwen2, qwen3, phi3)", arch);
     /* the hyper-parameters' keys carry the architecture's name */
     char k[128];
 #define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
@@ -329,7 +338,8 @@ cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
     c->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
     c->rope_neox = c->arch != CAS_ARCH_LLAMA;
     /* Only llama reads a window (Mistral's); qwen2 files may carry an unused one (its
-     * use_sliding_window is off), and a per-layer pattern is another family's */
+     * use_sliding_window is off), phi3 files one that llama.cpp does not apply either, and
+     * a per-layer pattern is another family's */
     if (c->arch == CAS_ARCH_LLAMA && cas_gguf_find_kv(g, KEY("attention.sliding_window")) >= 0) {
         uint32_t w;
         if ((st = cas_gguf_get_u32(g, k, &w))) return st;
@@ -537,12 +547,29 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, (int)l), name)
         if ((st = load_vec(g, NAME("attn_norm.weight"), E, &L->attn_norm))) goto fail;
         if ((st = load_vec(g, NAME("ffn_norm.weight"), E, &L->ffn_norm))) goto fail;
-        if ((st = find_mat(g, NAME("attn_q.weight"), QD, E, &L->wq))) goto fail;
-        if ((st = find_mat(g, NAME("attn_k.weight"), KD, E, &L->wk))) goto fail;
-        if ((st = find_mat(g, NAME("attn_v.weight"), KD, E, &L->wv))) goto fail;
+        /* Q, K and V as three matrices or one (attn_qkv, rows in that order); gate and up
+         * as two or, in phi3, one (ffn_up, gate rows first): the parts are row ranges of
+         * the fused matrix then */
+        cas_mat file_qkv = {0}, file_gu = {0};
+        if (cas_gguf_find_tensor(g, NAME("attn_qkv.weight"))) {
+            if ((st = find_mat(g, name, QD + 2 * KD, E, &file_qkv))) goto fail;
+            L->wq = mat_rows(&file_qkv, 0, QD);
+            L->wk = mat_rows(&file_qkv, QD, KD);
+            L->wv = mat_rows(&file_qkv, QD + KD, KD);
+        } else {
+            if ((st = find_mat(g, NAME("attn_q.weight"), QD, E, &L->wq))) goto fail;
+            if ((st = find_mat(g, NAME("attn_k.weight"), KD, E, &L->wk))) goto fail;
+            if ((st = find_mat(g, NAME("attn_v.weight"), KD, E, &L->wv))) goto fail;
+        }
         if ((st = find_mat(g, NAME("attn_output.weight"), E, QD, &L->wo))) goto fail;
-        if ((st = find_mat(g, NAME("ffn_gate.weight"), F, E, &L->w_gate))) goto fail;
-        if ((st = find_mat(g, NAME("ffn_up.weight"), F, E, &L->w_up))) goto fail;
+        if (c->arch == CAS_ARCH_PHI3) {
+            if ((st = find_mat(g, NAME("ffn_up.weight"), 2 * F, E, &file_gu))) goto fail;
+            L->w_gate = mat_rows(&file_gu, 0, F);
+            L->w_up = mat_rows(&file_gu, F, F);
+        } else {
+            if ((st = find_mat(g, NAME("ffn_gate.weight"), F, E, &L->w_gate))) goto fail;
+            if ((st = find_mat(g, NAME("ffn_up.weight"), F, E, &L->w_up))) goto fail;
+        }
         if ((st = find_mat(g, NAME("ffn_down.weight"), E, F, &L->w_down))) goto fail;
         /* the optional biases, each on its own as llama.cpp reads them */
         if (cas_gguf_find_tensor(g, NAME("attn_q.bias")) && (st = load_vec(g, name, QD, &L->bq))) goto fail;
@@ -568,20 +595,31 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
             L->wqkv = (cas_mat){NULL, L->wq.type, QD + 2 * KD, E, a, NULL};
             L->w_gu = (cas_mat){NULL, L->w_gate.type, 2 * F, E, b2, NULL};
         } else if (uniform) {
+            /* a copy of the parts the file keeps apart; the file's own fused matrices as they are */
             size_t a = L->wq.bytes + L->wk.bytes + L->wv.bytes, b2 = L->w_gate.bytes + L->w_up.bytes;
-            uint8_t *f = cas_alloc(a + b2);
-            if (!f) {
+            size_t need = (file_qkv.data ? 0 : a) + (file_gu.data ? 0 : b2);
+            uint8_t *f = need ? cas_alloc(need) : NULL;
+            if (need && !f) {
                 st = cas_error(CAS_ERR_NOMEM, "model: fused weights of layer %d", (int)l);
                 goto fail;
             }
-            memcpy(f, L->wq.data, L->wq.bytes);
-            memcpy(f + L->wq.bytes, L->wk.data, L->wk.bytes);
-            memcpy(f + L->wq.bytes + L->wk.bytes, L->wv.data, L->wv.bytes);
-            memcpy(f + a, L->w_gate.data, L->w_gate.bytes);
-            memcpy(f + a + L->w_gate.bytes, L->w_up.data, L->w_up.bytes);
             L->fused = f;
-            L->wqkv = (cas_mat){f, L->wq.type, QD + 2 * KD, E, a, NULL};
-            L->w_gu = (cas_mat){f + a, L->w_gate.type, 2 * F, E, b2, NULL};
+            if (file_qkv.data) {
+                L->wqkv = file_qkv;
+            } else {
+                memcpy(f, L->wq.data, L->wq.bytes);
+                memcpy(f + L->wq.bytes, L->wk.data, L->wk.bytes);
+                memcpy(f + L->wq.bytes + L->wk.bytes, L->wv.data, L->wv.bytes);
+                L->wqkv = (cas_mat){f, L->wq.type, QD + 2 * KD, E, a, NULL};
+                f += a;
+            }
+            if (file_gu.data) {
+                L->w_gu = file_gu;
+            } else {
+                memcpy(f, L->w_gate.data, L->w_gate.bytes);
+                memcpy(f + L->w_gate.bytes, L->w_up.data, L->w_up.bytes);
+                L->w_gu = (cas_mat){f, L->w_gate.type, 2 * F, E, b2, NULL};
+            }
         }
         wbytes += (int64_t)(L->wq.bytes + L->wk.bytes + L->wv.bytes + L->wo.bytes + L->w_gate.bytes +
                             L->w_up.bytes + L->w_down.bytes);

@@ -303,7 +303,10 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
  *          frequency factors (rope_freqs.weight), linear RoPE scaling, a
  *          sliding window (llama.attention.sliding_window) where present;
  *   qwen2  Qwen2, Qwen2.5: biases on Q, K and V; RoPE on halves;
- *   qwen3  Qwen3: RMSNorm of every Q and K head before RoPE; RoPE on halves.
+ *   qwen3  Qwen3: RMSNorm of every Q and K head before RoPE; RoPE on halves;
+ *   phi3   Phi-3, Phi-4-mini: Q, K, V in one matrix (attn_qkv), gate and up in
+ *          one (ffn_up); RoPE on halves, possibly on part of each head.
+ * Any architecture may keep Q, K and V in one attn_qkv matrix, and add biases.
  * Anything else in a file (another architecture, a tensor the forward would
  * not use, YaRN or LongRoPE scaling) is refused at load, naming it.
  *
@@ -332,10 +335,11 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
 typedef enum {
     CAS_ARCH_LLAMA = 0, /* "llama" */
     CAS_ARCH_QWEN2 = 1, /* "qwen2" */
-    CAS_ARCH_QWEN3 = 2  /* "qwen3" */
+    CAS_ARCH_QWEN3 = 2, /* "qwen3" */
+    CAS_ARCH_PHI3 = 3   /* "phi3" */
 } cas_model_arch;
 
-/* "llama", "qwen2", "qwen3"; "?" outside the enum. */
+/* "llama", "qwen2", "qwen3", "phi3"; "?" outside the enum. */
 const char *cas_model_arch_name(cas_model_arch arch);
 
 /* Hyper-parameters, all read from the file. Keys are named for arch llama;
@@ -418,7 +422,7 @@ typedef struct cas_model cas_model;
 
 /* Builds a model over an open GGUF file, which is borrowed: it must stay open
  * until cas_model_destroy. CAS_ERR_UNSUPPORTED for an architecture other than
- * llama, qwen2 or qwen3, a tensor type the kernels lack or a tensor the
+ * llama, qwen2, qwen3 or phi3, a tensor type the kernels lack or a tensor the
  * forward would not use, CAS_ERR_FORMAT for a missing
  * tensor or key or a shape that disagrees with the hyper-parameters; the
  * message names the tensor or key. */
