@@ -142,7 +142,7 @@ def write_model(path, spec, vocab, rng):
     H, HKV, D = spec["heads"], spec["kv_heads"], spec["head_dim"]
     QD, KD = H * D, HKV * D
     w = GGUFWriter(path, arch)
-    w.add_name("tiny-" + spec["name"])
+    w.add_name(spec.get("general_name", "tiny-" + spec["name"]))
     w.add_block_count(L)
     w.add_context_length(512)
     w.add_embedding_length(E)
@@ -226,7 +226,7 @@ MODELS = [
     # Mistral-style: a sliding window (one layer, so that a window's logits can be checked
     # against the same keys run alone) and linear RoPE scaling
     dict(name="mistral", arch="llama", layers=1, embd=128, ff=128, heads=2, kv_heads=1, head_dim=64,
-         pre="gpt2", window=16, rope_linear=2.0),
+         pre="gpt-2", window=16, rope_linear=2.0),
     # Qwen2.5: biases on Q, K and V, RoPE on halves, its pre-tokenizer and template
     dict(name="qwen2", arch="qwen2", layers=2, embd=128, ff=128, heads=2, kv_heads=1, head_dim=64,
          pre="qwen2", qkv_bias=True, rope_base=1000000.0, template=QWEN25_TEMPLATE),
@@ -236,7 +236,10 @@ MODELS = [
     # Phi-3 / Phi-4-mini: Q, K, V in one matrix and gate, up in one; RoPE on halves of part of
     # each head (Phi-4-mini rotates 96 of 128)
     dict(name="phi3", arch="phi3", layers=2, embd=128, ff=128, heads=2, kv_heads=1, head_dim=64, n_rot=32,
-         pre="gpt2", fused=True),
+         pre="default", fused=True,
+         # llama.cpp gives special tokens Phi-3's whitespace stripping (and then needs "</s>") when
+         # general.name contains "phi3": a Phi-3 SentencePiece quirk that this BPE file does not have
+         general_name="tiny-phi"),
 ]
 
 
