@@ -14,8 +14,9 @@
  *     within LOGIT_TOL of llama.cpp's ten largest; greedy tokens identical
  *     wherever llama.cpp's top-two gap exceeds MARGIN;
  *   - a token's logits bitwise the same decoded one at a time as in the
- *     whole prompt's batch (the per-token steps each architecture adds keep
- *     the batch-invariance contract);
+ *     whole prompt's batch, and a prompt's batched beside another as alone
+ *     (the per-token steps each architecture adds keep the batch-invariance
+ *     contract);
  *   - the chat template rendered as Jinja2 renders the file's own template.
  * llama.cpp does not read a sliding window for arch llama, so the windowed
  * file is compared with it only at positions inside the first window; the
@@ -190,6 +191,30 @@ static void check_model(json_t *entry) {
             }
             next = argmax(one, V);
         }
+    }
+    /* the first and last prompts in one batch: each row bitwise its sequence's alone */
+    {
+        json_t *ps = json_object_get(ref, "prompts");
+        int32_t a[MAXTOK], bb[MAXTOK];
+        int32_t na = ids_of(json_object_get(json_array_get(ps, 0), "tokens"), a, MAXTOK / 2);
+        int32_t nb = ids_of(json_object_get(json_array_get(ps, json_array_size(ps) - 1), "tokens"), bb, MAXTOK / 2);
+        REQUIRE(na > 0 && nb > 0);
+        float *alone = malloc(sizeof(float) * (size_t)V * (size_t)(na + nb));
+        REQUIRE(alone);
+        pager_t pa = {0};
+        seq_t sa = {{0}, 0, 0}, sb = {{0}, 0, 0};
+        REQUIRE(forward(m, kv, &pa, &sa, a, na, 1, alone) == CAS_OK);
+        REQUIRE(forward(m, kv, &pa, &sb, bb, nb, 1, alone + (size_t)na * V) == CAS_OK);
+        pager_t pab = {0};
+        seq_t s2a = {{0}, 0, 0}, s2b = {{0}, 0, 0};
+        seq_t *seqs[2] = {&s2a, &s2b};
+        const int32_t *toks[2] = {a, bb};
+        const int32_t counts[2] = {na, nb};
+        const cas_model_batch b = paged_batch(&pab, seqs, toks, counts, 2, 1);
+        REQUIRE(cas_model_forward(m, kv, &b, logits) == CAS_OK);
+        CHECKF(!memcmp(alone, logits, sizeof(float) * (size_t)V * (size_t)(na + nb)),
+               "%s: two prompts batched differ from each alone", name);
+        free(alone);
     }
     CHECKF(greedy_ok == greedy_n, "%s: greedy tokens %d of %d", name, greedy_ok, greedy_n);
     CHECK(compared >= 40);
