@@ -26,7 +26,9 @@
  * RoPE: arch llama in GGUF uses the "normal" rotation of adjacent pairs
  * (x[2i], x[2i+1]) by pos * base^(-2i/n_rot); the converter from Hugging Face
  * permutes the Q and K weights so that this equals HF's rotate-half form.
- * qwen2 and qwen3 files are not permuted and rotate halves (x[i], x[i+n_rot/2]).
+ * qwen2, qwen3 and phi3 files are not permuted and rotate halves (x[i],
+ * x[i+n_rot/2]); phi3 keeps Q, K, V in one matrix and gate, up in another,
+ * which the batched forward multiplies by as they are.
  *
  * The other architectures are the same block with per-token additions
  * between the Q/K/V projections and the K/V store (qkv_token): biases
@@ -840,8 +842,8 @@ static void rope_rows(float *x, int64_t rows, int32_t heads, int32_t head_dim, i
 }
 
 /* Rotates pairs (x[i], x[i + n_rot/2]) of each head of one token: the
- * rotate-half form that qwen2 and qwen3 files keep (their converter does not
- * permute Q and K into adjacent pairs). */
+ * rotate-half form that qwen2, qwen3 and phi3 files keep (their converters do
+ * not permute Q and K into adjacent pairs); the dims past n_rot stay. */
 static void rope_rows_neox(float *x, int32_t heads, int32_t head_dim, int32_t n_rot, const float *cs) {
     const int32_t half = n_rot / 2;
     for (int32_t h = 0; h < heads; h++) {

@@ -360,7 +360,7 @@ typedef struct {
     int64_t weight_bytes_per_token; /* matrix bytes one decode token reads (all layers + output) */
     cas_model_arch arch; /* general.architecture */
     int32_t rope_neox;   /* RoPE pairs: 0 adjacent (x[2i], x[2i+1]) as the llama converter permutes
-                            Q and K for; 1 halves (x[i], x[i + n_rot/2]), qwen2 and qwen3 */
+                            Q and K for; 1 halves (x[i], x[i + n_rot/2]), qwen2, qwen3, phi3 */
     float rope_freq_scale; /* angles multiplied by this: 1 / llama.rope.scaling.factor (linear
                               scaling; its older name rope.scale_linear too); 1 without */
     int32_t rope_freq_factors; /* 1: rope_freqs.weight [n_rot/2] divides each frequency (Llama
