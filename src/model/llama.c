@@ -268,7 +268,7 @@ static int tensor_used(const char *name, const cas_model_config *c) {
     if (strncmp(name, "blk.", 4)) return 0;
     const char *p = name + 4;
     long l = 0;
-    if (*p < '0' || *p > '9') return 0;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] != '.')) return 0; /* blk.01 is not layer 1's */
     while (*p >= '0' && *p <= '9' && l <= INT32_MAX) l = l * 10 + (*p++ - '0');
     if (*p++ != '.' || l >= c->n_layers) return 0;
     for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
