@@ -56,7 +56,7 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -Wl,-rpat
 BASEFLAGS += -DCAS_WITH_CUDA=1 -isystem $(CUDA_HOME)/include
 endif
 
-.PHONY: all test asan clean model bench fuzz test-cuda cuda-build-check cuda-bench soak
+.PHONY: all test asan clean model reference bench fuzz test-cuda cuda-build-check cuda-bench soak
 all: $(BUILD)/libcascade.a $(BUILD)/libcascade.so $(BUILD)/cascade
 
 $(BUILD)/libcascade.a: $(LIB_OBJ)
@@ -132,6 +132,13 @@ asan:
 
 model:
 	bash tools/get_model.sh
+
+# Remakes the reference fixtures from llama.cpp (tests/fixtures/: the default
+# model's logits, and the tiny models of every architecture with theirs):
+# builds llama.cpp from the llama-cpp-python sdist on PyPI, ~15 minutes on 2
+# cores. The tests read the committed fixtures; they need neither.
+reference:
+	bash tools/make_reference_logits.sh
 
 clean:
 	rm -rf build build-asan

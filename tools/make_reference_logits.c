@@ -9,9 +9,14 @@
  * prompt as one batch with logits at every position, then decodes 32 greedy
  * tokens one at a time. It prints JSON: per prompt the ids, the top-20
  * (id, logit) pairs at every prompt position and after every greedy token,
- * and the greedy continuation.
+ * and the greedy continuation. Strings after --tokenize are only tokenized:
+ * their ids with special tokens parsed and BOS added as the file says
+ * ("special"), and as plain text without BOS ("plain").
  *
- * usage: make_reference_logits MODEL.gguf THREADS PROMPT... > fixture.json
+ * Environment: REF_KV=f32 keeps K/V in f32, REF_FLASH=0/1 sets flash
+ * attention, REF_TOPK=n lists n logits per position instead of 20.
+ *
+ * usage: make_reference_logits MODEL.gguf THREADS PROMPT... [--tokenize TEXT...] > fixture.json
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +24,13 @@
 
 #include "llama.h"
 
-#define TOPK 20
+#define MAXK 64
 #define NGEN 32
 
+static int TOPK = 20;
+
 static void print_top(const float *lg, int n_vocab) {
-    int idx[TOPK];
+    int idx[MAXK];
     for (int k = 0; k < TOPK; k++) idx[k] = -1;
     for (int i = 0; i < n_vocab; i++) {
         /* insertion into a small sorted list: ties keep the lower id first */
@@ -62,6 +69,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL THREADS PROMPT...\n", argv[0]);
         return 2;
     }
+    const char *tk = getenv("REF_TOPK");
+    if (tk) TOPK = atoi(tk);
+    if (TOPK < 2 || TOPK > MAXK) return 2;
+    int n_prompts = argc;
+    for (int a = 3; a < argc; a++)
+        if (!strcmp(argv[a], "--tokenize")) {
+            n_prompts = a;
+            break;
+        }
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
     struct llama_model *model = llama_model_load_from_file(argv[1], mp);
@@ -87,7 +103,7 @@ int main(int argc, char **argv) {
            "flash attention %s\",\n",
            LCPP_VERSION, kv_f32 ? "f32" : "f16", fa ? (atoi(fa) ? "on" : "off") : "auto");
     printf(" \"topk\": %d, \"n_gen\": %d,\n \"prompts\": [\n", TOPK, NGEN);
-    for (int a = 3; a < argc; a++) {
+    for (int a = 3; a < n_prompts; a++) {
         const char *text = argv[a];
         int cap = (int)strlen(text) + 8;
         llama_token *toks = malloc(sizeof(llama_token) * (size_t)(cap + NGEN));
@@ -131,7 +147,24 @@ int main(int argc, char **argv) {
         }
         printf("   ],\n   \"greedy\": [");
         for (int g = 0; g < NGEN; g++) printf("%s%d", g ? ", " : "", gen[g]);
-        printf("]}%s\n", a + 1 < argc ? "," : "");
+        printf("]}%s\n", a + 1 < n_prompts ? "," : "");
+        free(toks);
+    }
+    printf(" ],\n \"tokenize\": [\n");
+    for (int a = n_prompts + 1; a < argc; a++) {
+        const char *text = argv[a];
+        int cap = (int)strlen(text) + 8;
+        llama_token *toks = malloc(sizeof(llama_token) * (size_t)cap);
+        printf("  {\"text\": ");
+        json_str(text);
+        for (int plain = 0; plain < 2; plain++) {
+            int n = llama_tokenize(vocab, text, (int)strlen(text), toks, cap, !plain, !plain);
+            if (n < 0) return 1;
+            printf(", \"%s\": [", plain ? "plain" : "special");
+            for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", toks[i]);
+            printf("]");
+        }
+        printf("}%s\n", a + 1 < argc ? "," : "");
         free(toks);
     }
     printf(" ]}\n");

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Produces tests/fixtures/smollm2-reference-logits.json: reference logits of
-# the default model from llama.cpp, an implementation that is not ours.
+# the default model from llama.cpp, an implementation that is not ours; and
+# tests/fixtures/arch/: tiny random-weight models of every architecture
+# cascade runs (tools/make_arch_models.py) with llama.cpp's logits, greedy
+# tokens and token ids of tricky strings for each (tiny-*-reference.json).
+# WHAT=smollm2 or WHAT=arch makes only one of the two (default: both).
 #
 # How: pip downloads the source distribution of llama-cpp-python from PyPI
 # (which vendors llama.cpp), cmake builds its llama library CPU-only, and
@@ -32,6 +36,25 @@ g++ -O2 -x c tools/make_reference_logits.c -x none -DLCPP_VERSION="\"$VER\"" -I"
 gcc -O2 -DLCPP_VERSION="\"$VER\"" -I"$L/include" -I"$L/ggml/include" -o "$REF_DIR/make_reference_logits" \
   tools/make_reference_logits.c "$L/build/src/libllama.a" "$L/build/ggml/src/libggml.a" \
   "$L/build/ggml/src/libggml-cpu.a" "$L/build/ggml/src/libggml-base.a" -lstdc++ -lpthread -lm -ldl
+WHAT=${WHAT:-all}
+if [ "$WHAT" = all ] || [ "$WHAT" = arch ]; then
+  # The tiny models, then llama.cpp on each: f32 K/V and no flash attention (its
+  # most exact path), the 10 largest logits per position, the manifest's prompts
+  # and tricky strings.
+  python3 tools/make_arch_models.py tests/fixtures/arch
+  python3 - "$REF_DIR/make_reference_logits" <<'EOF'
+import json, os, subprocess, sys
+m = json.load(open("tests/fixtures/arch/manifest.json"))
+env = dict(os.environ, REF_KV="f32", REF_FLASH="0", REF_TOPK="10")
+for e in m["models"]:
+    out = subprocess.run([sys.argv[1], e["file"], "2"] + m["prompts"] + ["--tokenize"] + m["tricky"],
+                         env=env, check=True, stdout=subprocess.PIPE).stdout
+    json.loads(out)  # well-formed
+    open(e["reference"], "wb").write(out)
+    print("wrote", e["reference"])
+EOF
+fi
+[ "$WHAT" = all ] || [ "$WHAT" = smollm2 ] || exit 0
 # The prompts: plain text, a ChatML conversation (special tokens parsed), and
 # a longer passage (several pages of KV at page size 16).
 "$REF_DIR/make_reference_logits" "$MODEL" 2 \

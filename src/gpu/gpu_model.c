@@ -334,20 +334,25 @@ fail:
     return st;
 }
 
-/* The RoPE frequencies and the fixed buffers of one forward (a step's
- * inputs, the activations); on failure the caller destroys m. */
-static cas_status model_finish(cas_gpu_model *m) {
+/* The RoPE frequencies (cas_model_rope_freqs: g holds rope_freqs.weight
+ * where the config names it; NULL for a synthetic model) and the fixed
+ * buffers of one forward (a step's inputs, the activations); on failure the
+ * caller destroys m. */
+static cas_status model_finish(cas_gpu_model *m, const cas_gguf *g) {
     cas_status st = CAS_OK;
     const cas_model_config *c = &m->cfg;
     const cas_gpu_opts o = m->opts;
     const int64_t E = c->n_embd, F = c->n_ff, V = c->n_vocab, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim;
     {
-        /* RoPE frequencies base^(-2i / n_rot), computed as the CPU's */
+        /* RoPE frequencies, the CPU's */
         const int32_t half = c->n_rot / 2;
         float *f = malloc(sizeof(float) * (size_t)(half > 0 ? half : 1));
         if (!f) return cas_error(CAS_ERR_NOMEM, "gpu: out of host memory");
-        for (int32_t i = 0; i < half; i++) f[i] = (float)pow((double)c->rope_base, -2.0 * i / (double)c->n_rot);
+        if ((st = cas_model_rope_freqs(g, c, f))) {
+            free(f);
+            return st;
+        }
         cudaError_t e = cudaMemcpyAsync(m->inv_freq, f, sizeof(float) * (size_t)half, cudaMemcpyHostToDevice, m->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(m->stream);
         free(f);
@@ -410,6 +415,14 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     cas_model_config cfg;
     cas_status st = cas_model_config_read(g, &cfg);
     if (st) return st;
+    /* the GPU forward is the plain Llama block (RoPE frequency factors and linear scaling
+     * included): the other architectures' additions run on the CPU */
+    if (cfg.arch != CAS_ARCH_LLAMA || cfg.qkv_bias || cfg.qk_norm || cfg.sliding_window)
+        return cas_error(CAS_ERR_UNSUPPORTED, "gpu: %s is not run on the GPU (--device cpu runs it)",
+                         cfg.arch != CAS_ARCH_LLAMA ? cas_model_arch_name(cfg.arch)
+                         : cfg.qkv_bias             ? "a model with Q/K/V biases"
+                         : cfg.qk_norm              ? "a model with Q/K norms"
+                                                    : "a sliding attention window");
     const int64_t E = cfg.n_embd, F = cfg.n_ff, V = cfg.n_vocab, QD = (int64_t)cfg.n_head * cfg.head_dim,
                   KD = (int64_t)cfg.n_head_kv * cfg.head_dim, L = cfg.n_layers;
     /* every tensor checked before anything is allocated */
@@ -458,7 +471,7 @@ cas_status cas_gpu_model_create(const cas_gguf *g, const cas_gpu_opts *opts_in, 
     }
     cudaFree(stage);
     stage = NULL;
-    if ((st = model_finish(m))) goto fail;
+    if ((st = model_finish(m, g))) goto fail;
     *out = m;
     return CAS_OK;
 fail:
@@ -497,7 +510,7 @@ cas_status cas_gpu_model_create_synthetic(const cas_model_config *cfg, uint64_t 
     }
 #undef FILL
     CU(cudaStreamSynchronize(m->stream));
-    if ((st = model_finish(m))) goto fail;
+    if ((st = model_finish(m, NULL))) goto fail;
     *out = m;
     return CAS_OK;
 fail:

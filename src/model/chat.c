@@ -56,11 +56,14 @@ const char *cas_chat_kind_name(cas_chat_kind kind) {
 
 /* The default system message of a ChatML template: the literal text between
  * "<|im_start|>system" + newline and "<|im_end|>" inside a Jinja string, in a
- * template that tests whether the first message is a system message. The
- * newline may be a real one or the escape \n. Returns a malloc'd string or
- * NULL when the template has none. */
+ * template that tests whether the first message is a system message (SmolLM2:
+ * `!= 'system'` before the literal; Qwen2.5: `== 'system'` with the literal
+ * in the else branch). The newline may be a real one or the escape \n.
+ * Returns a malloc'd string or NULL when the template has none. */
 static char *chatml_default_system(const char *jinja) {
-    if (!strstr(jinja, "!= 'system'") && !strstr(jinja, "!= \"system\"")) return NULL;
+    if (!strstr(jinja, "!= 'system'") && !strstr(jinja, "!= \"system\"") && !strstr(jinja, "== 'system'") &&
+        !strstr(jinja, "== \"system\""))
+        return NULL;
     static const char open[] = "<|im_start|>system";
     for (const char *p = strstr(jinja, open); p; p = strstr(p + 1, open)) {
         const char *s = p + sizeof open - 1;

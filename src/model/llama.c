@@ -26,6 +26,14 @@
  * RoPE: arch llama in GGUF uses the "normal" rotation of adjacent pairs
  * (x[2i], x[2i+1]) by pos * base^(-2i/n_rot); the converter from Hugging Face
  * permutes the Q and K weights so that this equals HF's rotate-half form.
+ * qwen2, qwen3 and phi3 files are not permuted and rotate halves (x[i],
+ * x[i+n_rot/2]); phi3 keeps Q, K, V in one matrix and gate, up in another,
+ * which the batched forward multiplies by as they are.
+ *
+ * The other architectures are the same block with per-token additions
+ * between the Q/K/V projections and the K/V store (qkv_token): biases
+ * (qwen2), RMSNorm of every Q and K head (qwen3). They act on one token's
+ * rows, so a token's logits stay independent of its batch.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -51,6 +59,10 @@ typedef struct {
 typedef struct {
     float *attn_norm; /* [n_embd], owned f32 */
     float *ffn_norm;  /* [n_embd], owned f32 */
+    float *bq, *bk, *bv; /* [n_head * head_dim], [n_head_kv * head_dim] x 2: biases of the
+                            projections (qwen2), owned f32; NULL where the file has none */
+    float *q_norm, *k_norm; /* [head_dim] RMSNorm weights of every Q and K head (qwen3), owned
+                               f32; NULL for the other architectures */
     cas_mat wq;       /* [n_head * head_dim][n_embd] */
     cas_mat wk;       /* [n_head_kv * head_dim][n_embd] */
     cas_mat wv;       /* [n_head_kv * head_dim][n_embd] */
@@ -79,7 +91,7 @@ struct cas_model {
     void *packed;      /* owned storage of every packed matrix (cas_mat.packed points in), or NULL */
     float *out_norm;   /* [n_embd] */
     cas_layer *layers; /* [n_layers] */
-    float *inv_freq;   /* [n_rot / 2] base^(-2i / n_rot) */
+    float *inv_freq;   /* [n_rot / 2] cas_model_rope_freqs: base^(-2i / n_rot), scaled */
 
     /* scratch of one forward; T = max_batch_tokens, L = max_logits */
     float *x;     /* [T][n_embd] residual stream */
@@ -172,6 +184,12 @@ static cas_status find_mat(const cas_gguf *g, const char *name, int64_t rows, in
     return CAS_OK;
 }
 
+/* Rows r0 .. r0 + n - 1 of w, in place (rows lie one after the other in every type). */
+static cas_mat mat_rows(const cas_mat *w, int64_t r0, int64_t n) {
+    const size_t rb = w->bytes / (size_t)w->rows;
+    return (cas_mat){(const uint8_t *)w->data + (size_t)r0 * rb, w->type, n, w->cols, (size_t)n * rb, NULL};
+}
+
 /* A 1-D norm weight, converted to an owned f32 vector. */
 static cas_status load_vec(const cas_gguf *g, const char *name, int64_t n, float **out) {
     const cas_gguf_tensor *t = cas_gguf_find_tensor(g, name);
@@ -219,32 +237,78 @@ cas_status cas_model_config_synthetic(const char *name, cas_model_config *c) {
         c->rope_base = known[i].rope_base;
         c->rms_eps = 1e-5f;
         c->tied_embeddings = known[i].tied;
+        c->arch = CAS_ARCH_LLAMA;
+        c->rope_freq_scale = 1.0f;
         return CAS_OK;
     }
     return cas_error(CAS_ERR_INVALID, "model: no synthetic model '%s' (llama-3.2-1b, llama-3-8b, llama-3-70b)",
                      name ? name : "(null)");
 }
 
+const char *cas_model_arch_name(cas_model_arch arch) {
+    switch (arch) {
+    case CAS_ARCH_LLAMA: return "llama";
+    case CAS_ARCH_QWEN2: return "qwen2";
+    case CAS_ARCH_QWEN3: return "qwen3";
+    case CAS_ARCH_PHI3: return "phi3";
+    }
+    return "?";
+}
+
+/* Whether the forward of c's architecture reads the tensor of this name: a
+ * tensor it would leave unused (an output bias, a per-layer scale of another
+ * family) would change the model's output, so the file is refused instead. */
+static int tensor_used(const char *name, const cas_model_config *c) {
+    static const char *const top[] = {"token_embd.weight", "output.weight", "output_norm.weight"};
+    static const char *const blk[] = {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight",  "attn_k.weight",
+                                      "attn_v.weight",    "attn_qkv.weight", "attn_output.weight", "ffn_up.weight",
+                                      "ffn_down.weight",  "attn_q.bias",     "attn_k.bias",    "attn_v.bias"};
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (!strcmp(name, top[i])) return 1;
+    if (c->arch == CAS_ARCH_LLAMA && !strcmp(name, "rope_freqs.weight")) return 1;
+    if (strncmp(name, "blk.", 4)) return 0;
+    const char *p = name + 4;
+    long l = 0;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] != '.')) return 0; /* blk.01 is not layer 1's */
+    while (*p >= '0' && *p <= '9' && l <= INT32_MAX) l = l * 10 + (*p++ - '0');
+    if (*p++ != '.' || l >= c->n_layers) return 0;
+    for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
+        if (!strcmp(p, blk[i])) return 1;
+    if (c->arch != CAS_ARCH_PHI3 && !strcmp(p, "ffn_gate.weight")) return 1; /* phi3's is in ffn_up */
+    return c->arch == CAS_ARCH_QWEN3 && (!strcmp(p, "attn_q_norm.weight") || !strcmp(p, "attn_k_norm.weight"));
+}
+
 cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
     const char *arch = NULL;
     cas_status st = cas_gguf_get_str(g, "general.architecture", &arch, NULL);
     if (st) return st;
-    if (strcmp(arch, "llama") != 0)
-        return cas_error(CAS_ERR_UNSUPPORTED,
-                         "model: architecture '%s' is not supported (cascade runs 'llama')", arch);
     memset(c, 0, sizeof *c);
-    if ((st = get_u32_opt(g, "llama.block_count", -1, &c->n_layers))) return st;
-    if ((st = get_u32_opt(g, "llama.embedding_length", -1, &c->n_embd))) return st;
-    if ((st = get_u32_opt(g, "llama.feed_forward_length", -1, &c->n_ff))) return st;
-    if ((st = get_u32_opt(g, "llama.attention.head_count", -1, &c->n_head))) return st;
-    if ((st = get_u32_opt(g, "llama.attention.head_count_kv", c->n_head, &c->n_head_kv))) return st;
-    if ((st = get_u32_opt(g, "llama.context_length", 2048, &c->n_ctx_train))) return st;
+    if (!strcmp(arch, "llama")) c->arch = CAS_ARCH_LLAMA;
+    else if (!strcmp(arch, "qwen2")) c->arch = CAS_ARCH_QWEN2;
+    else if (!strcmp(arch, "qwen3")) c->arch = CAS_ARCH_QWEN3;
+    else if (!strcmp(arch, "phi3")) c->arch = CAS_ARCH_PHI3;
+    else
+        return cas_error(CAS_ERR_UNSUPPORTED,
+                         "model: architecture '%s' is not supported (cascade runs llama, qwen2, qwen3, phi3)", arch);
+    /* the hyper-parameters' keys carry the architecture's name */
+    char k[128];
+#define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
+    if ((st = get_u32_opt(g, KEY("block_count"), -1, &c->n_layers))) return st;
+    if ((st = get_u32_opt(g, KEY("embedding_length"), -1, &c->n_embd))) return st;
+    if ((st = get_u32_opt(g, KEY("feed_forward_length"), -1, &c->n_ff))) return st;
+    if ((st = get_u32_opt(g, KEY("attention.head_count"), -1, &c->n_head))) return st;
+    if ((st = get_u32_opt(g, KEY("attention.head_count_kv"), c->n_head, &c->n_head_kv))) return st;
+    if ((st = get_u32_opt(g, KEY("context_length"), 2048, &c->n_ctx_train))) return st;
     if (c->n_embd % c->n_head)
         return cas_error(CAS_ERR_FORMAT, "model: embedding length %d is not a multiple of %d heads",
                          c->n_embd, c->n_head);
-    if ((st = get_u32_opt(g, "llama.attention.key_length", c->n_embd / c->n_head, &c->head_dim)))
-        return st;
-    if ((st = get_u32_opt(g, "llama.rope.dimension_count", c->head_dim, &c->n_rot))) return st;
+    if ((st = get_u32_opt(g, KEY("attention.key_length"), c->n_embd / c->n_head, &c->head_dim))) return st;
+    int32_t vlen;
+    if ((st = get_u32_opt(g, KEY("attention.value_length"), c->head_dim, &vlen))) return st;
+    if (vlen != c->head_dim)
+        return cas_error(CAS_ERR_UNSUPPORTED, "model: value heads of %d differ from key heads of %d", vlen,
+                         c->head_dim);
+    if ((st = get_u32_opt(g, KEY("rope.dimension_count"), c->head_dim, &c->n_rot))) return st;
     if (c->n_head % c->n_head_kv)
         return cas_error(CAS_ERR_FORMAT, "model: %d query heads are not a multiple of %d KV heads",
                          c->n_head, c->n_head_kv);
@@ -255,18 +319,39 @@ cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
         return cas_error(CAS_ERR_UNSUPPORTED, "model: head_dim %d is not supported by the attention core",
                          c->head_dim);
     c->rope_base = 10000.0f;
-    if (cas_gguf_find_kv(g, "llama.rope.freq_base") >= 0 &&
-        (st = cas_gguf_get_f32(g, "llama.rope.freq_base", &c->rope_base)))
+    if (cas_gguf_find_kv(g, KEY("rope.freq_base")) >= 0 && (st = cas_gguf_get_f32(g, k, &c->rope_base)))
         return st;
-    if ((st = cas_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &c->rms_eps))) return st;
+    if ((st = cas_gguf_get_f32(g, KEY("attention.layer_norm_rms_epsilon"), &c->rms_eps))) return st;
     if (!(c->rope_base > 0) || !(c->rms_eps >= 0))
         return cas_error(CAS_ERR_FORMAT, "model: rope base %g or rms eps %g out of range",
                          (double)c->rope_base, (double)c->rms_eps);
-    if (cas_gguf_find_kv(g, "llama.rope.scaling.type") >= 0) {
+    /* RoPE scaling: linear (positions divided by the factor, which llama.cpp applies whenever
+     * the file gives one) runs; YaRN and LongRoPE change more than the frequencies */
+    if (cas_gguf_find_kv(g, KEY("rope.scaling.type")) >= 0) {
         const char *sc = NULL;
-        if (cas_gguf_get_str(g, "llama.rope.scaling.type", &sc, NULL) == CAS_OK && strcmp(sc, "none"))
-            return cas_error(CAS_ERR_UNSUPPORTED, "model: rope scaling '%s' is not supported", sc);
+        if ((st = cas_gguf_get_str(g, k, &sc, NULL))) return st;
+        if (strcmp(sc, "none") && strcmp(sc, "linear"))
+            return cas_error(CAS_ERR_UNSUPPORTED, "model: rope scaling '%s' is not supported (none, linear)", sc);
     }
+    float factor = 0;
+    if (cas_gguf_find_kv(g, KEY("rope.scaling.factor")) >= 0 || cas_gguf_find_kv(g, KEY("rope.scale_linear")) >= 0)
+        if ((st = cas_gguf_get_f32(g, k, &factor))) return st;
+    if (!(factor >= 0) || isinf(factor))
+        return cas_error(CAS_ERR_FORMAT, "model: %s = %g is out of range", k, (double)factor);
+    c->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
+    c->rope_neox = c->arch != CAS_ARCH_LLAMA;
+    /* Only llama reads a window (Mistral's); qwen2 files may carry an unused one (its
+     * use_sliding_window is off), phi3 files one that llama.cpp does not apply either, and
+     * a per-layer pattern is another family's */
+    if (c->arch == CAS_ARCH_LLAMA && cas_gguf_find_kv(g, KEY("attention.sliding_window")) >= 0) {
+        uint32_t w;
+        if ((st = cas_gguf_get_u32(g, k, &w))) return st;
+        if (w > (1u << 30)) return cas_error(CAS_ERR_FORMAT, "model: %s = %u is out of range", k, w);
+        c->sliding_window = (int32_t)w;
+    }
+    if (cas_gguf_find_kv(g, KEY("attention.sliding_window_pattern")) >= 0)
+        return cas_error(CAS_ERR_UNSUPPORTED, "model: %s (sliding windows on some layers only) is not supported", k);
+#undef KEY
     /* the vocabulary is the embedding's rows; without output.weight the logits use it too */
     const cas_gguf_tensor *te = cas_gguf_find_tensor(g, "token_embd.weight");
     if (!te) return cas_error(CAS_ERR_FORMAT, "model: tensor token_embd.weight is missing");
@@ -274,6 +359,53 @@ cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
         return cas_error(CAS_ERR_FORMAT, "model: token_embd.weight has %lld rows", (long long)te->ne[1]);
     c->n_vocab = (int32_t)te->ne[1];
     c->tied_embeddings = cas_gguf_find_tensor(g, "output.weight") == NULL;
+    /* every tensor is one the forward reads; which optional ones are there */
+    for (int64_t i = 0; i < cas_gguf_n_tensors(g); i++) {
+        const char *name = cas_gguf_tensor_at(g, i)->name;
+        if (!tensor_used(name, c))
+            return cas_error(CAS_ERR_UNSUPPORTED, "model: tensor %s is not part of the %s architecture as cascade "
+                             "runs it", name, arch);
+        size_t n = strlen(name);
+        if (n > 5 && !strcmp(name + n - 5, ".bias")) c->qkv_bias = 1;
+        if (strstr(name, "_norm.weight") && (strstr(name, "attn_q_norm") || strstr(name, "attn_k_norm")))
+            c->qk_norm = 1;
+        if (!strcmp(name, "rope_freqs.weight")) c->rope_freq_factors = 1;
+    }
+    if (c->arch == CAS_ARCH_QWEN3 && !c->qk_norm)
+        return cas_error(CAS_ERR_FORMAT, "model: tensor blk.0.attn_q_norm.weight is missing (qwen3)");
+    if (c->rope_freq_factors) {
+        const cas_gguf_tensor *t = cas_gguf_find_tensor(g, "rope_freqs.weight");
+        if (t->n_elem != c->n_rot / 2 || t->ne[0] != c->n_rot / 2)
+            return cas_error(CAS_ERR_FORMAT, "model: tensor rope_freqs.weight has %lld elements, expected %d",
+                             (long long)t->n_elem, c->n_rot / 2);
+        if (!cas_tensor_type_supported(t->type))
+            return cas_error(CAS_ERR_UNSUPPORTED, "model: tensor rope_freqs.weight has unsupported type %s",
+                             cas_ttype_name(t->type) ? cas_ttype_name(t->type) : "?");
+    }
+    return CAS_OK;
+}
+
+cas_status cas_model_rope_freqs(const cas_gguf *g, const cas_model_config *c, float *inv_freq) {
+    const int32_t half = c->n_rot / 2;
+    const cas_gguf_tensor *t = NULL;
+    if (c->rope_freq_factors) {
+        t = g ? cas_gguf_find_tensor(g, "rope_freqs.weight") : NULL;
+        if (!t || t->n_elem != half)
+            return cas_error(CAS_ERR_FORMAT, "model: tensor rope_freqs.weight is missing or not %d long", half);
+        /* the factors go through inv_freq first: a scratch of the right length */
+        cas_status st = cas_q_dequantize_row(t->type, t->data, inv_freq, half);
+        if (st) return st;
+        for (int32_t i = 0; i < half; i++)
+            if (!(inv_freq[i] > 0) || isinf(inv_freq[i]))
+                return cas_error(CAS_ERR_FORMAT, "model: rope_freqs.weight[%d] = %g is not a positive factor", (int)i,
+                                 (double)inv_freq[i]);
+    }
+    /* 0: a config filled by hand, before the field existed */
+    const double scale = c->rope_freq_scale > 0 ? (double)c->rope_freq_scale : 1.0;
+    for (int32_t i = 0; i < half; i++) {
+        double f = pow((double)c->rope_base, -2.0 * i / c->n_rot) * scale;
+        inv_freq[i] = (float)(t ? f / (double)inv_freq[i] : f);
+    }
     return CAS_OK;
 }
 
@@ -283,6 +415,11 @@ void cas_model_destroy(cas_model *m) {
         for (int32_t l = 0; l < m->cfg.n_layers; l++) {
             cas_free(m->layers[l].attn_norm);
             cas_free(m->layers[l].ffn_norm);
+            cas_free(m->layers[l].bq);
+            cas_free(m->layers[l].bk);
+            cas_free(m->layers[l].bv);
+            cas_free(m->layers[l].q_norm);
+            cas_free(m->layers[l].k_norm);
             cas_free(m->layers[l].fused);
         }
         free(m->layers);
@@ -413,13 +550,38 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, (int)l), name)
         if ((st = load_vec(g, NAME("attn_norm.weight"), E, &L->attn_norm))) goto fail;
         if ((st = load_vec(g, NAME("ffn_norm.weight"), E, &L->ffn_norm))) goto fail;
-        if ((st = find_mat(g, NAME("attn_q.weight"), QD, E, &L->wq))) goto fail;
-        if ((st = find_mat(g, NAME("attn_k.weight"), KD, E, &L->wk))) goto fail;
-        if ((st = find_mat(g, NAME("attn_v.weight"), KD, E, &L->wv))) goto fail;
+        /* Q, K and V as three matrices or one (attn_qkv, rows in that order); gate and up
+         * as two or, in phi3, one (ffn_up, gate rows first): the parts are row ranges of
+         * the fused matrix then */
+        cas_mat file_qkv = {0}, file_gu = {0};
+        if (cas_gguf_find_tensor(g, NAME("attn_qkv.weight"))) {
+            if ((st = find_mat(g, name, QD + 2 * KD, E, &file_qkv))) goto fail;
+            L->wq = mat_rows(&file_qkv, 0, QD);
+            L->wk = mat_rows(&file_qkv, QD, KD);
+            L->wv = mat_rows(&file_qkv, QD + KD, KD);
+        } else {
+            if ((st = find_mat(g, NAME("attn_q.weight"), QD, E, &L->wq))) goto fail;
+            if ((st = find_mat(g, NAME("attn_k.weight"), KD, E, &L->wk))) goto fail;
+            if ((st = find_mat(g, NAME("attn_v.weight"), KD, E, &L->wv))) goto fail;
+        }
         if ((st = find_mat(g, NAME("attn_output.weight"), E, QD, &L->wo))) goto fail;
-        if ((st = find_mat(g, NAME("ffn_gate.weight"), F, E, &L->w_gate))) goto fail;
-        if ((st = find_mat(g, NAME("ffn_up.weight"), F, E, &L->w_up))) goto fail;
+        if (c->arch == CAS_ARCH_PHI3) {
+            if ((st = find_mat(g, NAME("ffn_up.weight"), 2 * F, E, &file_gu))) goto fail;
+            L->w_gate = mat_rows(&file_gu, 0, F);
+            L->w_up = mat_rows(&file_gu, F, F);
+        } else {
+            if ((st = find_mat(g, NAME("ffn_gate.weight"), F, E, &L->w_gate))) goto fail;
+            if ((st = find_mat(g, NAME("ffn_up.weight"), F, E, &L->w_up))) goto fail;
+        }
         if ((st = find_mat(g, NAME("ffn_down.weight"), E, F, &L->w_down))) goto fail;
+        /* the optional biases, each on its own as llama.cpp reads them */
+        if (cas_gguf_find_tensor(g, NAME("attn_q.bias")) && (st = load_vec(g, name, QD, &L->bq))) goto fail;
+        if (cas_gguf_find_tensor(g, NAME("attn_k.bias")) && (st = load_vec(g, name, KD, &L->bk))) goto fail;
+        if (cas_gguf_find_tensor(g, NAME("attn_v.bias")) && (st = load_vec(g, name, KD, &L->bv))) goto fail;
+        if (c->arch == CAS_ARCH_QWEN3) {
+            if ((st = load_vec(g, NAME("attn_q_norm.weight"), c->head_dim, &L->q_norm))) goto fail;
+            if ((st = load_vec(g, NAME("attn_k_norm.weight"), c->head_dim, &L->k_norm))) goto fail;
+        }
 #undef NAME
         /* fused matrices: packed only where AMX runs and the parts are whole panels (and the
          * packed sizes multiples of 64, so that pack_mats lays them back to back), else a
@@ -436,20 +598,31 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
             L->wqkv = (cas_mat){NULL, L->wq.type, QD + 2 * KD, E, a, NULL};
             L->w_gu = (cas_mat){NULL, L->w_gate.type, 2 * F, E, b2, NULL};
         } else if (uniform) {
+            /* a copy of the parts the file keeps apart; the file's own fused matrices as they are */
             size_t a = L->wq.bytes + L->wk.bytes + L->wv.bytes, b2 = L->w_gate.bytes + L->w_up.bytes;
-            uint8_t *f = cas_alloc(a + b2);
-            if (!f) {
+            size_t need = (file_qkv.data ? 0 : a) + (file_gu.data ? 0 : b2);
+            uint8_t *f = need ? cas_alloc(need) : NULL;
+            if (need && !f) {
                 st = cas_error(CAS_ERR_NOMEM, "model: fused weights of layer %d", (int)l);
                 goto fail;
             }
-            memcpy(f, L->wq.data, L->wq.bytes);
-            memcpy(f + L->wq.bytes, L->wk.data, L->wk.bytes);
-            memcpy(f + L->wq.bytes + L->wk.bytes, L->wv.data, L->wv.bytes);
-            memcpy(f + a, L->w_gate.data, L->w_gate.bytes);
-            memcpy(f + a + L->w_gate.bytes, L->w_up.data, L->w_up.bytes);
             L->fused = f;
-            L->wqkv = (cas_mat){f, L->wq.type, QD + 2 * KD, E, a, NULL};
-            L->w_gu = (cas_mat){f + a, L->w_gate.type, 2 * F, E, b2, NULL};
+            if (file_qkv.data) {
+                L->wqkv = file_qkv;
+            } else {
+                memcpy(f, L->wq.data, L->wq.bytes);
+                memcpy(f + L->wq.bytes, L->wk.data, L->wk.bytes);
+                memcpy(f + L->wq.bytes + L->wk.bytes, L->wv.data, L->wv.bytes);
+                L->wqkv = (cas_mat){f, L->wq.type, QD + 2 * KD, E, a, NULL};
+                f += a;
+            }
+            if (file_gu.data) {
+                L->w_gu = file_gu;
+            } else {
+                memcpy(f, L->w_gate.data, L->w_gate.bytes);
+                memcpy(f + L->w_gate.bytes, L->w_up.data, L->w_up.bytes);
+                L->w_gu = (cas_mat){f, L->w_gate.type, 2 * F, E, b2, NULL};
+            }
         }
         wbytes += (int64_t)(L->wq.bytes + L->wk.bytes + L->wv.bytes + L->wo.bytes + L->w_gate.bytes +
                             L->w_up.bytes + L->w_down.bytes);
@@ -477,8 +650,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         st = cas_error(CAS_ERR_NOMEM, "model: rope table");
         goto fail;
     }
-    for (int32_t i = 0; i < c->n_rot / 2; i++)
-        m->inv_freq[i] = (float)pow((double)c->rope_base, -2.0 * i / c->n_rot);
+    if ((st = cas_model_rope_freqs(g, c, m->inv_freq))) goto fail;
 
     /* scratch */
     const size_t T = (size_t)o.max_batch_tokens, Lr = (size_t)o.max_logits;
@@ -670,6 +842,22 @@ static void rope_rows(float *x, int64_t rows, int32_t heads, int32_t head_dim, i
     }
 }
 
+/* Rotates pairs (x[i], x[i + n_rot/2]) of each head of one token: the
+ * rotate-half form that qwen2, qwen3 and phi3 files keep (their converters do
+ * not permute Q and K into adjacent pairs); the dims past n_rot stay. */
+static void rope_rows_neox(float *x, int32_t heads, int32_t head_dim, int32_t n_rot, const float *cs) {
+    const int32_t half = n_rot / 2;
+    for (int32_t h = 0; h < heads; h++) {
+        float *v = x + (int64_t)h * head_dim;
+        for (int32_t i = 0; i < half; i++) {
+            float co = cs[2 * i], si = cs[2 * i + 1];
+            float a = v[i], b = v[i + half];
+            v[i] = a * co - b * si;
+            v[i + half] = a * si + b * co;
+        }
+    }
+}
+
 /* y = W x for rows rows of x; prep (or NULL) makes each row of x first (cas_q_opts.prep). */
 static cas_status matmul_prep(const cas_model *m, const cas_mat *w, const float *x, int64_t rows, float *y,
                               void (*prep)(void *, int64_t), void *prep_ctx) {
@@ -713,11 +901,15 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 /* The elementwise steps shared by the single-token and batched forwards, so
  * that both give the same bits: SIMD versions where the kernels are SIMD
  * (quant_avx2.c), else the portable loops. */
-static void norm_row(const cas_model *m, float *out, const float *x, const float *w) {
+static void norm_vec(const cas_model *m, float *out, const float *x, const float *w, int64_t n) {
     if (m->avx2)
-        cas_q_avx2_rmsnorm(out, x, w, m->cfg.n_embd, m->cfg.rms_eps);
+        cas_q_avx2_rmsnorm(out, x, w, n, m->cfg.rms_eps);
     else
-        rmsnorm_rows(out, x, w, 1, m->cfg.n_embd, m->cfg.rms_eps);
+        rmsnorm_rows(out, x, w, 1, n, m->cfg.rms_eps);
+}
+
+static void norm_row(const cas_model *m, float *out, const float *x, const float *w) {
+    norm_vec(m, out, x, w, m->cfg.n_embd);
 }
 
 /* wide: the batched forward, which may use 512-bit vectors (same bits) */
@@ -766,10 +958,33 @@ static void prep_swiglu(void *ctx, int64_t t) {
 /* RoPE of one token's heads rows (q or k), the same function in both forwards. */
 static void rope_token(const cas_model *m, float *x, int32_t heads, const float *cs) {
     const cas_model_config *c = &m->cfg;
-    if (m->avx2)
+    if (c->rope_neox)
+        rope_rows_neox(x, heads, c->head_dim, c->n_rot, cs);
+    else if (m->avx2)
         cas_q_avx2_rope(x, heads, c->head_dim, c->n_rot, cs);
     else
         rope_rows(x, 1, heads, c->head_dim, c->n_rot, cs);
+}
+
+/* What happens to one token's q, k and v rows between the projections and the
+ * K/V store: the biases, the per-head norms, RoPE. One token at a time, the
+ * same function in both forwards, so a token's rows do not depend on its
+ * batch. */
+static void qkv_token(const cas_model *m, const cas_layer *L, float *q, float *k, float *v, const float *cs) {
+    const cas_model_config *c = &m->cfg;
+    const int64_t D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    if (L->bq)
+        for (int64_t i = 0; i < QD; i++) q[i] += L->bq[i];
+    if (L->bk)
+        for (int64_t i = 0; i < KD; i++) k[i] += L->bk[i];
+    if (L->bv)
+        for (int64_t i = 0; i < KD; i++) v[i] += L->bv[i];
+    if (L->q_norm)
+        for (int32_t h = 0; h < c->n_head; h++) norm_vec(m, q + h * D, q + h * D, L->q_norm, D);
+    if (L->k_norm)
+        for (int32_t h = 0; h < c->n_head_kv; h++) norm_vec(m, k + h * D, k + h * D, L->k_norm, D);
+    rope_token(m, q, c->n_head, cs);
+    rope_token(m, k, c->n_head_kv, cs);
 }
 
 /* One layer for a batch of one token (single-sequence decode), in two
@@ -808,8 +1023,7 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv
 #pragma omp barrier
 #pragma omp single nowait
         {
-            rope_token(m, qkv, c->n_head, m->rope);
-            rope_token(m, qkv + QD, c->n_head_kv, m->rope);
+            qkv_token(m, L, qkv, qkv + QD, qkv + QD + KD, m->rope);
             store_row(kv->dtype, kpool + kv_at, qkv + QD, KD, avx2);
             store_row(kv->dtype, vpool + kv_at, qkv + QD + KD, KD, avx2);
         }
@@ -887,6 +1101,7 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
     /* The attention batch; the plan validates page ids, lengths and q_len <= kv_len. */
     cas_attn_batch ab = {B, b->qo_indptr, b->kv_indptr, b->kv_indices, b->kv_last_page_len};
     cas_attn_params ap = cas_attn_params_default();
+    if (c->sliding_window > 0) ap.window_left = c->sliding_window - 1; /* the query's own key is one of them */
     cas_status st;
     /* The plan knows the page size and storage type of the pools: a forward on a cache of
      * another geometry needs a new plan (once, when the caller switches caches). */
@@ -981,8 +1196,7 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
             float *qt = m->q + t * QD, *kt = kr + t * kw;
             const float *cs = m->rope + t * (int64_t)half * 2;
             if (fq) memcpy(qt, m->fout + t * kw, sizeof(float) * (size_t)QD);
-            rope_token(m, qt, c->n_head, cs);
-            rope_token(m, kt, c->n_head_kv, cs);
+            qkv_token(m, L, qt, kt, vr + t * kw, cs);
             int32_t r = m->seq_of[t], p = m->pos[t];
             int32_t page = b->kv_indices[b->kv_indptr[r] + p / ps], off = p % ps;
             size_t at = (size_t)page * pbytes + (size_t)off * (size_t)KD * es;

@@ -294,10 +294,21 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
 /* ======================================================================
  * Llama-family forward pass on the CPU (llama.c)
  *
- * A cas_model holds the weights of one GGUF file (arch "llama": RMSNorm,
- * RoPE on adjacent pairs, GQA, SwiGLU MLP, tied or separate output), kept in
- * their file types inside the mapping, plus the scratch of one forward pass
- * sized at creation from the largest batch: nothing is allocated per step.
+ * A cas_model holds the weights of one GGUF file, kept in their file types
+ * inside the mapping, plus the scratch of one forward pass sized at creation
+ * from the largest batch: nothing is allocated per step. The architectures
+ * are the Llama block (RMSNorm, RoPE, GQA, SwiGLU MLP, tied or separate
+ * output) and its close relatives, read as llama.cpp reads them:
+ *   llama  Llama 1-3.x, SmolLM, Mistral: RoPE on adjacent pairs; Llama 3.1+'s
+ *          frequency factors (rope_freqs.weight), linear RoPE scaling, a
+ *          sliding window (llama.attention.sliding_window) where present;
+ *   qwen2  Qwen2, Qwen2.5: biases on Q, K and V; RoPE on halves;
+ *   qwen3  Qwen3: RMSNorm of every Q and K head before RoPE; RoPE on halves;
+ *   phi3   Phi-3, Phi-4-mini: Q, K, V in one matrix (attn_qkv), gate and up in
+ *          one (ffn_up); RoPE on halves, possibly on part of each head.
+ * Any architecture may keep Q, K and V in one attn_qkv matrix, and add biases.
+ * Anything else in a file (another architecture, a tensor the forward would
+ * not use, YaRN or LongRoPE scaling) is refused at load, naming it.
  *
  * A cas_model_kv is the model's paged K/V store, in the layout of the
  * attention contract (attn.h): per layer a K pool and a V pool of num_pages
@@ -320,7 +331,19 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
 
 #include "../attn/attn.h"
 
-/* Hyper-parameters, all read from the file. */
+/* The architectures the forward runs (general.architecture). */
+typedef enum {
+    CAS_ARCH_LLAMA = 0, /* "llama" */
+    CAS_ARCH_QWEN2 = 1, /* "qwen2" */
+    CAS_ARCH_QWEN3 = 2, /* "qwen3" */
+    CAS_ARCH_PHI3 = 3   /* "phi3" */
+} cas_model_arch;
+
+/* "llama", "qwen2", "qwen3", "phi3"; "?" outside the enum. */
+const char *cas_model_arch_name(cas_model_arch arch);
+
+/* Hyper-parameters, all read from the file. Keys are named for arch llama;
+ * the other architectures' keys carry their own prefix (qwen2.block_count). */
 typedef struct {
     int32_t n_layers;    /* llama.block_count */
     int32_t n_embd;      /* llama.embedding_length */
@@ -335,12 +358,32 @@ typedef struct {
     float rms_eps;       /* llama.attention.layer_norm_rms_epsilon */
     int tied_embeddings; /* 1: output.weight absent, logits use token_embd.weight */
     int64_t weight_bytes_per_token; /* matrix bytes one decode token reads (all layers + output) */
+    cas_model_arch arch; /* general.architecture */
+    int32_t rope_neox;   /* RoPE pairs: 0 adjacent (x[2i], x[2i+1]) as the llama converter permutes
+                            Q and K for; 1 halves (x[i], x[i + n_rot/2]), qwen2, qwen3, phi3 */
+    float rope_freq_scale; /* angles multiplied by this: 1 / llama.rope.scaling.factor (linear
+                              scaling; its older name rope.scale_linear too); 1 without */
+    int32_t rope_freq_factors; /* 1: rope_freqs.weight [n_rot/2] divides each frequency (Llama
+                                  3.1-3.3's long-context scaling); 0: absent */
+    int32_t sliding_window; /* llama.attention.sliding_window: a query sees the keys of the last
+                               this many positions, its own included (Mistral); 0: all of them */
+    int32_t qkv_bias;    /* 1: some layer adds attn_q/attn_k/attn_v.bias after its projection */
+    int32_t qk_norm;     /* 1: attn_q_norm/attn_k_norm.weight [head_dim]: RMSNorm of each Q and
+                            K head before RoPE (qwen3) */
 } cas_model_config;
 
-/* The hyper-parameters of a file's model, checked (architecture llama, shapes
- * the attention core runs, no rope scaling): what cas_model_create reads,
- * for the other forward passes (src/gpu). weight_bytes_per_token is left 0. */
+/* The hyper-parameters of a file's model, checked (a known architecture,
+ * shapes the attention core runs, no tensor the forward would leave unused,
+ * no YaRN or LongRoPE scaling): what cas_model_create reads, for the other
+ * forward passes (src/gpu), which refuse what they do not run.
+ * weight_bytes_per_token is left 0. */
 cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c);
+
+/* The RoPE frequency of each rotated pair, inv_freq[n_rot / 2]:
+ * rope_base^(-2i / n_rot) * rope_freq_scale / rope_freqs.weight[i] (the
+ * factor only where c->rope_freq_factors; g may be NULL otherwise). Token
+ * at position p rotates pair i by p * inv_freq[i]. */
+cas_status cas_model_rope_freqs(const cas_gguf *g, const cas_model_config *c, float *inv_freq);
 
 /* The shapes of well-known models for synthetic weights (no file; the GPU
  * path fills them from a seed): "llama-3.2-1b", "llama-3-8b", "llama-3-70b"
@@ -379,7 +422,8 @@ typedef struct cas_model cas_model;
 
 /* Builds a model over an open GGUF file, which is borrowed: it must stay open
  * until cas_model_destroy. CAS_ERR_UNSUPPORTED for an architecture other than
- * llama or a tensor type the kernels lack, CAS_ERR_FORMAT for a missing
+ * llama, qwen2, qwen3 or phi3, a tensor type the kernels lack or a tensor the
+ * forward would not use, CAS_ERR_FORMAT for a missing
  * tensor or key or a shape that disagrees with the hyper-parameters; the
  * message names the tensor or key. */
 cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts, cas_model **out);

@@ -379,26 +379,33 @@ static const tok_vtable bpe_vtable = {bpe_encode_fragment};
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"      \
     "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* The names are llama.cpp's (the values its converter writes); a file without
+ * tokenizer.ggml.pre gets "default", as in llama.cpp. */
 static const struct {
     const char *names; /* space-separated tokenizer.ggml.pre values */
     const char *re[MAX_REGEX];
 } pre_table[] = {
     /* digits split one by one first, then GPT-2's rule */
     {" smollm starcoder refact command-r codeshell exaone minerva ", {"\\p{N}", RE_GPT2}},
-    {" gpt2 mpt olmo jais default ", {RE_GPT2}},
+    {" gpt-2 gpt2 phi-2 mpt olmo jais roberta-bpe ", {RE_GPT2}},
     {" llama3 llama-bpe llama-v3 dbrx smaug-bpe ", {RE_LLAMA3}},
     {" qwen2 stablelm2 deepseek-r1-qwen ", {RE_QWEN2}},
+    /* punctuation runs, GPT-2's rule, digit runs, then digits in threes */
+    {" default ", {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}},
 };
 
 static cas_status compile_pre(cas_tok *t) {
     char needle[72];
     snprintf(needle, sizeof needle, " %s ", t->pre);
-    size_t which = 1; /* default: GPT-2 */
+    size_t which = 0;
     int found = 0;
     for (size_t i = 0; i < sizeof pre_table / sizeof pre_table[0]; i++)
         if (strstr(pre_table[i].names, needle)) which = i, found = 1;
-    if (!found)
-        cas_log(CAS_LOG_WARN, "tokenizer: unknown pre-tokenizer '%s', using GPT-2's split", t->pre);
+    /* another split would give other token ids than the model was trained on */
+    if (!found || strchr(t->pre, ' '))
+        return cas_error(CAS_ERR_UNSUPPORTED,
+                         "tok: pre-tokenizer '%s' (tokenizer.ggml.pre) is not supported (smollm, gpt-2, llama-bpe, "
+                         "qwen2, default and their aliases)", t->pre);
     for (int r = 0; r < MAX_REGEX && pre_table[which].re[r]; r++) {
         int err;
         PCRE2_SIZE eoff;
