@@ -1661,8 +1661,15 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     }
     s->watch_started = 1;
 
-    /* the replica's name, before listening where the port is already known */
+    /* the replica's name, before listening where the port is already known;
+     * it goes into a header line, so no control characters */
     int named = o.replica_name && o.replica_name[0];
+    for (const char *c = named ? o.replica_name : ""; *c; c++) {
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+            cas_server_destroy(s);
+            return cas_error(CAS_ERR_INVALID, "server: the replica name has a control character");
+        }
+    }
     if (named || o.port) {
         char *name = named ? dup_or_null(o.replica_name) : default_replica_name(host, ipv6, o.port);
         if (!name) {
