@@ -83,6 +83,7 @@ def main():
         ("tree 32*512(16*256)+32*384", ["--tree", "32*512(16*256)+32*384", "--suffix", s, "--output", o]),
         ("one long stream (4000 + 128)", ["--requests", 1, "--prefix", 0, "--suffix", 4000, "--output", 128]),
     ]
+    load0 = os.getloadavg()
     rows = []
     variants = [("invariant", mb, True), ("not invariant", mb, False)]
     if a.baseline_model_bench:
@@ -105,14 +106,17 @@ def main():
         print(f"engine {wname:<30} invariant {mi['output_tok_per_s']:8.1f} tok/s  not {mn['output_tok_per_s']:8.1f}"
               f"  cost {100 * rows[-1]['cost']:+.1f}%", flush=True)
     cpu = cpu_name()
-    doc = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "threads": a.threads}, "repeats": a.repeats,
+    load1 = os.getloadavg()
+    doc = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "threads": a.threads,
+                       "load_average_1min_start_end": [load0[0], load1[0]]}, "repeats": a.repeats,
            "model": "SmolLM2-135M-Instruct Q4_1", "model_bench": model, "engine_bench": rows,
            "note": "cost = throughput without batch invariance / with it - 1 (positive: invariance is slower); "
                    "medians of alternated runs"}
     os.makedirs(RESULTS, exist_ok=True)
     json.dump(doc, open(os.path.join(RESULTS, "cpu-batch-invariance.json"), "w"), indent=1)
-    lines = [f"Measured on {cpu} ({a.threads} threads), medians of {a.repeats} alternated runs. Tokens/s; the cost "
-             "is how much faster the run is without batch invariance.", "",
+    lines = [f"Measured on {cpu} ({a.threads} threads), medians of {a.repeats} alternated runs, load average "
+             f"{load0[0]:.1f} at the start and {load1[0]:.1f} at the end (other jobs shared the machine). Tokens/s; the "
+             "cost is how much faster the run is without batch invariance.", "",
              "| model benchmark | " + " | ".join(model) + " | cost |",
              "| --- | " + " | ".join("---" for _ in model) + " | --- |"]
     names = {"prefill_1": "prefill, 1 sequence", "decode_1": "decode, 1 sequence", "prefill_32": "prefill, 32 sequences",

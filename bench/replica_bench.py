@@ -32,6 +32,7 @@ import json
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -267,6 +268,7 @@ def run_policy(args, policy, prompts_cache):
         m1 = {r: scrape(u) for r, u in reps.items()}
     finally:
         sh(run_dir, "stop")
+        shutil.rmtree(run_dir, ignore_errors=True)
     pinning = re.findall(r"(r\d+): (\S+), cores (\S+), (\d+) threads", log)
     res = summarize(args, policy, reqs, recs, duration, m0, m1, prompts_cache["shared_tokens"], pinning)
     # the machine is shared: its 1-minute load average before and after the run says how much

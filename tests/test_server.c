@@ -1008,12 +1008,14 @@ static void test_http_replica_name(void) {
     resp_free(&r);
     CHECK(fake_drained());
 
-    /* a second server with a name of its own */
+    /* a second server with a name of its own; a name that would break the header line is refused */
     cas_srv_engine_ops ops = fake_ops();
     cas_server_opts o = cas_server_opts_default();
     o.port = 0;
-    o.replica_name = "gpu-node-3/r1";
+    o.replica_name = "r1\r\nX-Injected: 1";
     cas_server *named = NULL;
+    CHECK(cas_srv_create_with_ops(&named, &ops, &o) == CAS_ERR_INVALID && !named);
+    o.replica_name = "gpu-node-3/r1";
     CHECK(cas_srv_create_with_ops(&named, &ops, &o) == CAS_OK);
     if (!named) return;
     CHECK(!strcmp(cas_server_replica_name(named), "gpu-node-3/r1"));

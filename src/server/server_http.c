@@ -1707,6 +1707,13 @@ cas_status cas_srv_create_with_ops(cas_server **out, const cas_srv_engine_ops *o
     }
     s->watch_started = 1;
 
+    /* the replica's name goes into a header line: no control characters */
+    for (const char *c = o.replica_name ? o.replica_name : ""; *c; c++) {
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+            cas_server_destroy(s);
+            return cas_error(CAS_ERR_INVALID, "server: the replica name has a control character");
+        }
+    }
     /* the listening socket is ours (the gate's); libmicrohttpd gets connections whose head passed */
     s->listen_fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
