@@ -8,9 +8,9 @@
  * f16 scales, the integer scale and minimum of each sub-block, and each
  * element's stored code), so that the six formats share one dequantizer and
  * one dot product and differ only in how their bits are packed. It is the
- * reference for the AVX2 kernels, which must give the same bits (see
- * quant_k.h: exact integer sums per block, one f32 fma chain per row and
- * token).
+ * reference for the AVX2 and AVX-512 kernels, which must give the same bits
+ * (see quant_k.h: exact integer sums per block, one f32 fma chain per row
+ * and token).
  */
 #include "quant_k.h"
 
@@ -480,14 +480,16 @@ void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t 
 
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
-/* Workspace: xq[m] (each token's x) | acc[nt][m] (portable) | for the
- * token-lane kernels x8[ceil(m / 8)][nb] | tile[nt]. */
 _Static_assert(sizeof(cas_qk_tblk) == CAS_QK_TILE_BLOCK_BYTES, "decoded block size");
 _Static_assert(sizeof(cas_qk_tblk_nl) == CAS_QK_TILE_BLOCK_BYTES_NL, "decoded IQ4_NL block size");
 
 int cas_qk_avx512_available(void) {
     return cas_cpu_features_get()->avx512 && cas_cpu_features_get()->avx2 && __builtin_cpu_supports("avx512vnni");
 }
+
+/* Workspace: xq[m] (each token's x) | acc[nt][m] (portable) | for the
+ * token-lane kernels x8[ceil(m / 8)][nb] or x16[ceil(m / 16)][nb] |
+ * tile[nt]. */
 
 /* Token lanes: 16 (AVX-512), 8 (AVX2) or none (row kernels). */
 static int lanes_for(int64_t m, int level) {
@@ -569,9 +571,10 @@ static void pack_x8(int t, const uint8_t *xq, size_t xs, int64_t g, int64_t k, i
 }
 
 /* Rows go to threads in contiguous ranges of whole 8-row groups (the AVX2
- * kernels' unit; any split gives the same bits). Each thread's weight rows
- * are read once for all m tokens: a row group (a few KiB) stays in cache
- * while every token uses it. */
+ * row kernel's unit; any split gives the same bits). Each thread's weight
+ * rows are read once for all m tokens: a row group or tile (a few KiB) stays
+ * in cache while every token uses it. x is quantized per token first, then,
+ * for the token-lane kernels, transposed into groups of 8 or 16 tokens. */
 void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, const float *x, int64_t m,
                    float *y, int level, int nt, void *work) {
     const size_t xs = cas_qk_x_bytes(t, n);

@@ -5,15 +5,16 @@
  * these types here (cas_qk_type), so that the code for them lives apart from
  * the 32-element block kernels: quant_k.c holds the formats, the activation
  * quantizer, the portable kernels and the threading, quant_k_avx2.c the AVX2
- * kernels.
+ * kernels, quant_k_avx512vnni.c the AVX-512 batched kernels.
  *
  * Every path computes, for one weight row and one token, the same f32 chain:
  * the activation x is quantized per token the same way everywhere, each
  * (super-)block's integer dot product is exact (int32), and the f32 result
  * is one sequential fused multiply-add chain over the blocks in order,
  *     s = fma((float)isum_b, d_w * d_x, s)   [+ s = fma((float)imin_b, -(dmin_w * d_x), s)]
- * so the result is the same bits in the portable, AVX2 and batched kernels,
- * for any thread count and whatever other tokens share the call.
+ * so the result is the same bits in the portable, AVX2, AVX-512 and
+ * batched kernels, for any thread count and whatever other tokens share the
+ * call.
  */
 #ifndef CASCADE_MODEL_QUANT_K_H
 #define CASCADE_MODEL_QUANT_K_H

@@ -3,16 +3,19 @@
  * (compiled with -mavx2 -mfma -mf16c; quant_k.c calls them only after the
  * CPU check).
  *
- * Eight weight rows go together, one row per f32 lane: per super-block each
- * row's integer dot product with x is computed in eight int32 partial sums
+ * Matrix-vector (and batches of fewer than CAS_QK_LANE_MIN_M tokens): eight
+ * weight rows go together, one row per f32 lane. Per super-block each row's
+ * integer dot product with x is computed in eight int32 partial sums
  * (unsigned weight codes times signed x bytes by _mm256_maddubs_epi16, the
  * sub-block scale applied by _mm256_madd_epi16 against the scale broadcast
  * to 16-bit lanes), the eight rows' partial sums are reduced and transposed
  * into one vector by three rounds of _mm256_hadd_epi32 (integer adds: exact,
  * so the order is free), and one FMA per super-block (two with a minimum)
  * advances eight rows' f32 chains at once. Each lane's chain is the portable
- * code's, so the results are the same bits (quant_k.h); a batched call runs
- * the same group kernel for every token while the eight rows stay in cache.
+ * code's, so the results are the same bits (quant_k.h).
+ *
+ * Batched: eight tokens in the lanes instead (see "tokens in lanes" below),
+ * with a tile of rows decoded once; again the canonical chain per lane.
  *
  * Overflow: maddubs adds two products into int16: codes below 64 times
  * |x| <= 127 give at most 16002, and for the IQ4 tables' signed values
