@@ -457,7 +457,7 @@ def run_mixed_once(args, url, model, reqs):
     res["_itl_s"] = itl
     res["_short_ttft_s"] = [r["ttft"] for r in shorts]
     t0 = min(r["start"] for r in recs if "start" in r)
-    res["requests"] = [{"kind": r["kind"], "prompt_tokens": r["prompt_len"],
+    res["per_request"] = [{"kind": r["kind"], "prompt_tokens": r["prompt_len"],
                         "arrival_s": round(r["start"] - t0, 3) if "start" in r else None,
                         "ttft_s": round(r["ttft"], 3) if r.get("ttft") is not None else None,
                         "tokens": len(r.get("chunks", [])),
