@@ -35,9 +35,14 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_bench import cpu_model, pct  # noqa: E402
+from serve_bench import update_results as update_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "bench")
@@ -209,16 +214,6 @@ def run_workload(host, port, model, prompts, reqs, output_tokens):
     return recs, duration
 
 
-def pct(xs, p):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p / 100.0
-    f = int(k)
-    c = min(f + 1, len(xs) - 1)
-    return xs[f] + (xs[c] - xs[f]) * (k - f)
-
-
 def cpu_seconds(pid):
     """User + system CPU time of a process, all its threads, in seconds."""
     with open(f"/proc/{pid}/stat") as f:
@@ -386,6 +381,14 @@ def markdown(results, meta):
     return "\n".join(lines) + "\n"
 
 
+def update_results(md, meta):
+    lo, hi = meta["loadavg_1m_range"]
+    update_table(md, meta, "cpu-replicas",
+                 f"Measured on {meta['cpu_model'] or 'an unknown CPU'}, {meta['cpus']} cores, {meta['time']}; "
+                 f"{meta['pinning_note']}. The machine is shared: its 1-minute load average read {lo:.1f} to {hi:.1f} "
+                 f"during the runs.\n\n")
+
+
 def plot(results, path):
     try:
         import matplotlib
@@ -418,33 +421,6 @@ def plot(results, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
-
-
-def update_results(md, meta):
-    path = os.path.join(HERE, "RESULTS.md")
-    s = open(path).read()
-    m0, m1 = "<!-- cpu-replicas-table -->", "<!-- /cpu-replicas-table -->"
-    if m0 not in s or m1 not in s:
-        return
-    lo, hi = meta["loadavg_1m_range"]
-    head = (f"Measured on {meta['cpu_model'] or 'an unknown CPU'}, {meta['cpus']} cores, {meta['time']}; "
-            f"{meta['pinning_note']}. The machine is shared: its 1-minute load average read {lo:.1f} to {hi:.1f} "
-            f"during the runs.\n\n")
-    s = s[:s.index(m0) + len(m0)] + "\n" + head + md + s[s.index(m1):]
-    with open(path, "w") as f:
-        f.write(s)
-    print(f"rewrote the table in {path}")
-
-
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def main():

@@ -308,14 +308,16 @@ def plot(results, path):
     print(f"wrote {path}")
 
 
-def update_results(md, meta, name="cpu-serve"):
-    """Rewrites the table between the `name` markers of bench/RESULTS.md."""
+def update_results(md, meta, name="cpu-serve", head=None):
+    """Rewrites the table between the `name` markers of bench/RESULTS.md, under `head`
+    (default: the machine and the time)."""
     path = os.path.join(HERE, "RESULTS.md")
     s = open(path).read()
     m0, m1 = f"<!-- {name}-table -->", f"<!-- /{name}-table -->"
     if m0 not in s or m1 not in s:
         return
-    head = f"Measured on {meta['cpu_model'] or 'an unknown CPU'} ({meta['cpus']} cores), {meta['time']}.\n\n"
+    if head is None:
+        head = f"Measured on {meta['cpu_model'] or 'an unknown CPU'} ({meta['cpus']} cores), {meta['time']}.\n\n"
     s = s[:s.index(m0) + len(m0)] + "\n" + head + md + s[s.index(m1):]
     with open(path, "w") as f:
         f.write(s)
