@@ -78,7 +78,9 @@ class Stream(threading.Thread):
     def run(self):
         conn = httpclient.HTTPConnection("127.0.0.1", self.srv.port, timeout=60)
         try:
-            body = json.dumps({"model": MODEL_ID, "prompt": self.prompt, "max_tokens": 1500, "temperature": 0,
+            # as long as the context allows (prompt + max_tokens past it is a 400)
+            body = json.dumps({"model": MODEL_ID, "prompt": self.prompt, "max_tokens": CONTEXT - len(self.prompt),
+                               "temperature": 0,
                                "ignore_eos": True, "stream": True})
             conn.request("POST", "/v1/completions", body=body,
                          headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
