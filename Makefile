@@ -52,7 +52,7 @@ NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -lineinfo
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell which $(NVCC)))
 LIB_OBJ += $(CUDA_OBJ) $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/cuda/*.c))
 LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
-          -lcudart -lcublasLt -lcublas -lstdc++
+          -lcudart -lcublasLt -lcublas -lnccl -lstdc++
 BASEFLAGS += -DCAS_WITH_CUDA=1 -isystem $(CUDA_HOME)/include
 endif
 
@@ -160,6 +160,9 @@ CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_attn
 # and the comparison with transformers (tests/cuda/check_gpu_transformers.py,
 # needs torch, transformers and gguf)
 GPU_MODEL_TEST := $(BUILD)/tests/cuda/test_gpu_model
+# tensor parallelism on the synthetic Llama-3-8B shape against the same
+# weights on one device (tests/cuda/test_gpu_tp.c; needs ~40 GB of GPU memory)
+GPU_TP_TEST := $(BUILD)/tests/cuda/test_gpu_tp
 CUDA_BENCH_BIN := $(BUILD)/bench/cuda/attn_bench_cuda
 # The attention backend's own archive (core + attn + cuda): its test and
 # benchmark need nothing of the higher layers (and their libraries).
@@ -187,7 +190,7 @@ $(CUDA_PLAN_TEST): tests/cuda/test_cuda_plan.c tests/cuda/cuda_stub.c tests/cuda
 # (tools/truncate_gguf.py). No GPU: CI runs them in cuda-build-check.
 STUB_OBJ := $(filter $(BUILD)/src/core/% $(BUILD)/src/attn/% $(BUILD)/src/model/% $(BUILD)/src/kv/% \
               $(BUILD)/src/sched/% $(BUILD)/src/engine/%,$(LIB_OBJ)) $(BUILD)/src/gpu/gpu_model.o
-STUB_SRC := tests/cuda/gpu_stub.c tests/cuda/cuda_rt_stub.c
+STUB_SRC := tests/cuda/gpu_stub.c tests/cuda/cuda_rt_stub.c tests/cuda/nccl_stub.c
 STUB_LIBS := -fopenmp -lm -lpthread $(if $(strip $(PKGS)),$(shell pkg-config --libs $(PKGS)))
 STUB_MODEL := $(BUILD)/stub-model.gguf
 STUB_TESTS := $(BUILD)/tests/cuda/stub_test_gpu_model $(BUILD)/tests/cuda/stub_test_engine
@@ -217,10 +220,10 @@ $(CUDA_TRACE_LIB): tools/cuda_trace.c
 	@mkdir -p $(dir $@)
 	$(CC) -shared -fPIC -O2 -Wall -Wextra -isystem $(CUDA_HOME)/include $< -o $@ \
 	  -L$(CUDA_HOME)/lib64 -lcupti -Wl,-rpath,$(CUDA_HOME)/lib64
-test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(BUILD)/tests/cuda/gpu_logits $(BUILD)/tests/test_engine
-	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) \
+test-cuda: $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(GPU_TP_TEST) $(BUILD)/tests/cuda/gpu_logits $(BUILD)/tests/test_engine
+	@BUILD=$(BUILD) bash tests/run_all.sh $(CUDA_TEST_BIN) $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(GPU_TP_TEST) \
 	  tests/cuda/engine_on_gpu.sh tests/cuda/check_gpu_transformers.py
-cuda-build-check: $(CUDA_TRACE_CHECK) $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(STUB_TESTS) $(STUB_MODEL)
+cuda-build-check: $(CUDA_TRACE_CHECK) $(BUILD)/libcascade_attn.a $(CUDA_TEST_BIN) $(CUDA_BENCH_BIN) $(BUILD)/src/tools/cmd_attn_bench.o $(CUDA_PLAN_TEST) $(GPU_MODEL_TEST) $(GPU_TP_TEST) $(STUB_TESTS) $(STUB_MODEL)
 	@BUILD=$(BUILD) STUB_MODEL=$(STUB_MODEL) bash tests/run_all.sh $(CUDA_PLAN_TEST) tests/cuda/on_stubs.sh
 	@bash tests/cuda/check_wgmma_serial.sh $(CUDA_OBJ:=.log)
 	@echo "CUDA backend, test, benchmark and attn-bench --backend cuda compiled; the planner's and the stand-ins' tests ran"

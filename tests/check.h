@@ -46,6 +46,15 @@ static const char *check_cur_name = "";
         }                                                                              \
     } while (0)
 
+/* main's REQUIRE: a set-up step that failed ends the program with its message */
+#define REQUIRE_MAIN(cond)                                                             \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            printf("FAIL set-up: %s: %s\n", #cond, cas_last_error());                  \
+            return 1;                                                                  \
+        }                                                                              \
+    } while (0)
+
 #define RUN(fn)                                                                        \
     do {                                                                               \
         check_cur_name = #fn;                                                          \

@@ -25,10 +25,11 @@
 #include "../src/model/model.h"
 #include "check.h"
 
-/* `test_engine [--device cpu|cuda] [MODEL.gguf]`: make test runs it on the
+/* `test_engine [--device cpu|cuda] [--tensor-parallel N] [MODEL.gguf]`: make test runs it on the
  * CPU; make CUDA=1 test-cuda runs it again on the GPU */
 static const char *MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 static cas_device g_device = CAS_DEVICE_CPU;
+static int32_t g_tp; /* --tensor-parallel N: every engine split over N (stand-in) GPUs */
 #define NP 6
 #define NGEN 12
 
@@ -80,6 +81,7 @@ static cas_engine_opts test_opts(int64_t kv_bytes) {
     cas_engine_opts o = cas_engine_opts_default();
     o.model_path = MODEL;
     o.device = g_device;
+    o.tensor_parallel = g_tp;
     o.threads = 2;
     o.max_context = 512;
     o.kv_cache_bytes = kv_bytes;
@@ -500,6 +502,11 @@ static void test_devices(void) {
     o.model_path = "synthetic:llama-3-8b";
     o.device = CAS_DEVICE_CPU;
     CHECK(cas_engine_create(&e, &o) == CAS_ERR_UNSUPPORTED && e == NULL && strstr(cas_last_error(), "GPU"));
+    /* tensor parallelism is the GPU's */
+    o.model_path = MODEL;
+    o.tensor_parallel = 2;
+    CHECK(cas_engine_create(&e, &o) == CAS_ERR_INVALID && e == NULL && strstr(cas_last_error(), "tensor"));
+    o.tensor_parallel = g_tp;
     o.model_path = "synthetic:no-such-model";
     o.device = CAS_DEVICE_CUDA;
     CHECK(cas_engine_create(&e, &o) != CAS_OK && e == NULL);
@@ -899,11 +906,13 @@ int main(int argc, char **argv) {
                 printf("FAIL: --device takes cpu or cuda\n0 passed, 1 failed\n");
                 return 1;
             }
+        } else if (!strcmp(argv[i], "--tensor-parallel") && i + 1 < argc) {
+            g_tp = atoi(argv[++i]);
         } else {
             MODEL = argv[i];
         }
     }
-    printf("device: %s\n", g_device == CAS_DEVICE_CUDA ? "cuda" : "cpu");
+    printf("device: %s%s\n", g_device == CAS_DEVICE_CUDA ? "cuda" : "cpu", g_tp ? ", tensor parallel" : "");
     FILE *f = fopen(MODEL, "rb");
     if (!f) {
         printf("FAIL: %s is missing: run `make model`\n0 passed, 1 failed\n", MODEL);

@@ -409,6 +409,8 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
     go.max_pages_per_seq = per_seq + 1;
     go.cascade = cascade_mode(o->cascade);
     go.graphs = !o->enforce_eager;
+    go.tensor_parallel = o->tensor_parallel;
+    _Static_assert(CAS_ENGINE_MAX_TENSOR_PARALLEL == CAS_GPU_MAX_RANKS, "the engine's limit is the GPU layer's");
     if ((st = synthetic ? cas_gpu_model_create_synthetic(&e->gcfg, SYNTHETIC_SEED, &go, &e->gpu)
                         : cas_gpu_model_create(e->gguf, &go, &e->gpu)))
         return st;
@@ -434,7 +436,11 @@ static cas_status gpu_open(cas_engine *e, int64_t kv_bytes, int32_t *pages_out, 
     if ((st = cas_gpu_kv_create(e->gpu, pages, o->page_size, &e->gkv))) return st;
     e->gsamp = calloc((size_t)o->max_seqs, sizeof *e->gsamp);
     if (!e->gsamp) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
-    snprintf(e->device_name, sizeof e->device_name, "cuda:%d %s", o->gpu_device, cas_gpu_model_device_name(e->gpu));
+    if (o->tensor_parallel > 0)
+        snprintf(e->device_name, sizeof e->device_name, "cuda:%d-%d %s, tensor parallel %d", o->gpu_device,
+                 o->gpu_device + o->tensor_parallel - 1, cas_gpu_model_device_name(e->gpu), o->tensor_parallel);
+    else
+        snprintf(e->device_name, sizeof e->device_name, "cuda:%d %s", o->gpu_device, cas_gpu_model_device_name(e->gpu));
     *pages_out = pages;
     *per_seq_out = per_seq;
     return CAS_OK;
@@ -463,6 +469,12 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     o->device = cas_device_resolve(o->device);
     if (o->device != CAS_DEVICE_CPU && o->device != CAS_DEVICE_CUDA) {
         st = cas_error(CAS_ERR_INVALID, "engine: device %d is not auto, cpu or cuda", (int)o->device);
+        goto fail;
+    }
+    if (o->tensor_parallel < 0 || o->tensor_parallel > CAS_ENGINE_MAX_TENSOR_PARALLEL ||
+        (o->tensor_parallel > 0 && o->device != CAS_DEVICE_CUDA)) {
+        st = cas_error(CAS_ERR_INVALID, "engine: tensor parallelism of %d (1 to %d GPUs, device cuda only)",
+                       o->tensor_parallel, CAS_ENGINE_MAX_TENSOR_PARALLEL);
         goto fail;
     }
     if (!(o->max_itl_ms >= 0.0f && o->max_itl_ms <= 1e7f)) {

@@ -25,6 +25,9 @@ extern "C" {
 
 typedef struct cas_engine cas_engine;
 
+/* The most GPUs of tensor parallelism (cas_engine_opts.tensor_parallel). */
+#define CAS_ENGINE_MAX_TENSOR_PARALLEL 8
+
 /* Where the model runs. AUTO: a CUDA device when this build has the CUDA
  * backend and the machine a GPU, else the CPU. */
 typedef enum { CAS_DEVICE_AUTO = 0, CAS_DEVICE_CPU = 1, CAS_DEVICE_CUDA = 2 } cas_device;
@@ -53,6 +56,11 @@ typedef struct {
     int32_t cascade;          /* 1: cascade attention chosen by the cost model; 0: flat; 2: every
                                  run of pages two requests share as a cascade pass, whatever
                                  the cost model says (tests: the cascade path on any device) */
+    int32_t tensor_parallel;  /* CUDA: 0 (default): the model on gpu_device alone; N >= 1: split
+                                 over N GPUs, gpu_device to gpu_device + N - 1, one thread each,
+                                 NCCL all-reduces (cas_gpu_opts.tensor_parallel; the model's
+                                 query heads, K/V heads and MLP columns must divide by N; the
+                                 KV pool of gpu_memory_fraction or kv_cache_bytes is per GPU) */
     int32_t enforce_eager;    /* CUDA: 1 launches every step's kernels eagerly; 0 (default):
                                  decode steps replay CUDA graphs captured per batch-size bucket
                                  (cas_gpu_opts.graphs), as vLLM without --enforce-eager */

@@ -55,7 +55,25 @@ typedef struct {
      * device buffers; the batch is padded to its bucket with rows that write
      * no K/V. 0: every step is launched eagerly. */
     int32_t graphs;
+    /* Tensor parallelism. 0 (default): the model runs on `device` alone.
+     * N >= 1: it is split over N ranks, each with a host thread (the
+     * caller's for rank 0), a CUDA stream and its share of the weights: the
+     * query and K/V heads and the MLP's hidden columns divided among the
+     * ranks (n_head, n_head_kv and n_ff must divide by N), the embeddings,
+     * norms and output matrix whole on each (the logits and sampling on rank
+     * 0), the K/V pools split by K/V head, one attention plan for all; the
+     * attention output and the down projection are summed over the ranks by
+     * an all-reduce (NCCL). N = 1 is the same path with a one-rank NCCL
+     * communicator. Rank i runs on devices[i] (devices NULL: device + i).
+     * When every rank is given the same device (a test of the split on one
+     * GPU: NCCL refuses two ranks on one device) the sums are made by
+     * host-synchronized copies and decode steps run without graphs. */
+    int32_t tensor_parallel;
+    const int32_t *devices; /* [tensor_parallel] or NULL; read at create only */
 } cas_gpu_opts;
+
+/* The most ranks of tensor parallelism. */
+#define CAS_GPU_MAX_RANKS 8
 
 cas_gpu_opts cas_gpu_opts_default(void);
 
@@ -81,20 +99,23 @@ cas_status cas_gpu_model_create_synthetic(const cas_model_config *cfg, uint64_t 
                                           cas_gpu_model **out);
 void cas_gpu_model_destroy(cas_gpu_model *m);
 const cas_model_config *cas_gpu_model_config(const cas_gpu_model *m);
-/* Device memory the model holds (weights and buffers), bytes. */
+/* Device memory the model holds (weights and buffers; every rank's), bytes. */
 size_t cas_gpu_model_bytes(const cas_gpu_model *m);
-/* The device's name ("none" without one). */
+/* The device's name ("none" without one; rank 0's under tensor parallelism). */
 const char *cas_gpu_model_device_name(const cas_gpu_model *m);
 void cas_gpu_model_set_cascade(cas_gpu_model *m, cas_cascade_mode mode);
-/* The model's device memory now: free and total bytes. */
+/* The model's (rank 0's) device memory now: free and total bytes. */
+/* The ranks of tensor parallelism (1 without it). */
+int32_t cas_gpu_model_ranks(const cas_gpu_model *m);
 cas_status cas_gpu_mem_info(const cas_gpu_model *m, size_t *free_bytes, size_t *total_bytes);
 
 typedef struct cas_gpu_kv cas_gpu_kv;
 
-/* The pages of page_size tokens (1..256) that fit budget_bytes of device
- * memory (all layers, K and V, bf16). */
+/* The pages of page_size tokens (1..256) that fit budget_bytes of each
+ * device's memory (all layers, K and V, bf16; under tensor parallelism a
+ * rank's pools hold its K/V heads, and ranks sharing a device share it). */
 int32_t cas_gpu_kv_pages_for_budget(const cas_gpu_model *m, int32_t page_size, size_t budget_bytes);
-/* Device pools for num_pages pages, zero-filled. */
+/* Device pools for num_pages pages, zero-filled (one per rank). */
 cas_status cas_gpu_kv_create(const cas_gpu_model *m, int32_t num_pages, int32_t page_size, cas_gpu_kv **out);
 void cas_gpu_kv_destroy(cas_gpu_kv *kv);
 int32_t cas_gpu_kv_num_pages(const cas_gpu_kv *kv);

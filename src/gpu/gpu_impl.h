@@ -60,6 +60,8 @@ int cas_gpu_sample_rows(const float *logits, int32_t n_rows, int32_t V, const gp
                    void *stream);
 /* out[i] = bf16(x[i]) */
 int cas_gpu_to_bf16(const float *x, void *out, int64_t n, void *stream);
+/* y[i] += x[i] (the sum over ranks sharing one device) */
+int cas_gpu_add_f32(float *y, const float *x, int64_t n, void *stream);
 
 #ifdef __cplusplus
 }

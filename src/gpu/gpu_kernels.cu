@@ -253,3 +253,14 @@ extern "C" int cas_gpu_to_bf16(const float *x, void *out, int64_t n, void *strea
     to_bf16_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, (__nv_bfloat16 *)out, n);
     return (int)cudaGetLastError();
 }
+
+__global__ void add_f32_kernel(float *__restrict__ y, const float *__restrict__ x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+extern "C" int cas_gpu_add_f32(float *y, const float *x, int64_t n, void *stream) {
+    if (n <= 0) return 0;
+    add_f32_kernel<<<grid_for(n, 256), 256, 0, (cudaStream_t)stream>>>(y, x, n);
+    return (int)cudaGetLastError();
+}

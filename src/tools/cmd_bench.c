@@ -392,6 +392,7 @@ static void usage(void) {
            "                     [--copy-gbps X] [--measure-copy] [--steps-json FILE] [--latency-json FILE]\n"
            "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
            "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X] [--enforce-eager]\n"
+           "                     [--tensor-parallel N]\n"
            "                     [--no-batch-invariance]\n"
            "  -m MODEL        a GGUF file, or synthetic:NAME (llama-3.2-1b, llama-3-8b, llama-3-70b;\n"
            "                  random weights, --device cuda only)\n"
@@ -425,6 +426,7 @@ static void usage(void) {
            "                  else the CPU), cpu or cuda\n"
            "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and KV (0.9)\n"
            "  --enforce-eager cuda: launch every step eagerly, no CUDA graphs\n"
+           "  --tensor-parallel N  cuda: split the model over N GPUs (NCCL; its heads must divide)\n"
            "  --no-batch-invariance cpu: the fastest attention plans, not batch-invariant\n"
            "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
            "  --no-amx        never the AMX tile unit\n"
@@ -457,7 +459,7 @@ int cmd_bench(int argc, char **argv) {
                     !strcmp(a, "--device") || !strcmp(a, "--gpu-memory-fraction") || !strcmp(a, "--workload") ||
                     !strcmp(a, "--scale") || !strcmp(a, "--temperature") || !strcmp(a, "--max-context") ||
                     !strcmp(a, "--label") || !strcmp(a, "--copy-gbps") || !strcmp(a, "--steps-json") ||
-                    !strcmp(a, "--latency-json") || !strcmp(a, "--max-itl-ms");
+                    !strcmp(a, "--latency-json") || !strcmp(a, "--max-itl-ms") || !strcmp(a, "--tensor-parallel");
         if (takes) {
             if (!v) {
                 fprintf(stderr, "bench: %s needs a value\n", a);
@@ -488,6 +490,15 @@ int cmd_bench(int argc, char **argv) {
         }
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
+        else if (!strcmp(a, "--tensor-parallel")) {
+            char *end = NULL;
+            const long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 1 || n > CAS_ENGINE_MAX_TENSOR_PARALLEL) {
+                fprintf(stderr, "bench: --tensor-parallel takes 1 to %d GPUs\n", CAS_ENGINE_MAX_TENSOR_PARALLEL);
+                return 2;
+            }
+            eo.tensor_parallel = (int32_t)n;
+        }
         else if (!strcmp(a, "--no-batch-invariance")) eo.no_batch_invariance = 1;
         else if (!strcmp(a, "--no-prefix-cache")) eo.prefix_cache = 0;
         else if (!strcmp(a, "--json")) json = 1;

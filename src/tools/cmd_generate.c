@@ -38,6 +38,7 @@ static void usage(FILE *f) {
             "  --gpu-memory-fraction X  cuda: share of the GPU's memory for weights, buffers and the\n"
             "                       KV pool (default 0.9)\n"
             "  --enforce-eager      cuda: launch every step eagerly, no CUDA graphs\n"
+            "  --tensor-parallel N  cuda: split the model over N GPUs (NCCL; its heads must divide)\n"
             "  --no-batch-invariance cpu: the fastest attention plans (a sequence's tokens may then\n"
             "                       change with the sequences batched beside it)\n"
             "  --threads N          CPU threads (default: all cores)\n"
@@ -199,6 +200,7 @@ int cmd_generate(int argc, char **argv) {
             ok = parse_float(v, &eo.max_itl_ms) && eo.max_itl_ms >= 0 && eo.max_itl_ms <= 1e7f;
         else if (!strcmp(a, "--no-cascade")) eo.cascade = 0;
         else if (!strcmp(a, "--enforce-eager")) eo.enforce_eager = 1;
+        else if (!strcmp(a, "--tensor-parallel")) ok = parse_int(v, 1, CAS_ENGINE_MAX_TENSOR_PARALLEL, &eo.tensor_parallel);
         else if (!strcmp(a, "--no-batch-invariance")) eo.no_batch_invariance = 1;
         else if (!strcmp(a, "--no-prefix-cache") || !strcmp(a, "--no-share")) eo.prefix_cache = 0;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;

@@ -63,6 +63,7 @@ static void usage(FILE *f) {
             "  --gpu-memory-fraction X cuda: share of the GPU's memory for weights, buffers and the KV\n"
             "                          pool (default 0.9; --kv-cache-mb sizes the pool instead)\n"
             "  --enforce-eager         cuda: launch every step eagerly, no CUDA graphs\n"
+            "  --tensor-parallel N     cuda: split the model over N GPUs (NCCL; its heads must divide)\n"
             "  --no-batch-invariance   cpu: the fastest attention plans; a request's text may then\n"
             "                          change with the requests batched beside it (default: the same\n"
             "                          seed gives the same tokens and logprobs, alone or in any batch)\n"
@@ -244,6 +245,7 @@ int cmd_serve(int argc, char **argv) {
         INT_OPT("--max-batch-tokens", 1, 1L << 24, eo.max_batch_tokens)
         INT_OPT("--max-seqs", 1, 1L << 20, eo.max_seqs)
         INT_OPT("--max-context", 1, 1L << 24, eo.max_context)
+        INT_OPT("--tensor-parallel", 1, CAS_ENGINE_MAX_TENSOR_PARALLEL, eo.tensor_parallel)
         if (!strcmp(a, "--no-cascade")) {
             eo.cascade = 0;
             continue;

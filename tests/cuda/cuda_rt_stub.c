@@ -16,7 +16,9 @@
 void *cas_stub_last_h2d;
 size_t cas_stub_last_h2d_bytes;
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+    return device >= 0 && device < CAS_STUB_DEVICES ? cudaSuccess : cudaErrorInvalidDevice;
+}
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
     *value = attr == cudaDevAttrMultiProcessorCount ? CAS_STUB_SMS
              : attr == cudaDevAttrComputeCapabilityMajor ? 9
@@ -26,7 +28,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 /* The device has CAS_STUB_DEVICE_BYTES: an allocation past them fails, as on
  * a GPU (and is never asked of the host); each block keeps its size in front. */
-static size_t stub_used;
+static _Atomic size_t stub_used;
 cudaError_t cudaMalloc(void **p, size_t n) {
     *p = NULL;
     if (n > CAS_STUB_DEVICE_BYTES - stub_used) return cudaErrorMemoryAllocation;
@@ -63,6 +65,11 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
         cas_stub_last_h2d = dst;
         cas_stub_last_h2d_bytes = n;
     }
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t s) {
+    for (size_t i = 0; i < height; i++) memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int v, size_t n) {

@@ -7,7 +7,9 @@
 #include "../../src/cuda/cuda_attn_impl.h"
 
 #define CAS_STUB_SMS 132
-/* the stand-in device's memory: 16 GiB */
+/* the stand-in devices: 4 (tensor parallelism over several), sharing one
+ * budget of memory, 16 GiB */
+#define CAS_STUB_DEVICES 4
 #define CAS_STUB_DEVICE_BYTES ((size_t)16 << 30)
 /* the destination and size of the last host-to-device copy (a plan's upload) */
 extern void *cas_stub_last_h2d;

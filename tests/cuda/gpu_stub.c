@@ -16,6 +16,7 @@
  * the device's sampler is tested against.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,18 +27,19 @@
 #include "../../src/cuda/cuda_attn.h"
 #include "../../src/gpu/gpu_impl.h"
 #include "../../src/model/model.h"
+#include "cuda_stub.h"
 #include "sample_ref.h"
 
 /* ---- the runtime calls gpu_model.c makes beyond cuda_rt_stub.c ------------ */
 
 cudaError_t cudaGetDeviceCount(int *n) {
-    *n = 1;
+    *n = CAS_STUB_DEVICES;
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "host stand-in");
-    return device == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+    return device >= 0 && device < CAS_STUB_DEVICES ? cudaSuccess : cudaErrorInvalidDevice;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cudaSuccess; }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
@@ -220,6 +222,11 @@ int cas_gpu_fill_uniform_bf16(void *dst, int64_t n, float a, uint64_t seed, void
     return 0;
 }
 
+int cas_gpu_add_f32(float *y, const float *x, int64_t n, void *stream) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    return 0;
+}
+
 int cas_gpu_fill_f32(float *dst, int64_t n, float v, void *stream) {
     for (int64_t i = 0; i < n; i++) dst[i] = v;
     return 0;
@@ -377,7 +384,12 @@ cas_status cas_cuda_attn_run(cas_cuda_attn *a, const void *k, const void *v, con
     const int64_t n = (int64_t)l.total_q * a->shape.num_qo_heads * a->shape.head_dim;
     for (int64_t i = 0; i < n; i++) a->q32[i] = bf(((const uint16_t *)q)[i]);
     const cas_kv_pool pool = {k, v, l.num_pages};
-    return cas_attn_plan_run(a->plan, &pool, a->q32, o, lse);
+    /* the ranks of tensor parallelism run one CPU plan, whose scratch is its own: one at a time */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    const cas_status st = cas_attn_plan_run(a->plan, &pool, a->q32, o, lse);
+    pthread_mutex_unlock(&mu);
+    return st;
 }
 
 cas_attn_cost cas_cuda_attn_cost(void) { return cas_attn_cost_default(); }

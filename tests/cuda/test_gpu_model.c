@@ -38,6 +38,8 @@
 #include "sample_ref.h"
 #include "../../src/gpu/gpu.h"
 
+#include <cuda_runtime_api.h>
+
 #define PAGE PAGED_BATCH_PAGE
 #define CROSS_TOL 2.5f
 #define CROSS_MEAN_TOL 0.4
@@ -429,6 +431,144 @@ static void test_graphs(void) {
     cas_gpu_model_destroy(eager);
 }
 
+/* Tensor parallelism (cas_gpu_opts.tensor_parallel) against the model on
+ * one device: a one-rank split (the same path with NCCL's one-rank
+ * all-reduce) gives the same bits, graphs included; a split over the 3 K/V
+ * heads of the default model, on 3 devices where the machine has them and
+ * on one device shared by the 3 ranks (the split's arithmetic without
+ * NCCL), differs only by the summation order of the attention output and
+ * down products over the ranks (SELF_TOL, greedy tokens the same past
+ * near-ties), through a prefill of all prompts and 10 decode steps fed the
+ * single model's tokens. Splits that do not divide the heads, or mix shared
+ * and own devices, are refused. */
+static void tp_compare(cas_gpu_model *tp, const char *what, int want_bitwise) {
+    cas_gpu_kv *tkv = NULL;
+    REQUIRE(cas_gpu_kv_create(tp, cas_gpu_kv_num_pages(g_gkv), PAGE, &tkv) == CAS_OK);
+    enum { STEPS = 10 };
+    static int32_t ids[NP][256];
+    float *la = malloc(sizeof(float) * (size_t)NP * g_vocab), *lb = malloc(sizeof(float) * (size_t)NP * g_vocab);
+    REQUIRE(la && lb);
+    pager_t pa = {300}, pb = {300};
+    seq_t sa[NP], sb[NP], *qa[NP], *qb[NP];
+    const int32_t *toks[NP];
+    int32_t counts[NP], next[NP];
+    memset(sa, 0, sizeof sa);
+    memset(sb, 0, sizeof sb);
+    for (int i = 0; i < NP; i++) {
+        counts[i] = enc(k_prompts[i], ids[i], 256);
+        toks[i] = ids[i];
+        qa[i] = &sa[i];
+        qb[i] = &sb[i];
+    }
+    cas_model_batch b = paged_batch(&pa, qa, toks, counts, NP, 0);
+    CHECKF(cas_gpu_forward(g_gpu, g_gkv, &b, la) == CAS_OK, "prefill: %s", cas_last_error());
+    b = paged_batch(&pb, qb, toks, counts, NP, 0);
+    CHECKF(cas_gpu_forward(tp, tkv, &b, lb) == CAS_OK, "%s prefill: %s", what, cas_last_error());
+    int bitwise = memcmp(la, lb, sizeof(float) * (size_t)NP * g_vocab) == 0, gap_ok = 1, same = 0, near = 0;
+    float worst = max_abs_diff(la, lb, (size_t)NP * g_vocab);
+    double mean_worst = g_mean;
+    for (int i = 0; i < NP; i++) next[i] = argmax(la + (size_t)i * g_vocab, g_vocab);
+    for (int stp = 0; stp < STEPS; stp++) {
+        cas_gpu_sample sp[NP];
+        for (int i = 0; i < NP; i++) {
+            sp[i] = (cas_gpu_sample){0.0f, 0, 1.0f, 0.0f, 0.0f, 1};
+            toks[i] = &next[i];
+            counts[i] = 1;
+        }
+        int32_t ta[NP], tb[NP];
+        b = paged_batch(&pa, qa, toks, counts, NP, 0);
+        CHECKF(cas_gpu_forward_sample(g_gpu, g_gkv, &b, sp, ta, la) == CAS_OK, "step: %s", cas_last_error());
+        b = paged_batch(&pb, qb, toks, counts, NP, 0);
+        CHECKF(cas_gpu_forward_sample(tp, tkv, &b, sp, tb, lb) == CAS_OK, "%s step: %s", what, cas_last_error());
+        bitwise &= memcmp(la, lb, sizeof(float) * (size_t)NP * g_vocab) == 0 && memcmp(ta, tb, sizeof ta) == 0;
+        const float d = max_abs_diff(la, lb, (size_t)NP * g_vocab);
+        if (d > worst) worst = d;
+        if (g_mean > mean_worst) mean_worst = g_mean;
+        for (int i = 0; i < NP; i++) {
+            if (margin(la + (size_t)i * g_vocab, g_vocab) > MARGIN) {
+                same += ta[i] == tb[i];
+                gap_ok &= ta[i] == tb[i];
+            } else {
+                near++;
+            }
+            next[i] = ta[i]; /* both fed the single model's tokens */
+        }
+    }
+    printf("  %-40s max %.4f, worst step mean %.5f, %s; greedy the same in %d rows (%d near-ties)\n", what,
+           (double)worst, mean_worst, bitwise ? "bitwise equal" : "not bitwise equal", same, near);
+    if (want_bitwise) CHECKF(bitwise, "%s: differs from the single model (max %.3g)", what, (double)worst);
+    CHECKF(worst <= SELF_TOL && mean_worst <= SELF_MEAN_TOL && gap_ok && same > 0, "%s: max %.4f mean %.5f", what,
+           (double)worst, mean_worst);
+    free(la);
+    free(lb);
+    cas_gpu_kv_destroy(tkv);
+}
+
+static void test_tensor_parallel(void) {
+    const cas_gguf *g = cas_model_gguf(g_cpu);
+    const cas_model_config *c = cas_model_config_of(g_cpu);
+    cas_gpu_opts go = cas_gpu_opts_default();
+    go.max_batch_tokens = 512;
+    go.max_logits = 512;
+    cas_gpu_model *tp = NULL;
+    go.tensor_parallel = 1;
+    CHECKF(cas_gpu_model_create(g, &go, &tp) == CAS_OK, "tensor parallel 1: %s", cas_last_error());
+    if (tp) {
+        CHECK(cas_gpu_model_ranks(tp) == 1);
+        tp_compare(tp, "tensor parallel 1 (NCCL, graphs)", 1);
+        cas_gpu_model_destroy(tp);
+        tp = NULL;
+    }
+    const int32_t n = c->n_head_kv; /* 3 for the default model */
+    int ndev = 0;
+    cudaGetDeviceCount(&ndev);
+    int32_t same_dev[CAS_GPU_MAX_RANKS] = {0};
+    go.tensor_parallel = n;
+    if (ndev >= n) {
+        go.devices = NULL;
+        CHECKF(cas_gpu_model_create(g, &go, &tp) == CAS_OK, "tensor parallel %d: %s", n, cas_last_error());
+        if (tp) {
+            char what[64];
+            snprintf(what, sizeof what, "tensor parallel %d on %d devices", n, n);
+            CHECK(cas_gpu_model_ranks(tp) == n);
+            /* each rank's pool holds a third of the heads: three times the pages */
+            const int32_t p1 = cas_gpu_kv_pages_for_budget(g_gpu, PAGE, (size_t)1 << 30),
+                          pn = cas_gpu_kv_pages_for_budget(tp, PAGE, (size_t)1 << 30);
+            CHECKF(pn >= n * p1 && pn < n * (p1 + 1), "pages for 1 GiB: %d split, %d whole", pn, p1);
+            tp_compare(tp, what, 0);
+            cas_gpu_model_destroy(tp);
+            tp = NULL;
+        }
+    } else {
+        printf("  (%d device(s): the split over %d devices is not run here)\n", ndev, n);
+    }
+    go.devices = same_dev;
+    CHECKF(cas_gpu_model_create(g, &go, &tp) == CAS_OK, "tensor parallel %d on one device: %s", n, cas_last_error());
+    if (tp) {
+        char what[64];
+        snprintf(what, sizeof what, "tensor parallel %d on one device", n);
+        /* three ranks' pools share the device: a third of the pages each, as many in all */
+        CHECK(cas_gpu_kv_pages_for_budget(tp, PAGE, (size_t)1 << 30) ==
+              cas_gpu_kv_pages_for_budget(g_gpu, PAGE, (size_t)1 << 30));
+        tp_compare(tp, what, 0);
+        cas_gpu_model_destroy(tp);
+        tp = NULL;
+    }
+    /* refused: heads that do not divide, too many ranks, shared and own devices mixed */
+    go.devices = NULL;
+    go.tensor_parallel = 2;
+    CHECK(cas_gpu_model_create(g, &go, &tp) == CAS_ERR_INVALID && !tp && strstr(cas_last_error(), "divide"));
+    go.tensor_parallel = CAS_GPU_MAX_RANKS + 1;
+    CHECK(cas_gpu_model_create(g, &go, &tp) == CAS_ERR_INVALID && !tp);
+    if (ndev >= 2) {
+        const int32_t mixed[3] = {0, 0, 1};
+        go.tensor_parallel = 3;
+        go.devices = mixed;
+        CHECK(cas_gpu_model_create(g, &go, &tp) == CAS_ERR_INVALID && !tp &&
+              strstr(cas_last_error(), "all different or all the same"));
+    }
+}
+
 /* Llama-3-70B's shape with synthetic weights: refused with the sizes where
  * its 141 GB do not fit the device's free memory, made where they do */
 static void test_too_large(void) {
@@ -473,15 +613,6 @@ static void test_bad(void) {
     free(lg);
 }
 
-/* main's REQUIRE: a set-up step that failed ends the program with its message */
-#define REQUIRE_MAIN(cond)                                                             \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            printf("FAIL set-up: %s: %s\n", #cond, cas_last_error());                  \
-            return 1;                                                                  \
-        }                                                                              \
-    } while (0)
-
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (!cas_gpu_available()) {
@@ -510,6 +641,7 @@ int main(int argc, char **argv) {
     RUN(test_self);
     RUN(test_sampling);
     RUN(test_graphs);
+    RUN(test_tensor_parallel);
     RUN(test_bad);
     RUN(test_too_large);
     cas_gpu_kv_destroy(g_gkv);
