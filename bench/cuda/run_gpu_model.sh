@@ -11,7 +11,9 @@
 #   .devcarry/model.gguf (tools/truncate_gguf.py: the default model's first
 #   layers, what fits a call's 64 MiB), .devcarry/.whl (gguf for transformers)
 #   (.devcarry/lib.tar.xz instead of lib/: the libraries packed)
-# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test engine hf generate bench synthetic memcheck anchor trace e2e prefill)
+#   .devcarry/test_gpu_tp.xz for the tp step
+# Usage: bash bench/cuda/run_gpu_model.sh [steps...]  (test engine hf generate bench synthetic memcheck anchor trace e2e
+#   prefill tp tpbench)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-"test engine hf generate bench synthetic memcheck"}
@@ -37,6 +39,42 @@ fi
 if has engine && [ -x "$B/tests/test_engine" ]; then
   echo "== the engine's tests on the GPU (tests/cuda/engine_on_gpu.sh)"
   BUILD=$B timeout 180 bash tests/cuda/engine_on_gpu.sh "$M" 2>&1 | grep -vE "^ok"
+fi
+if has tp; then
+  echo "== tensor parallelism: the engine's tests through the split path (one rank, NCCL), and the synthetic 8B"
+  echo "   shape split 1, 2, 4, 8 ways on the devices there are (tests/cuda/test_gpu_tp.c)"
+  BUILD=$B timeout 240 bash tests/cuda/engine_on_gpu.sh --tensor-parallel 1 "$M" 2>&1 | grep -vE "^ok"
+  [ -x "$B/test_gpu_tp" ] && timeout 300 "$B/test_gpu_tp" 2>&1 | grep -vE "^ok"
+fi
+if has tpbench && [ -x "$B/cascade" ]; then
+  echo "== synthetic Llama-3-8B: decode steps without tensor parallelism and through its path with one rank"
+  mkdir -p models; [ -e models/SmolLM2-135M-Instruct.Q4_1.gguf ] || ln -s "../$M" models/SmolLM2-135M-Instruct.Q4_1.gguf
+  n=$(nvidia-smi -L | wc -l)
+  for tp in 0 1 $( [ "$n" -ge 2 ] && echo 2 ) $( [ "$n" -ge 4 ] && echo 4 ) $( [ "$n" -ge 8 ] && echo 8 ); do
+    a=; [ $tp -gt 0 ] && a="--tensor-parallel $tp"
+    for b in ${TP_BATCHES:-1 64}; do
+      timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 128 --output 64 \
+        $a --json > "$W/tp_${tp}_b$b.json" 2> "$W/tp_${tp}_b$b.err"; echo "tp $tp batch $b rc=$? $(tail -1 "$W/tp_${tp}_b$b.err")"
+    done
+    for c in "" --no-cascade; do
+      timeout 120 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --workload system-prompt --scale ${TP_SCALE:-0.5} \
+        --max-batch-tokens 2048 $a $c --json > "$W/tp_${tp}_sp$c.json" 2> "$W/tp_${tp}_sp$c.err"
+      echo "tp $tp system-prompt $c rc=$? $(tail -1 "$W/tp_${tp}_sp$c.err")"
+    done
+  done
+  python3 - "$W" "$OUT/tp-llama-3-8b.json" <<'PY'
+import glob, json, os, sys
+w, out = sys.argv[1], sys.argv[2]
+runs = {}
+for f in sorted(glob.glob(f"{w}/tp_*.json")):
+    try:
+        runs[os.path.basename(f)[3:-5]] = json.load(open(f))
+    except Exception as e:
+        runs[os.path.basename(f)[3:-5]] = {"error": str(e)}
+json.dump(runs, open(out, "w"), indent=1)
+for k, d in runs.items():
+    print(f"{k:22s} " + " ".join(f"{x} {d.get(x)}" for x in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50", "decode_step_ms_p50", "steps", "cascade_steps", "graph_steps")))
+PY
 fi
 if has hf; then
   echo "== transformers"
