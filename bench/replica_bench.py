@@ -234,7 +234,8 @@ def run_policy(args, policy, prompts_cache):
     serve = ["--kv-cache-mb", str(args.kv_cache_mb), "--max-context", "2048"]
     log = sh(run_dir, "start", "-n", str(args.replicas), "--port", str(args.port), "--balance", policy,
              "--threads", str(args.threads), "--cascade", args.cascade, "--model", args.model,
-             *(["--cpus", args.cpus] if args.cpus else []), "--", *serve)
+             *(["--cpus", args.cpus] if args.cpus else []),
+             *(["--balance-factor", str(args.balance_factor)] if args.balance_factor else []), "--", *serve)
     lb = f"http://127.0.0.1:{args.port}"
     reps = {f"r{k}": f"http://127.0.0.1:{args.port + 1 + k}" for k in range(args.replicas)}
     try:
@@ -430,6 +431,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="threads per replica")
     ap.add_argument("--cpus", default="", help="cores for the replicas (replicas.sh --cpus)")
     ap.add_argument("--kv-cache-mb", type=int, default=144)
+    ap.add_argument("--balance-factor", type=int, default=0,
+                    help="HAProxy's hash-balance-factor for prefix routing (0: deploy/haproxy.cfg's)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prefix-tokens", type=int, default=1024)
     ap.add_argument("--requests-per-prompt", type=int, default=16)
@@ -470,6 +473,7 @@ def main():
                      "requests_per_prompt": args.requests_per_prompt, "output_tokens": args.output_tokens,
                      "rate": args.rate, "seed": args.seed, "chat": True},
         "replicas": args.replicas, "threads": args.threads, "kv_cache_mb": args.kv_cache_mb,
+        "balance_factor": args.balance_factor or "haproxy.cfg",
         "serve_args": f"--threads {args.threads} --kv-cache-mb {args.kv_cache_mb} --max-context 2048 "
                       f"--max-connections-per-ip 0",
         "model": args.model, "cpus": os.cpu_count(), "cpu_model": cpu_model(),

@@ -53,7 +53,7 @@ cmd=${1:-}
 shift
 N=3 PORT=8000 HOST=127.0.0.1 BALANCE=prefix DEVICE=cpu CPUS="" THREADS=""
 MODEL=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf CASCADE=$ROOT/build/cascade RUN_DIR=""
-KEY_BYTES=512 FACTOR=150 CHECK_MS=1000
+KEY_BYTES=512 FACTOR=200 CHECK_MS=1000
 SERVE_ARGS=()
 K=""
 while [ $# -gt 0 ]; do
