@@ -174,10 +174,11 @@ struct cas_gpu_model {
     /* the ranks' threads */
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    pthread_barrier_t barrier; /* ranks sharing a device meet at each sum */
+    pthread_barrier_t barrier; /* the ranks meet after each step's upload, and at each sum when they share a device */
     int sync_ready, barrier_ready;
     uint64_t gen;
     int pending, quit;
+    _Atomic int upload_failed; /* a rank could not prepare this step: none runs it */
     gpu_job job;
 };
 
@@ -697,13 +698,11 @@ static cas_status model_finish(cas_gpu_model *m, const cas_gguf *g) {
             goto fail;
         }
         m->sync_ready = 1;
-        if (m->one_device) {
-            if (pthread_barrier_init(&m->barrier, NULL, (unsigned)m->n_ranks)) {
-                st = cas_error(CAS_ERR_INTERNAL, "gpu: cannot make the ranks' barrier");
-                goto fail;
-            }
-            m->barrier_ready = 1;
+        if (pthread_barrier_init(&m->barrier, NULL, (unsigned)m->n_ranks)) {
+            st = cas_error(CAS_ERR_INTERNAL, "gpu: cannot make the ranks' barrier");
+            goto fail;
         }
+        m->barrier_ready = 1;
         for (int32_t i = 1; i < m->n_ranks; i++) {
             if (pthread_create(&m->ranks[i].thread, NULL, rank_thread, &m->ranks[i])) {
                 st = cas_error(CAS_ERR_INTERNAL, "gpu: cannot start rank %d's thread", i);
@@ -1233,12 +1232,22 @@ fail:
     return st;
 }
 
+#define OTHER_RANK_FAILED "another rank failed this step"
+
 /* One rank's part of a step: upload, the layers (eager or the graph),
  * rank 0's results to the host, and the wait for its stream. */
 static cas_status rank_step(cas_gpu_model *m, gpu_rank *r, const gpu_job *j) {
     cas_status st = CAS_OK;
     CU(cudaSetDevice(r->device)); /* the current device is per thread */
-    if ((st = forward_upload(m, r, j))) goto fail;
+    st = forward_upload(m, r, j);
+    if (m->n_ranks > 1) {
+        /* a rank that cannot run the step must not leave the others waiting in a sum:
+         * all learn of it before any starts */
+        if (st) m->upload_failed = 1;
+        pthread_barrier_wait(&m->barrier);
+        if (!st && m->upload_failed) st = cas_error(CAS_ERR_INTERNAL, "gpu: %s", OTHER_RANK_FAILED);
+    }
+    if (st) goto fail;
     if (j->graph) st = forward_graph(m, r, j->kv, j->T);
     else st = forward_body(m, r, j->kv, j->T, r->rank == 0 ? j->NL : 0, j->sample);
     if (st) goto fail;
@@ -1279,12 +1288,15 @@ static void *rank_thread(void *arg) {
 }
 
 /* Every rank runs the job: ranks past 0 on their threads, rank 0 here; the
- * first failure's message is raised on this thread. A rank that fails
- * between the others' sums would leave them waiting in the sum: every rank
- * runs the same launches, so a failure is a device's fault, not a batch's
- * (bad batches are refused before this). */
+ * first failure's message is raised on this thread (rank 0's own first).
+ * A failure in preparing the step (its attention tasks, the upload) stops
+ * every rank before the layers. A rank failing inside the layers would
+ * leave the others waiting in a sum: every rank runs the same launches on
+ * the same shapes, so that is a device's fault, not a batch's (bad batches
+ * are refused before this). */
 static cas_status ranks_run(cas_gpu_model *m, const gpu_job *j) {
     m->job = *j;
+    m->upload_failed = 0;
     if (m->n_ranks > 1) {
         pthread_mutex_lock(&m->mu);
         m->pending = m->n_ranks - 1;
@@ -1292,16 +1304,22 @@ static cas_status ranks_run(cas_gpu_model *m, const gpu_job *j) {
         pthread_cond_broadcast(&m->go);
         pthread_mutex_unlock(&m->mu);
     }
-    cas_status st = rank_step(m, &m->ranks[0], &m->job);
-    if (m->n_ranks > 1) {
-        pthread_mutex_lock(&m->mu);
-        while (m->pending > 0) pthread_cond_wait(&m->done, &m->mu);
-        pthread_mutex_unlock(&m->mu);
-        for (int32_t i = 1; i < m->n_ranks && !st; i++)
-            if (m->ranks[i].st) st = cas_error(m->ranks[i].st, "gpu rank %d: %s", i, m->ranks[i].err);
-        cudaSetDevice(m->ranks[0].device);
-    }
-    return st;
+    gpu_rank *r0 = &m->ranks[0];
+    r0->st = rank_step(m, r0, &m->job);
+    if (m->n_ranks == 1) return r0->st;
+    if (r0->st) snprintf(r0->err, sizeof r0->err, "%s", cas_last_error());
+    pthread_mutex_lock(&m->mu);
+    while (m->pending > 0) pthread_cond_wait(&m->done, &m->mu);
+    pthread_mutex_unlock(&m->mu);
+    cudaSetDevice(r0->device);
+    /* the rank that failed, rather than one told that another did */
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; i < m->n_ranks; i++) {
+            const gpu_rank *r = &m->ranks[i];
+            if (r->st && (pass || !strstr(r->err, OTHER_RANK_FAILED)))
+                return cas_error(r->st, "gpu rank %d: %s", i, r->err);
+        }
+    return CAS_OK;
 }
 
 cas_status cas_gpu_forward(cas_gpu_model *m, cas_gpu_kv *kv, const cas_model_batch *b, float *logits) {
