@@ -43,7 +43,7 @@ fi
 if has tp; then
   echo "== tensor parallelism: the engine's tests through the split path (one rank, NCCL), and the synthetic 8B"
   echo "   shape split 1, 2, 4, 8 ways on the devices there are (tests/cuda/test_gpu_tp.c)"
-  BUILD=$B timeout 240 bash tests/cuda/engine_on_gpu.sh --tensor-parallel 1 "$M" 2>&1 | grep -vE "^ok"
+  [ "${TP_ENGINE:-1}" = 1 ] && BUILD=$B timeout 240 bash tests/cuda/engine_on_gpu.sh --tensor-parallel 1 "$M" 2>&1 | grep -vE "^ok"
   [ -x "$B/test_gpu_tp" ] && timeout 300 "$B/test_gpu_tp" 2>&1 | grep -vE "^ok"
 fi
 if has tpbench && [ -x "$B/cascade" ]; then
@@ -56,7 +56,7 @@ if has tpbench && [ -x "$B/cascade" ]; then
       timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests $b --prefix 0 --suffix 128 --output 64 \
         $a --json > "$W/tp_${tp}_b$b.json" 2> "$W/tp_${tp}_b$b.err"; echo "tp $tp batch $b rc=$? $(tail -1 "$W/tp_${tp}_b$b.err")"
     done
-    for c in "" --no-cascade; do
+    for c in ${TP_SP_MODES-"" --no-cascade}; do
       timeout 120 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --workload system-prompt --scale ${TP_SCALE:-0.5} \
         --max-batch-tokens 2048 $a $c --json > "$W/tp_${tp}_sp$c.json" 2> "$W/tp_${tp}_sp$c.err"
       echo "tp $tp system-prompt $c rc=$? $(tail -1 "$W/tp_${tp}_sp$c.err")"
