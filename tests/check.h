@@ -9,6 +9,7 @@
 #define CASCADE_TEST_CHECK_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -45,6 +46,24 @@ static const char *check_cur_name = "";
             return;                                                                    \
         }                                                                              \
     } while (0)
+
+/* The index of the largest of x[0..n) (the first of equals). */
+static inline int32_t check_argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* The gap between the largest and the second largest of x[0..n). */
+static inline float check_top2_gap(const float *x, int32_t n) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        if (x[i] > a) b = a, a = x[i];
+        else if (x[i] > b) b = x[i];
+    }
+    return a - b;
+}
 
 /* main's REQUIRE: a set-up step that failed ends the program with its message */
 #define REQUIRE_MAIN(cond)                                                             \

@@ -32,6 +32,25 @@ M=$C/model.gguf
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 ldd "$B/test_gpu_model" | grep "not found" && echo "missing libraries"
 
+# collect PREFIX OUT: every $W/PREFIX*.json into one JSON at OUT (name -> run), and a line per run
+collect() {
+  python3 - "$W" "$1" "$2" <<'PY'
+import glob, json, os, sys
+w, prefix, out = sys.argv[1], sys.argv[2], sys.argv[3]
+runs = {}
+for f in sorted(glob.glob(f"{w}/{prefix}*.json")):
+    name = os.path.basename(f)[len(prefix):-5]
+    try:
+        runs[name] = json.load(open(f))
+    except Exception as e:
+        runs[name] = {"error": str(e)}
+json.dump(runs, open(out, "w"), indent=1)
+for k, d in runs.items():
+    print(f"{k:22s} " + " ".join(f"{x} {d.get(x)}" for x in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50",
+          "decode_step_ms_p50", "steps", "cascade_steps", "graph_steps", "eager_steps")))
+PY
+}
+
 if has test; then
   echo "== test_gpu_model"
   timeout 180 "$B/test_gpu_model" "$M" 2>&1 | grep -vE "^ok"
@@ -62,19 +81,7 @@ if has tpbench && [ -x "$B/cascade" ]; then
       echo "tp $tp system-prompt $c rc=$? $(tail -1 "$W/tp_${tp}_sp$c.err")"
     done
   done
-  python3 - "$W" "$OUT/tp-llama-3-8b.json" <<'PY'
-import glob, json, os, sys
-w, out = sys.argv[1], sys.argv[2]
-runs = {}
-for f in sorted(glob.glob(f"{w}/tp_*.json")):
-    try:
-        runs[os.path.basename(f)[3:-5]] = json.load(open(f))
-    except Exception as e:
-        runs[os.path.basename(f)[3:-5]] = {"error": str(e)}
-json.dump(runs, open(out, "w"), indent=1)
-for k, d in runs.items():
-    print(f"{k:22s} " + " ".join(f"{x} {d.get(x)}" for x in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50", "decode_step_ms_p50", "steps", "cascade_steps", "graph_steps")))
-PY
+  collect tp_ "$OUT/tp-llama-3-8b.json"
 fi
 if has hf; then
   echo "== transformers"
@@ -119,19 +126,7 @@ if has synthetic && [ -x "$B/cascade" ]; then
     timeout 90 "$B/cascade" bench -m synthetic:llama-3-8b --device cuda --requests 64 --prefix 4096 --suffix 64 --output 64 $c \
       --json > "$W/syn_shared$c.json" 2> "$W/syn_shared$c.err"; echo "shared $c rc=$? $(tail -1 "$W/syn_shared$c.err")"
   done
-  python3 - "$W" "$OUT/synthetic-llama-3-8b.json" <<'PY'
-import glob, json, os, sys
-w, out = sys.argv[1], sys.argv[2]
-runs = {}
-for f in sorted(glob.glob(f"{w}/syn_*.json")):
-    try:
-        runs[os.path.basename(f)[4:-5]] = json.load(open(f))
-    except Exception as e:
-        runs[os.path.basename(f)[4:-5]] = {"error": str(e)}
-json.dump(runs, open(out, "w"), indent=1)
-for k, d in runs.items():
-    print(f"{k:20s} " + " ".join(f"{x} {d.get(x)}" for x in ("output_tok_per_s", "tpot_ms_p50", "ttft_ms_p50", "steps", "cascade_steps", "graph_steps", "eager_steps")))
-PY
+  collect syn_ "$OUT/synthetic-llama-3-8b.json"
 fi
 if has memcheck; then
   echo "== compute-sanitizer memcheck on test_gpu_model"

@@ -73,21 +73,6 @@ static cas_status step(int gpu, pager_t *pg, seq_t **seqs, const int32_t *const 
     return gpu ? cas_gpu_forward(g_gpu, g_gkv, &b, logits) : cas_model_forward(g_cpu, g_ckv, &b, logits);
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-/* the gap between the best and the second best logit */
-static float margin(const float *x, int32_t n) {
-    float a = -INFINITY, b = -INFINITY;
-    for (int32_t i = 0; i < n; i++) {
-        if (x[i] > a) b = a, a = x[i];
-        else if (x[i] > b) b = x[i];
-    }
-    return a - b;
-}
 
 static double g_mean;
 static float max_abs_diff(const float *a, const float *b, size_t n) { return check_max_abs_diff(a, b, n, &g_mean); }
@@ -124,7 +109,7 @@ static void test_against_cpu(void) {
             CHECKF((st = step(0, &pc, spc, tp, n, NP, 0, lc)) == CAS_OK, "cpu prefill: %s", cas_last_error());
             CHECKF((st = step(1, &pgg, spg, tp, n, NP, 0, lg)) == CAS_OK, "gpu prefill: %s", cas_last_error());
         } else {
-            for (int i = 0; i < NP; i++) next[i] = argmax(lc + (size_t)i * g_vocab, g_vocab), ones[i] = 1, t1[i] = &next[i];
+            for (int i = 0; i < NP; i++) next[i] = check_argmax(lc + (size_t)i * g_vocab, g_vocab), ones[i] = 1, t1[i] = &next[i];
             CHECKF((st = step(0, &pc, spc, t1, ones, NP, 0, lc)) == CAS_OK, "cpu decode: %s", cas_last_error());
             CHECKF((st = step(1, &pgg, spg, t1, ones, NP, 0, lg)) == CAS_OK, "gpu decode: %s", cas_last_error());
         }
@@ -135,9 +120,9 @@ static void test_against_cpu(void) {
         steps++;
         for (int i = 0; i < NP; i++) {
             const float *a = lc + (size_t)i * g_vocab, *b = lg + (size_t)i * g_vocab;
-            if (margin(a, g_vocab) > MARGIN) {
+            if (check_top2_gap(a, g_vocab) > MARGIN) {
                 compared++;
-                agree += argmax(a, g_vocab) == argmax(b, g_vocab);
+                agree += check_argmax(a, g_vocab) == check_argmax(b, g_vocab);
             } else {
                 near++;
             }
@@ -158,8 +143,8 @@ static void check_self(const float *a, const float *b, int rows, const char *wha
     printf("  %-44s max %.4f mean %.6f\n", what, (double)d, g_mean);
     CHECKF(d <= SELF_TOL && g_mean <= SELF_MEAN_TOL, "%s: max %.4f mean %.6f", what, (double)d, g_mean);
     for (int r = 0; r < rows; r++)
-        if (margin(a + (size_t)r * g_vocab, g_vocab) > 2 * SELF_TOL)
-            CHECKF(argmax(a + (size_t)r * g_vocab, g_vocab) == argmax(b + (size_t)r * g_vocab, g_vocab),
+        if (check_top2_gap(a + (size_t)r * g_vocab, g_vocab) > 2 * SELF_TOL)
+            CHECKF(check_argmax(a + (size_t)r * g_vocab, g_vocab) == check_argmax(b + (size_t)r * g_vocab, g_vocab),
                    "%s: row %d argmax", what, r);
 }
 
@@ -245,7 +230,7 @@ static void test_self(void) {
         CHECK(step(1, &pg, sp, tp, n, 3, 0, got) == CAS_OK);
         int32_t next[3], cnt[NP];
         const int32_t *tm[NP];
-        for (int i = 0; i < 3; i++) next[i] = argmax(got + (size_t)i * g_vocab, g_vocab);
+        for (int i = 0; i < 3; i++) next[i] = check_argmax(got + (size_t)i * g_vocab, g_vocab);
         for (int i = 0; i < NP; i++) {
             cnt[i] = i < 3 ? 1 : n[i];
             tm[i] = i < 3 ? &next[i] : ids[i];
@@ -379,7 +364,7 @@ static void test_graphs(void) {
         CHECKF(cas_gpu_forward(g_gpu, g_gkv, &b, la) == CAS_OK, "prefill: %s", cas_last_error());
         b = paged_batch(&pb, qb, toks, counts, B, 0);
         CHECKF(cas_gpu_forward(eager, ekv, &b, lb) == CAS_OK, "prefill: %s", cas_last_error());
-        for (int i = 0; i < B; i++) next[i] = argmax(la + (size_t)i * g_vocab, g_vocab);
+        for (int i = 0; i < B; i++) next[i] = check_argmax(la + (size_t)i * g_vocab, g_vocab);
         int bitwise = 1, tokens_same = 1, gap_ok = 1;
         float worst = 0.f;
         for (int stp = 0; stp < STEPS; stp++) {
@@ -404,7 +389,7 @@ static void test_graphs(void) {
             for (int i = 0; i < B; i++) {
                 if (ta[i] != tb[i]) {
                     tokens_same = 0;
-                    if (margin(lb + (size_t)i * g_vocab, g_vocab) > MARGIN) gap_ok = 0;
+                    if (check_top2_gap(lb + (size_t)i * g_vocab, g_vocab) > MARGIN) gap_ok = 0;
                 }
                 next[i] = ta[i];
             }
@@ -467,7 +452,7 @@ static void tp_compare(cas_gpu_model *tp, const char *what, int want_bitwise) {
     int bitwise = memcmp(la, lb, sizeof(float) * (size_t)NP * g_vocab) == 0, gap_ok = 1, same = 0, near = 0;
     float worst = max_abs_diff(la, lb, (size_t)NP * g_vocab);
     double mean_worst = g_mean;
-    for (int i = 0; i < NP; i++) next[i] = argmax(la + (size_t)i * g_vocab, g_vocab);
+    for (int i = 0; i < NP; i++) next[i] = check_argmax(la + (size_t)i * g_vocab, g_vocab);
     for (int stp = 0; stp < STEPS; stp++) {
         cas_gpu_sample sp[NP];
         for (int i = 0; i < NP; i++) {
@@ -485,7 +470,7 @@ static void tp_compare(cas_gpu_model *tp, const char *what, int want_bitwise) {
         if (d > worst) worst = d;
         if (g_mean > mean_worst) mean_worst = g_mean;
         for (int i = 0; i < NP; i++) {
-            if (margin(la + (size_t)i * g_vocab, g_vocab) > MARGIN) {
+            if (check_top2_gap(la + (size_t)i * g_vocab, g_vocab) > MARGIN) {
                 same += ta[i] == tb[i];
                 gap_ok &= ta[i] == tb[i];
             } else {

@@ -45,20 +45,6 @@
 
 static int32_t V;
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-static float margin(const float *x, int32_t n) {
-    float a = -INFINITY, b = -INFINITY;
-    for (int32_t i = 0; i < n; i++) {
-        if (x[i] > a) b = a, a = x[i];
-        else if (x[i] > b) b = x[i];
-    }
-    return a - b;
-}
 
 /* The logits of a run: [STEPS + 1][NS][V], step 0 the prefill's. alone:
  * every forward holds one sequence. forced: the tokens fed at each decode
@@ -87,7 +73,7 @@ static cas_status run(cas_gpu_model *m, int alone, const int32_t *prompts, const
         const float *prev = logits + (size_t)(stp - 1) * NS * V;
         cas_gpu_sample sp[NS];
         for (int i = 0; i < NS; i++) {
-            next[i] = forced ? forced[(size_t)(stp - 1) * NS + i] : argmax(prev + (size_t)i * V, V);
+            next[i] = forced ? forced[(size_t)(stp - 1) * NS + i] : check_argmax(prev + (size_t)i * V, V);
             if (own) own[(size_t)(stp - 1) * NS + i] = next[i];
             toks[i] = &next[i];
             counts[i] = 1;
@@ -152,9 +138,9 @@ static void check_split(int32_t n) {
     for (int stp = 0; stp <= STEPS; stp++)
         for (int i = 0; i < NS; i++) {
             const float *a = g_ref + ((size_t)stp * NS + i) * V, *b = g_got + ((size_t)stp * NS + i) * V;
-            if (margin(a, V) > tol) {
+            if (check_top2_gap(a, V) > tol) {
                 compared++;
-                same += argmax(a, V) == argmax(b, V);
+                same += check_argmax(a, V) == check_argmax(b, V);
             }
         }
     const size_t per = (size_t)(STEPS + 1) * NS * V;
