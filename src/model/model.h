@@ -158,12 +158,17 @@ const cas_gguf_tensor *cas_gguf_find_tensor(const cas_gguf *g, const char *name)
 /* ======================================================================
  * Tokenizer (tokenizer.c)
  *
- * Built from a GGUF file's tokenizer.* metadata. "gpt2" vocabularies are
- * byte-level BPE: the text is split on special tokens, each piece is split
- * by the pre-tokenizer regexes that tokenizer.ggml.pre names (PCRE2, Unicode
- * properties), each word's bytes are mapped to printable code points and
- * merged pairwise by merge rank. Other vocabularies (SentencePiece "llama")
- * plug in behind the same functions; they report CAS_ERR_UNSUPPORTED today.
+ * Built from a GGUF file's tokenizer.* metadata, as llama.cpp reads it.
+ * "gpt2" vocabularies are byte-level BPE: the text is split on special
+ * tokens, each piece is split by the pre-tokenizer regexes that
+ * tokenizer.ggml.pre names (PCRE2, Unicode properties), each word's bytes
+ * are mapped to printable code points and merged pairwise by merge rank.
+ * "llama" vocabularies are SentencePiece (Llama 2, Mistral, Gemma): the
+ * pieces between special tokens get a leading space where
+ * tokenizer.ggml.add_space_prefix asks (the default), spaces become U+2581,
+ * characters merge into tokens by tokenizer.ggml.scores, and characters the
+ * vocabulary lacks become byte tokens <0xNN>; decoding drops the leading
+ * space again from the first token.
  *
  * Ownership: the tokenizer copies everything it needs; the cas_gguf may be
  * closed after cas_tok_create. Thread safety: a created tokenizer is
@@ -173,7 +178,7 @@ const cas_gguf_tensor *cas_gguf_find_tensor(const cas_gguf *g, const char *name)
 
 typedef enum {
     CAS_TOK_BPE = 1, /* "gpt2": byte-level BPE with merges */
-    CAS_TOK_SPM = 2  /* "llama": SentencePiece (reserved, not implemented) */
+    CAS_TOK_SPM = 2  /* "llama": SentencePiece with byte fallback */
 } cas_tok_kind;
 
 /* token_type values in GGUF */
@@ -189,8 +194,9 @@ typedef enum {
 
 typedef struct cas_tok cas_tok; /* opaque */
 
-/* Special token ids (-1 where the file names none) and the file's choices
- * about adding BOS/EOS. */
+/* Special token ids (-1 where the file names none; SentencePiece files
+ * default to unk 0, bos 1, eos 2) and the file's choices about adding BOS/EOS
+ * (SentencePiece: BOS unless the file says otherwise). */
 typedef struct {
     int32_t bos, eos, eot, eom, unk, pad, sep;
     int add_bos, add_eos;
@@ -199,7 +205,8 @@ typedef struct {
 /* Encode flags. */
 enum {
     CAS_TOK_ADD_SPECIAL = 1u << 0,  /* add BOS/EOS where the file asks for them */
-    CAS_TOK_PARSE_SPECIAL = 1u << 1 /* control tokens in the text become their ids */
+    CAS_TOK_PARSE_SPECIAL = 1u << 1 /* control and unknown tokens in the text become their ids
+                                       (user-defined ones always do) */
 };
 /* Decode flags. */
 enum {
@@ -241,7 +248,10 @@ const char *cas_tok_piece(const cas_tok *t, int32_t id, unsigned flags, size_t *
 
 /* Decodes ids into buf: writes up to cap bytes, sets *len_out to the total
  * byte length and NUL-terminates when there is room; CAS_ERR_NOMEM if the
- * text (plus NUL) does not fit; CAS_ERR_INVALID for an id out of range. */
+ * text (plus NUL) does not fit; CAS_ERR_INVALID for an id out of range. As
+ * llama_detokenize without removing BOS/EOS: a SentencePiece vocabulary that
+ * adds a space prefix loses one leading space of the first token's piece
+ * (none when that token is BOS, whose piece is empty or "<s>"). */
 cas_status cas_tok_decode(const cas_tok *t, const int32_t *ids, size_t n, unsigned flags,
                           char *buf, size_t cap, size_t *len_out);
 
