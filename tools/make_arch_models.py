@@ -368,6 +368,16 @@ MODELS = [
     # attention, a separate q8_0 output
     dict(name="llama2", arch="llama", layers=2, embd=128, ff=128, heads=2, kv_heads=2, head_dim=64,
          vocab="spm-llama", tied=False, prompts=PROMPTS_LLAMA2),
+    # Gemma 2: the window on every other layer (8 tokens, so that the prompts leave it), soft caps
+    # small enough to bend these scores (~5) and logits (~3) as Gemma's 50 and 30 bend its own,
+    # post-norms, GeGLU, tied embeddings, heads wider than embd / heads
+    dict(name="gemma2", arch="gemma2", layers=4, embd=64, ff=128, heads=2, kv_heads=1, head_dim=64,
+         vocab="spm-gemma", window=8, attn_softcap=6.0, final_softcap=4.0, prompts=PROMPTS_GEMMA),
+    # Gemma 3: the window on five layers of six, whose RoPE keeps base 10000 and no scaling while
+    # the global layer's has base 1e6 and linear scaling by 8 (Gemma 3 4B and up); Q/K norms
+    dict(name="gemma3", arch="gemma3", layers=6, embd=64, ff=128, heads=2, kv_heads=1, head_dim=64,
+         vocab="spm-gemma", window=8, rope_base=1000000.0, rope_base_swa=10000.0, rope_linear=8.0, qk_norm=True,
+         prompts=PROMPTS_GEMMA),
 ]
 
 

@@ -315,7 +315,17 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
  *   qwen2  Qwen2, Qwen2.5: biases on Q, K and V; RoPE on halves;
  *   qwen3  Qwen3: RMSNorm of every Q and K head before RoPE; RoPE on halves;
  *   phi3   Phi-3, Phi-4-mini: Q, K, V in one matrix (attn_qkv), gate and up in
- *          one (ffn_up); RoPE on halves, possibly on part of each head.
+ *          one (ffn_up); RoPE on halves, possibly on part of each head;
+ *   gemma2 Gemma 2: embeddings scaled by sqrt(n_embd), RMSNorm of the
+ *          attention's and the MLP's outputs before their residuals
+ *          (post_attention_norm, post_ffw_norm), a GELU (tanh) gate, soft-capped
+ *          attention scores and logits, a sliding window on every other layer;
+ *   gemma3 Gemma 3: as Gemma 2 without the attention soft cap (the logits'
+ *          only where the file gives one), RMSNorm of every Q and K head, the
+ *          window on five layers of six, whose RoPE has its own base
+ *          (rope.freq_base_swa, 10000) and no linear scaling.
+ *          Gemma's RMSNorm weights (1 + w) are stored with the 1 added by
+ *          llama.cpp's converter, so they multiply as any other norm's.
  * Any architecture may keep Q, K and V in one attn_qkv matrix, and add biases.
  * Anything else in a file (another architecture, a tensor the forward would
  * not use, YaRN or LongRoPE scaling) is refused at load, naming it.
@@ -346,10 +356,12 @@ typedef enum {
     CAS_ARCH_LLAMA = 0, /* "llama" */
     CAS_ARCH_QWEN2 = 1, /* "qwen2" */
     CAS_ARCH_QWEN3 = 2, /* "qwen3" */
-    CAS_ARCH_PHI3 = 3   /* "phi3" */
+    CAS_ARCH_PHI3 = 3,  /* "phi3" */
+    CAS_ARCH_GEMMA2 = 4, /* "gemma2" */
+    CAS_ARCH_GEMMA3 = 5  /* "gemma3" */
 } cas_model_arch;
 
-/* "llama", "qwen2", "qwen3", "phi3"; "?" outside the enum. */
+/* "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"; "?" outside the enum. */
 const char *cas_model_arch_name(cas_model_arch arch);
 
 /* Hyper-parameters, all read from the file. Keys are named for arch llama;
@@ -379,8 +391,24 @@ typedef struct {
                                this many positions, its own included (Mistral); 0: all of them */
     int32_t qkv_bias;    /* 1: some layer adds attn_q/attn_k/attn_v.bias after its projection */
     int32_t qk_norm;     /* 1: attn_q_norm/attn_k_norm.weight [head_dim]: RMSNorm of each Q and
-                            K head before RoPE (qwen3) */
+                            K head before RoPE (qwen3, gemma3) */
+    /* Gemma's additions; 0 in every field means "not there" (a zeroed config is Llama's) */
+    int32_t swa_pattern; /* which layers the sliding window applies to: 0 every layer; P > 0 layer l
+                            when l % P < P - 1 (attention.sliding_window_pattern; Gemma 2: 2,
+                            Gemma 3: 6); 1 none */
+    float rope_base_swa;       /* RoPE base of the windowed layers (rope.freq_base_swa) ... */
+    float rope_freq_scale_swa; /* ... and their frequency scale; 0: those of the other layers */
+    float attn_scale;    /* score scale; 0: 1 / sqrt(head_dim) (Gemma 2/3 27B: 1 / sqrt(n_embd / n_head)) */
+    float attn_softcap;  /* scores become cap * tanh(s / cap) (attn_logit_softcapping); 0: off */
+    float final_softcap; /* logits become cap * tanh(l / cap) (final_logit_softcapping); 0: off */
+    float embd_scale;    /* embeddings multiplied by this (Gemma: sqrt(n_embd)); 0: by 1 */
+    int32_t post_norms;  /* 1: post_attention_norm/post_ffw_norm.weight [n_embd]: RMSNorm of the
+                            attention's and the MLP's outputs before their residuals (Gemma) */
+    int32_t gelu_gate;   /* 1: the MLP's gate is GELU (tanh approximation): GeGLU; 0: SiLU */
 } cas_model_config;
+
+/* 1 if layer l of c attends through the sliding window. */
+int cas_model_layer_windowed(const cas_model_config *c, int32_t l);
 
 /* The hyper-parameters of a file's model, checked (a known architecture,
  * shapes the attention core runs, no tensor the forward would leave unused,
@@ -432,7 +460,7 @@ typedef struct cas_model cas_model;
 
 /* Builds a model over an open GGUF file, which is borrowed: it must stay open
  * until cas_model_destroy. CAS_ERR_UNSUPPORTED for an architecture other than
- * llama, qwen2, qwen3 or phi3, a tensor type the kernels lack or a tensor the
+ * those above, a tensor type the kernels lack or a tensor the
  * forward would not use, CAS_ERR_FORMAT for a missing
  * tensor or key or a shape that disagrees with the hyper-parameters; the
  * message names the tensor or key. */
