@@ -43,7 +43,14 @@
  * two orders of magnitude outside (measured by removing each in turn: Llama 3 RoPE factors
  * 15.1, Q/K/V biases 9.1, Q/K norms 15.8, RoPE on adjacent pairs instead of halves 12-24,
  * linear RoPE scaling 11.9, phi3's gate and up halves swapped 11.9). The llama2 file's output
- * is q8_0 too: measured max 0.080 over its 200 rows. */
+ * is q8_0 too: measured max 0.080 over its 200 rows. Gemma (f16, tied): measured 0.0012
+ * (gemma2, whose logits the cap of 4 squeezes) and 0.0054 (gemma3); each of Gemma's features
+ * removed in turn (gemma2 / gemma3): embeddings unscaled 7.2 / 18.7, no post-attention norm
+ * 2.5 / 4.0, no post-MLP norm 0.95 / 3.6, SiLU instead of GELU 0.23 / 1.3, no attention soft
+ * cap 1.2 (gemma2), no final soft cap 15.4 (gemma2), the window on every layer 4.3 / 2.3, on
+ * none 5.2 / 8.0, RoPE on adjacent pairs 3.9 / 6.0, the query scale of n_embd / n_head instead
+ * of key_length 0.18 / 1.8; gemma3 only: no Q/K norms 7.3, the windowed layers' RoPE with the
+ * global base 5.0 or with its linear scaling 2.1. */
 #define LOGIT_TOL 0.1f
 #define MARGIN 0.1f /* greedy tokens must agree where llama.cpp's top-2 gap exceeds this */
 #define MAXTOK 256
@@ -459,6 +466,131 @@ static void test_sliding_window(void) {
     cas_model_destroy(m);
 }
 
+/* Gemma's hyper-parameters as read: the keys the files give and llama.cpp's defaults for the
+ * ones they leave out (Gemma 2's files have no RoPE keys; Gemma 3's no soft caps or window
+ * pattern), and which layers the window covers. */
+static void test_gemma_configs(void) {
+    cas_gguf *g;
+    cas_model_config c;
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-gemma2.gguf", &g) == CAS_OK);
+    CHECK(cas_model_config_read(g, &c) == CAS_OK);
+    CHECK(c.arch == CAS_ARCH_GEMMA2 && c.rope_neox && c.tied_embeddings && c.post_norms && c.gelu_gate && !c.qk_norm);
+    CHECK(c.n_embd == 64 && c.head_dim == 64 && c.n_rot == 64 && c.rope_base == 10000.0f);
+    CHECK(c.sliding_window == 8 && c.swa_pattern == 2 && c.rope_base_swa == 10000.0f && c.rope_freq_scale_swa == 1.0f);
+    CHECK(c.attn_softcap == 6.0f && c.final_softcap == 4.0f && c.embd_scale == 8.0f && c.attn_scale == 0.125f);
+    CHECK(cas_model_layer_windowed(&c, 0) && !cas_model_layer_windowed(&c, 1) && cas_model_layer_windowed(&c, 2) &&
+          !cas_model_layer_windowed(&c, 3));
+    cas_gguf_close(g);
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-gemma3.gguf", &g) == CAS_OK);
+    CHECK(cas_model_config_read(g, &c) == CAS_OK);
+    CHECK(c.arch == CAS_ARCH_GEMMA3 && c.qk_norm && c.post_norms && c.gelu_gate && c.n_layers == 6);
+    CHECK(c.attn_softcap == 0 && c.final_softcap == 0 && c.embd_scale == 8.0f && c.attn_scale == 0.125f);
+    CHECK(c.rope_base == 1e6f && c.rope_freq_scale == 0.125f && c.rope_base_swa == 10000.0f &&
+          c.rope_freq_scale_swa == 1.0f && c.sliding_window == 8 && c.swa_pattern == 6);
+    int windowed = 0;
+    for (int32_t l = 0; l < 6; l++) windowed += cas_model_layer_windowed(&c, l) << l;
+    CHECKF(windowed == 0x1f, "windowed layers 0x%x", windowed);
+    cas_gguf_close(g);
+    /* Mistral's window covers every layer */
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-mistral.gguf", &g) == CAS_OK);
+    CHECK(cas_model_config_read(g, &c) == CAS_OK && c.swa_pattern == 0 && cas_model_layer_windowed(&c, 0));
+    CHECK(c.embd_scale == 0 && c.attn_scale == 0 && c.attn_softcap == 0 && !c.post_norms && !c.gelu_gate);
+    cas_gguf_close(g);
+}
+
+/* ---- a minimal GGUF (metadata and the embedding only) for the pattern key ---------- */
+
+typedef struct {
+    uint8_t b[4096];
+    size_t n;
+} gbuf;
+
+static void gput(gbuf *b, const void *d, size_t n) {
+    if (b->n + n <= sizeof b->b) memcpy(b->b + b->n, d, n);
+    b->n += n;
+}
+static void gu32(gbuf *b, uint32_t v) { gput(b, &v, 4); }
+static void gu64(gbuf *b, uint64_t v) { gput(b, &v, 8); }
+static void gstr(gbuf *b, const char *s) {
+    gu64(b, strlen(s));
+    gput(b, s, strlen(s));
+}
+static void gkey_u32(gbuf *b, const char *k, uint32_t v) {
+    gstr(b, k);
+    gu32(b, CAS_GGUF_U32);
+    gu32(b, v);
+}
+
+/* A gemma2 file of 4 layers whose attention.sliding_window_pattern is the flags
+ * flags[0..n_flags-1] (n_flags < 0: the number -n_flags), or, with arch "llama", any. */
+static cas_status pattern_config(const char *arch, const int *flags, int n_flags, cas_model_config *c) {
+    static gbuf b;
+    char k[96];
+    b.n = 0;
+    gu32(&b, 0x46554747u); /* "GGUF" */
+    gu32(&b, 3);
+    gu64(&b, 1); /* tensors */
+    gu64(&b, 9); /* keys */
+    gstr(&b, "general.architecture");
+    gu32(&b, CAS_GGUF_STRING);
+    gstr(&b, arch);
+#define K(s) (snprintf(k, sizeof k, "%s." s, arch), k)
+    gkey_u32(&b, K("block_count"), 4);
+    gkey_u32(&b, K("embedding_length"), 64);
+    gkey_u32(&b, K("feed_forward_length"), 64);
+    gkey_u32(&b, K("attention.head_count"), 1);
+    gkey_u32(&b, K("attention.key_length"), 64);
+    gkey_u32(&b, K("attention.sliding_window"), 16);
+    gstr(&b, K("attention.layer_norm_rms_epsilon"));
+    gu32(&b, CAS_GGUF_F32);
+    float eps = 1e-6f;
+    gput(&b, &eps, 4);
+    gstr(&b, K("attention.sliding_window_pattern"));
+#undef K
+    if (n_flags < 0) {
+        gu32(&b, CAS_GGUF_U32);
+        gu32(&b, (uint32_t)-n_flags);
+    } else {
+        gu32(&b, CAS_GGUF_ARRAY);
+        gu32(&b, CAS_GGUF_BOOL);
+        gu64(&b, (uint64_t)n_flags);
+        for (int i = 0; i < n_flags; i++) gput(&b, &(uint8_t){(uint8_t)flags[i]}, 1);
+    }
+    gstr(&b, "token_embd.weight");
+    gu32(&b, 2);
+    gu64(&b, 64);
+    gu64(&b, 4);
+    gu32(&b, 0); /* f32 */
+    gu64(&b, 0);
+    while (b.n % 32) gput(&b, "", 1);
+    for (int i = 0; i < 64 * 4; i++) gput(&b, &(float){0.0f}, 4);
+    if (b.n > sizeof b.b) return CAS_ERR_NOMEM;
+    cas_gguf *g = NULL;
+    cas_status st = cas_gguf_open_memory(b.b, b.n, &g);
+    if (st == CAS_OK) st = cas_model_config_read(g, c);
+    cas_gguf_close(g);
+    return st;
+}
+
+/* attention.sliding_window_pattern as a period or as one flag per layer (llama.cpp reads
+ * both); flags that repeat no period, or the key on a llama file, are refused. */
+static void test_window_pattern(void) {
+    cas_model_config c;
+    static const int alt[4] = {1, 0, 1, 0}, all[4] = {1, 1, 1, 1}, none[4] = {0, 0, 0, 0}, three[4] = {1, 1, 0, 1},
+                     odd[4] = {1, 0, 0, 1};
+    CHECK(pattern_config("gemma2", NULL, -3, &c) == CAS_OK && c.swa_pattern == 3 && cas_model_layer_windowed(&c, 3) &&
+          !cas_model_layer_windowed(&c, 2));
+    CHECK(pattern_config("gemma2", alt, 4, &c) == CAS_OK && c.swa_pattern == 2);
+    CHECK(pattern_config("gemma2", all, 4, &c) == CAS_OK && c.swa_pattern == 0);
+    CHECK(pattern_config("gemma2", none, 4, &c) == CAS_OK && !cas_model_layer_windowed(&c, 0) &&
+          !cas_model_layer_windowed(&c, 3));
+    CHECK(pattern_config("gemma2", three, 4, &c) == CAS_OK && c.swa_pattern == 3);
+    CHECK(pattern_config("gemma2", odd, 4, &c) == CAS_ERR_UNSUPPORTED && strstr(cas_last_error(), "period"));
+    CHECK(pattern_config("gemma2", alt, 3, &c) == CAS_ERR_FORMAT);
+    CHECK(pattern_config("llama", alt, 4, &c) == CAS_ERR_UNSUPPORTED &&
+          strstr(cas_last_error(), "sliding_window_pattern"));
+}
+
 /* A file's bytes with every occurrence of `from` replaced by `to` (same length). */
 static void *patched(const char *path, const char *from, const char *to, size_t *size) {
     FILE *f = fopen(path, "rb");
@@ -512,6 +644,12 @@ static void test_refused(void) {
     /* rope scaling of another kind */
     CHECK(config_of_patched("tests/fixtures/arch/tiny-mistral.gguf", "linear", "yarn__") == CAS_ERR_UNSUPPORTED);
     CHECK(strstr(cas_last_error(), "yarn__"));
+    /* a gemma3 file read as gemma2 would leave its Q/K norms unused; a gemma2 file named gemma3
+     * lacks them */
+    CHECK(config_of_patched("tests/fixtures/arch/tiny-gemma3.gguf", "gemma3", "gemma2") == CAS_ERR_UNSUPPORTED);
+    CHECK(strstr(cas_last_error(), "attn_q_norm") && strstr(cas_last_error(), "gemma2"));
+    CHECK(config_of_patched("tests/fixtures/arch/tiny-gemma2.gguf", "gemma2", "gemma3") == CAS_ERR_FORMAT);
+    CHECK(strstr(cas_last_error(), "attn_q_norm"));
     /* rope frequency factors only where llama reads them */
     CHECK(config_of_patched("tests/fixtures/arch/tiny-llama3.gguf", "rope_freqs.weight", "rope_freqz.weight") ==
           CAS_ERR_UNSUPPORTED);
@@ -527,6 +665,8 @@ int main(void) {
     }
     RUN(test_configs);
     RUN(test_refused);
+    RUN(test_gemma_configs);
+    RUN(test_window_pattern);
     RUN(test_sliding_window);
     RUN(test_llama3);
     RUN(test_mistral);
