@@ -346,7 +346,7 @@ static void test_spm_vocab(void) {
         text[len] = 0;
         int32_t enc[1024];
         size_t ne = 0, nb = 0;
-        if (cas_tok_encode(t, text, len, 0, enc, 1024, &ne) != CAS_OK ||
+        if (cas_tok_encode(t, text, len, 0, enc, 1024, &ne) != CAS_OK || ne > cas_tok_max_ids(t, len) ||
             cas_tok_decode(t, enc, ne, 0, back, sizeof back, &nb) != CAS_OK) {
             bad++;
             continue;

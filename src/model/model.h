@@ -238,9 +238,14 @@ const char *cas_tok_text(const cas_tok *t, int32_t id, size_t *len);
 /* Encodes len bytes of text (any bytes: invalid UTF-8 is encoded byte by
  * byte). Writes up to cap ids and sets *n_out to the number the text needs;
  * returns CAS_ERR_NOMEM if that exceeds cap (call again with a larger
- * buffer; a cap of len + 2 always suffices). */
+ * buffer; a cap of cas_tok_max_ids(t, len) always suffices). */
 cas_status cas_tok_encode(const cas_tok *t, const char *text, size_t len, unsigned flags,
                           int32_t *ids, size_t cap, size_t *n_out);
+/* The most ids len bytes of text can encode to: len + 2 (BPE: a byte is at
+ * most one token, then BOS and EOS); 6 len + 2 (SentencePiece: a space may
+ * take three byte tokens where the vocabulary lacks U+2581, and so may the
+ * space put in front of each piece between special tokens). */
+size_t cas_tok_max_ids(const cas_tok *t, size_t len);
 
 /* The bytes of one token (empty for control tokens unless
  * CAS_TOK_DECODE_SPECIAL). Points into t; NULL (and *len 0) for a bad id. */

@@ -957,6 +957,8 @@ const char *cas_tok_piece(const cas_tok *t, int32_t id, unsigned flags, size_t *
 
 /* ---- encode and decode ------------------------------------------------- */
 
+size_t cas_tok_max_ids(const cas_tok *t, size_t len) { return (t->kind == CAS_TOK_SPM ? 6 * len : len) + 2; }
+
 cas_status cas_tok_encode(const cas_tok *t, const char *text, size_t len, unsigned flags, int32_t *ids,
                           size_t cap, size_t *n_out) {
     if (!t || (!text && len) || !n_out || (!ids && cap)) return cas_error(CAS_ERR_INVALID, "tok: NULL argument");
