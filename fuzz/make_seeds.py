@@ -91,6 +91,25 @@ def tiny_vocab(pre, template):
     ]
 
 
+def tiny_spm_vocab():
+    """A SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, a few pieces, scores."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    pieces = ["\u2581", "H", "e", "l", "o", "w", "r", "d", "\u2581H", "el", "lo", "\u2581Hel", "\u2581Hello",
+              "\u2581w", "or", "\u2581wor", "ld", "\u2581world", "\u00e9"]
+    tokens += pieces + ["<tool>"]
+    types += [1] * len(pieces) + [4]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))] + [0.0]
+    return [
+        ("general.architecture", STR, "llama"),
+        ("tokenizer.ggml.model", STR, "llama"),
+        ("tokenizer.ggml.tokens", ARR, (STR, tokens)),
+        ("tokenizer.ggml.scores", ARR, (F32, scores)),
+        ("tokenizer.ggml.token_type", ARR, (I32, types)),
+        ("tokenizer.ggml.add_space_prefix", BOOL, True),
+    ]
+
+
 CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
           "{{ '<|im_start|>system\nYou are tiny.<|im_end|>\n' }}{% endif %}"
           "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
@@ -132,6 +151,7 @@ def main():
         "tok_llama3.gguf": gguf(tiny_vocab("llama3", LLAMA3), [("w", [32], 0, bytes(128))]),
         "tok_qwen2.gguf": gguf(tiny_vocab("qwen2", CHATML), [], version=2),
         "kquant_types.gguf": gguf(every[:2], kq),
+        "tok_spm.gguf": gguf(tiny_spm_vocab(), []),
     }
     for name, data in seeds.items():
         with open(os.path.join(out, name), "wb") as f:

@@ -3,12 +3,13 @@
  *
  * The models are tiny random-weight GGUF files of each architecture
  * (tests/fixtures/arch/tiny-*.gguf, made by tools/make_arch_models.py with
- * a real GPT-2 BPE vocabulary cut to 1024 tokens); the references are
- * llama.cpp's outputs on the same files (tiny-*-reference.json, written by
- * tools/make_reference_logits.sh with f32 K/V and no flash attention). For
- * each file:
+ * a real GPT-2 BPE vocabulary cut to 1024 tokens, or a SentencePiece one
+ * made from it); the references are llama.cpp's outputs on the same files
+ * (tiny-*-reference.json, written by tools/make_reference_logits.sh with f32
+ * K/V and no flash attention). For each file:
  *   - token ids of tricky strings identical to llama.cpp's (special tokens
- *     parsed and BOS added as the file says, and as plain text);
+ *     parsed and BOS added as the file says, and as plain text), and those
+ *     ids decoded to llama.cpp's text;
  *   - logits of three prompts at every position and after each of 32 greedy
  *     tokens (teacher-forced: each step continues from llama.cpp's token)
  *     within LOGIT_TOL of llama.cpp's ten largest; greedy tokens identical
@@ -19,7 +20,8 @@
  *     contract);
  *   - the chat template rendered as Jinja2 renders the file's own template.
  * llama.cpp does not read a sliding window for arch llama, so the windowed
- * file is compared with it only at positions inside the first window; the
+ * llama file is compared with it only at positions inside the first window
+ * (Gemma's windows it reads, and the Gemma files are compared throughout); the
  * window itself is checked by test_sliding_window (one layer: a position's
  * logits equal those of its window's tokens run alone).
  */
@@ -40,7 +42,15 @@
  * compared logits is 0.058. CAS_TEST_VERBOSE=1 prints each model's. A missing feature is
  * two orders of magnitude outside (measured by removing each in turn: Llama 3 RoPE factors
  * 15.1, Q/K/V biases 9.1, Q/K norms 15.8, RoPE on adjacent pairs instead of halves 12-24,
- * linear RoPE scaling 11.9, phi3's gate and up halves swapped 11.9). */
+ * linear RoPE scaling 11.9, phi3's gate and up halves swapped 11.9). The llama2 file's output
+ * is q8_0 too: measured max 0.080 over its 200 rows. Gemma (f16, tied): measured 0.0012
+ * (gemma2, whose logits the cap of 4 squeezes) and 0.0054 (gemma3); each of Gemma's features
+ * removed in turn (gemma2 / gemma3): embeddings unscaled 7.2 / 18.7, no post-attention norm
+ * 2.5 / 4.0, no post-MLP norm 0.95 / 3.6, SiLU instead of GELU 0.23 / 1.3, no attention soft
+ * cap 1.2 (gemma2), no final soft cap 15.4 (gemma2), the window on every layer 4.3 / 2.3, on
+ * none 5.2 / 8.0, RoPE on adjacent pairs 3.9 / 6.0, the query scale of n_embd / n_head instead
+ * of key_length 0.18 / 1.8; gemma3 only: no Q/K norms 7.3, the windowed layers' RoPE with the
+ * global base 5.0 or with its linear scaling 2.1. */
 #define LOGIT_TOL 0.1f
 #define MARGIN 0.1f /* greedy tokens must agree where llama.cpp's top-2 gap exceeds this */
 #define MAXTOK 256
@@ -109,7 +119,7 @@ static void check_model(json_t *entry) {
     /* tokenizer */
     size_t ti;
     json_t *te;
-    int tok_ok = 0, tok_n = 0;
+    int tok_ok = 0, tok_n = 0, dec_ok = 0;
     json_array_foreach(json_object_get(ref, "tokenize"), ti, te) {
         const char *text = json_string_value(json_object_get(te, "text"));
         for (int plain = 0; plain < 2; plain++) {
@@ -123,12 +133,24 @@ static void check_model(json_t *entry) {
                    nn, n);
             tok_ok += same;
             tok_n++;
+            /* llama.cpp's ids decoded back, as llama_detokenize renders them (special tokens
+             * shown for the "special" ids) */
+            const char *back = json_string_value(json_object_get(te, plain ? "plain_text" : "special_text"));
+            char buf[4 * MAXTOK];
+            size_t bl = 0;
+            REQUIRE(back && n >= 0);
+            cas_status ds = cas_tok_decode(tok, want, (size_t)n, plain ? 0u : CAS_TOK_DECODE_SPECIAL, buf,
+                                           sizeof buf, &bl);
+            CHECKF(ds == CAS_OK && !strcmp(buf, back), "%s: ids of \"%s\" (%s) decode to \"%s\", llama.cpp \"%s\"",
+                   name, text, plain ? "plain" : "special", ds == CAS_OK ? buf : "?", back);
+            dec_ok += ds == CAS_OK && !strcmp(buf, back);
         }
     }
     CHECK(tok_n >= 20);
 
     /* logits */
-    const int32_t window = c->sliding_window > 0 ? c->sliding_window : INT32_MAX;
+    /* llama.cpp applies Gemma's windows (not llama's): Gemma files are compared everywhere */
+    const int32_t window = c->sliding_window > 0 && c->arch == CAS_ARCH_LLAMA ? c->sliding_window : INT32_MAX;
     cas_model_kv *kv = NULL;
     REQUIRE(cas_model_kv_create(m, 64, PAGED_BATCH_PAGE, CAS_F32, &kv) == CAS_OK);
     float *logits = malloc(sizeof(float) * (size_t)V * MAXTOK), *one = malloc(sizeof(float) * (size_t)V);
@@ -219,8 +241,8 @@ static void check_model(json_t *entry) {
     CHECKF(greedy_ok == greedy_n, "%s: greedy tokens %d of %d", name, greedy_ok, greedy_n);
     CHECK(compared >= 40);
     if (verbose())
-        printf("  %s: %d logit rows, max |ours - llama.cpp| %.5f; argmax %d of %d; tokens %d of %d\n", name, compared,
-               (double)worst, greedy_ok, greedy_n, tok_ok, tok_n);
+        printf("  %s: %d logit rows, max |ours - llama.cpp| %.5f; argmax %d of %d; tokens %d of %d, decoded %d of %d\n",
+               name, compared, (double)worst, greedy_ok, greedy_n, tok_ok, tok_n, dec_ok, tok_n);
 
     /* chat template */
     size_t ci;
@@ -269,6 +291,79 @@ static void test_mistral(void) { check_named("mistral"); }
 static void test_qwen2(void) { check_named("qwen2"); }
 static void test_qwen3(void) { check_named("qwen3"); }
 static void test_phi3(void) { check_named("phi3"); }
+static void test_llama2(void) { check_named("llama2"); }
+static void test_gemma2(void) { check_named("gemma2"); }
+static void test_gemma3(void) { check_named("gemma3"); }
+
+/* The SentencePiece vocabulary's own rules, beyond llama.cpp's ids: the defaults of a file
+ * that leaves add_space_prefix and add_bos_token out, the pieces of byte and U+2581 tokens,
+ * and round trips of random text (invalid UTF-8 included: every byte has its byte token). */
+static void test_spm_vocab(void) {
+    cas_gguf *g = NULL;
+    cas_tok *t = NULL;
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-llama2.gguf", &g) == CAS_OK);
+    REQUIRE(cas_tok_create(g, &t) == CAS_OK);
+    const cas_tok_special *sp = cas_tok_specials(t);
+    CHECK(cas_tok_kind_of(t) == CAS_TOK_SPM && !strcmp(cas_tok_pre_name(t), "default"));
+    CHECK(sp->unk == 0 && sp->bos == 1 && sp->eos == 2 && sp->add_bos == 1 && sp->add_eos == 0);
+    CHECK(cas_tok_is_eog(t, 2) && !cas_tok_is_eog(t, 1));
+    CHECK(cas_tok_type(t, 0) == CAS_TOKTYPE_UNKNOWN && cas_tok_type(t, 1) == CAS_TOKTYPE_CONTROL);
+    size_t n;
+    int32_t nl = cas_tok_lookup(t, "<0x0A>", 6), sp2 = cas_tok_lookup(t, "\xe2\x96\x81the", 6);
+    REQUIRE(nl >= 0 && sp2 >= 0);
+    const char *p = cas_tok_piece(t, nl, 0, &n);
+    CHECK(cas_tok_type(t, nl) == CAS_TOKTYPE_BYTE && n == 1 && p[0] == '\n');
+    p = cas_tok_piece(t, sp2, 0, &n);
+    CHECK(n == 4 && !memcmp(p, " the", 4));
+    CHECK(cas_tok_piece(t, 1, 0, &n) && n == 0);                             /* <s> hidden */
+    CHECK((p = cas_tok_piece(t, 1, CAS_TOK_DECODE_SPECIAL, &n)) && n == 3 && !memcmp(p, "<s>", 3));
+    /* "<unk>" in the text: its id only when special tokens are parsed */
+    int32_t ids[64];
+    CHECK(cas_tok_encode(t, "<unk>", 5, CAS_TOK_PARSE_SPECIAL, ids, 64, &n) == CAS_OK && n == 1 && ids[0] == 0);
+    CHECK(cas_tok_encode(t, "<unk>", 5, 0, ids, 64, &n) == CAS_OK && n > 1);
+    CHECK(cas_tok_encode(t, "", 0, CAS_TOK_ADD_SPECIAL, ids, 64, &n) == CAS_OK && n == 1 && ids[0] == 1);
+    /* random text back to itself */
+    /* invalid UTF-8 only as whole sequences the encoder cuts the same way (a lead byte takes the
+     * bytes it announces, whatever they are, so one cut short before a space would swallow
+     * that space's U+2581 and give back its bytes); no user-defined token (the text after a
+     * special token gets a space prefix, which decoding keeps, as llama.cpp's does) */
+    static const char *const alphabet[] = {"a", "e", "t", "h", " ", "  ", "\n", "\t", "\xc3\xa9", "\xe6\x97\xa5",
+                                           "\xf0\x9f\xa4\x96", "\xc3(", "\x80", "\xe2\x96x", "0", "9", "<",
+                                           "[INST]", "the", " of", "\xe2\x96\x81"};
+    uint64_t x = 777;
+    int bad = 0;
+    for (int it = 0; it < 2000; it++) {
+        char text[256], back[1024];
+        size_t len = 0;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int parts = 1 + (int)((x >> 40) % 24);
+        for (int k = 0; k < parts; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            const char *a = alphabet[(x >> 33) % (sizeof alphabet / sizeof alphabet[0])];
+            memcpy(text + len, a, strlen(a));
+            len += strlen(a);
+        }
+        text[len] = 0;
+        int32_t enc[1024];
+        size_t ne = 0, nb = 0;
+        if (cas_tok_encode(t, text, len, 0, enc, 1024, &ne) != CAS_OK || ne > cas_tok_max_ids(t, len) ||
+            cas_tok_decode(t, enc, ne, 0, back, sizeof back, &nb) != CAS_OK) {
+            bad++;
+            continue;
+        }
+        /* U+2581 typed in the text comes back as the space it stands for */
+        char want[256];
+        size_t wl = 0;
+        for (size_t i = 0; i < len; i++) {
+            if (i + 3 <= len && !memcmp(text + i, "\xe2\x96\x81", 3)) want[wl++] = ' ', i += 2;
+            else want[wl++] = text[i];
+        }
+        bad += nb != wl || memcmp(back, want, wl);
+    }
+    CHECKF(bad == 0, "%d of 2000 random texts do not come back", bad);
+    cas_tok_destroy(t);
+    cas_gguf_close(g);
+}
 
 /* The hyper-parameters each file declares, as read. */
 static void test_configs(void) {
@@ -371,6 +466,131 @@ static void test_sliding_window(void) {
     cas_model_destroy(m);
 }
 
+/* Gemma's hyper-parameters as read: the keys the files give and llama.cpp's defaults for the
+ * ones they leave out (Gemma 2's files have no RoPE keys; Gemma 3's no soft caps or window
+ * pattern), and which layers the window covers. */
+static void test_gemma_configs(void) {
+    cas_gguf *g;
+    cas_model_config c;
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-gemma2.gguf", &g) == CAS_OK);
+    CHECK(cas_model_config_read(g, &c) == CAS_OK);
+    CHECK(c.arch == CAS_ARCH_GEMMA2 && c.rope_neox && c.tied_embeddings && c.post_norms && c.gelu_gate && !c.qk_norm);
+    CHECK(c.n_embd == 64 && c.head_dim == 64 && c.n_rot == 64 && c.rope_base == 10000.0f);
+    CHECK(c.sliding_window == 8 && c.swa_pattern == 2 && c.rope_base_swa == 10000.0f && c.rope_freq_scale_swa == 1.0f);
+    CHECK(c.attn_softcap == 6.0f && c.final_softcap == 4.0f && c.embd_scale == 8.0f && c.attn_scale == 0.125f);
+    CHECK(cas_model_layer_windowed(&c, 0) && !cas_model_layer_windowed(&c, 1) && cas_model_layer_windowed(&c, 2) &&
+          !cas_model_layer_windowed(&c, 3));
+    cas_gguf_close(g);
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-gemma3.gguf", &g) == CAS_OK);
+    CHECK(cas_model_config_read(g, &c) == CAS_OK);
+    CHECK(c.arch == CAS_ARCH_GEMMA3 && c.qk_norm && c.post_norms && c.gelu_gate && c.n_layers == 6);
+    CHECK(c.attn_softcap == 0 && c.final_softcap == 0 && c.embd_scale == 8.0f && c.attn_scale == 0.125f);
+    CHECK(c.rope_base == 1e6f && c.rope_freq_scale == 0.125f && c.rope_base_swa == 10000.0f &&
+          c.rope_freq_scale_swa == 1.0f && c.sliding_window == 8 && c.swa_pattern == 6);
+    int windowed = 0;
+    for (int32_t l = 0; l < 6; l++) windowed += cas_model_layer_windowed(&c, l) << l;
+    CHECKF(windowed == 0x1f, "windowed layers 0x%x", windowed);
+    cas_gguf_close(g);
+    /* Mistral's window covers every layer */
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-mistral.gguf", &g) == CAS_OK);
+    CHECK(cas_model_config_read(g, &c) == CAS_OK && c.swa_pattern == 0 && cas_model_layer_windowed(&c, 0));
+    CHECK(c.embd_scale == 0 && c.attn_scale == 0 && c.attn_softcap == 0 && !c.post_norms && !c.gelu_gate);
+    cas_gguf_close(g);
+}
+
+/* ---- a minimal GGUF (metadata and the embedding only) for the pattern key ---------- */
+
+typedef struct {
+    uint8_t b[4096];
+    size_t n;
+} gbuf;
+
+static void gput(gbuf *b, const void *d, size_t n) {
+    if (b->n + n <= sizeof b->b) memcpy(b->b + b->n, d, n);
+    b->n += n;
+}
+static void gu32(gbuf *b, uint32_t v) { gput(b, &v, 4); }
+static void gu64(gbuf *b, uint64_t v) { gput(b, &v, 8); }
+static void gstr(gbuf *b, const char *s) {
+    gu64(b, strlen(s));
+    gput(b, s, strlen(s));
+}
+static void gkey_u32(gbuf *b, const char *k, uint32_t v) {
+    gstr(b, k);
+    gu32(b, CAS_GGUF_U32);
+    gu32(b, v);
+}
+
+/* A gemma2 file of 4 layers whose attention.sliding_window_pattern is the flags
+ * flags[0..n_flags-1] (n_flags < 0: the number -n_flags), or, with arch "llama", any. */
+static cas_status pattern_config(const char *arch, const int *flags, int n_flags, cas_model_config *c) {
+    static gbuf b;
+    char k[96];
+    b.n = 0;
+    gu32(&b, 0x46554747u); /* "GGUF" */
+    gu32(&b, 3);
+    gu64(&b, 1); /* tensors */
+    gu64(&b, 9); /* keys */
+    gstr(&b, "general.architecture");
+    gu32(&b, CAS_GGUF_STRING);
+    gstr(&b, arch);
+#define K(s) (snprintf(k, sizeof k, "%s." s, arch), k)
+    gkey_u32(&b, K("block_count"), 4);
+    gkey_u32(&b, K("embedding_length"), 64);
+    gkey_u32(&b, K("feed_forward_length"), 64);
+    gkey_u32(&b, K("attention.head_count"), 1);
+    gkey_u32(&b, K("attention.key_length"), 64);
+    gkey_u32(&b, K("attention.sliding_window"), 16);
+    gstr(&b, K("attention.layer_norm_rms_epsilon"));
+    gu32(&b, CAS_GGUF_F32);
+    float eps = 1e-6f;
+    gput(&b, &eps, 4);
+    gstr(&b, K("attention.sliding_window_pattern"));
+#undef K
+    if (n_flags < 0) {
+        gu32(&b, CAS_GGUF_U32);
+        gu32(&b, (uint32_t)-n_flags);
+    } else {
+        gu32(&b, CAS_GGUF_ARRAY);
+        gu32(&b, CAS_GGUF_BOOL);
+        gu64(&b, (uint64_t)n_flags);
+        for (int i = 0; i < n_flags; i++) gput(&b, &(uint8_t){(uint8_t)flags[i]}, 1);
+    }
+    gstr(&b, "token_embd.weight");
+    gu32(&b, 2);
+    gu64(&b, 64);
+    gu64(&b, 4);
+    gu32(&b, 0); /* f32 */
+    gu64(&b, 0);
+    while (b.n % 32) gput(&b, "", 1);
+    for (int i = 0; i < 64 * 4; i++) gput(&b, &(float){0.0f}, 4);
+    if (b.n > sizeof b.b) return CAS_ERR_NOMEM;
+    cas_gguf *g = NULL;
+    cas_status st = cas_gguf_open_memory(b.b, b.n, &g);
+    if (st == CAS_OK) st = cas_model_config_read(g, c);
+    cas_gguf_close(g);
+    return st;
+}
+
+/* attention.sliding_window_pattern as a period or as one flag per layer (llama.cpp reads
+ * both); flags that repeat no period, or the key on a llama file, are refused. */
+static void test_window_pattern(void) {
+    cas_model_config c;
+    static const int alt[4] = {1, 0, 1, 0}, all[4] = {1, 1, 1, 1}, none[4] = {0, 0, 0, 0}, three[4] = {1, 1, 0, 1},
+                     odd[4] = {1, 0, 0, 1};
+    CHECK(pattern_config("gemma2", NULL, -3, &c) == CAS_OK && c.swa_pattern == 3 && cas_model_layer_windowed(&c, 3) &&
+          !cas_model_layer_windowed(&c, 2));
+    CHECK(pattern_config("gemma2", alt, 4, &c) == CAS_OK && c.swa_pattern == 2);
+    CHECK(pattern_config("gemma2", all, 4, &c) == CAS_OK && c.swa_pattern == 0);
+    CHECK(pattern_config("gemma2", none, 4, &c) == CAS_OK && !cas_model_layer_windowed(&c, 0) &&
+          !cas_model_layer_windowed(&c, 3));
+    CHECK(pattern_config("gemma2", three, 4, &c) == CAS_OK && c.swa_pattern == 3);
+    CHECK(pattern_config("gemma2", odd, 4, &c) == CAS_ERR_UNSUPPORTED && strstr(cas_last_error(), "period"));
+    CHECK(pattern_config("gemma2", alt, 3, &c) == CAS_ERR_FORMAT);
+    CHECK(pattern_config("llama", alt, 4, &c) == CAS_ERR_UNSUPPORTED &&
+          strstr(cas_last_error(), "sliding_window_pattern"));
+}
+
 /* A file's bytes with every occurrence of `from` replaced by `to` (same length). */
 static void *patched(const char *path, const char *from, const char *to, size_t *size) {
     FILE *f = fopen(path, "rb");
@@ -424,6 +644,12 @@ static void test_refused(void) {
     /* rope scaling of another kind */
     CHECK(config_of_patched("tests/fixtures/arch/tiny-mistral.gguf", "linear", "yarn__") == CAS_ERR_UNSUPPORTED);
     CHECK(strstr(cas_last_error(), "yarn__"));
+    /* a gemma3 file read as gemma2 would leave its Q/K norms unused; a gemma2 file named gemma3
+     * lacks them */
+    CHECK(config_of_patched("tests/fixtures/arch/tiny-gemma3.gguf", "gemma3", "gemma2") == CAS_ERR_UNSUPPORTED);
+    CHECK(strstr(cas_last_error(), "attn_q_norm") && strstr(cas_last_error(), "gemma2"));
+    CHECK(config_of_patched("tests/fixtures/arch/tiny-gemma2.gguf", "gemma2", "gemma3") == CAS_ERR_FORMAT);
+    CHECK(strstr(cas_last_error(), "attn_q_norm"));
     /* rope frequency factors only where llama reads them */
     CHECK(config_of_patched("tests/fixtures/arch/tiny-llama3.gguf", "rope_freqs.weight", "rope_freqz.weight") ==
           CAS_ERR_UNSUPPORTED);
@@ -439,12 +665,18 @@ int main(void) {
     }
     RUN(test_configs);
     RUN(test_refused);
+    RUN(test_gemma_configs);
+    RUN(test_window_pattern);
     RUN(test_sliding_window);
     RUN(test_llama3);
     RUN(test_mistral);
     RUN(test_qwen2);
     RUN(test_qwen3);
     RUN(test_phi3);
+    RUN(test_llama2);
+    RUN(test_gemma2);
+    RUN(test_gemma3);
+    RUN(test_spm_vocab);
     json_decref(g_manifest);
     return check_summary();
 }

@@ -310,6 +310,10 @@ static void test_features(void) {
         {0.0f, 20, 0, 96, 3, 16, "3*64"},
         {0.0f, -1, 1, 256, -5, 32, "4*130"},
         {0.0f, -1, 1, 128, 300, 16, "2*400"},
+        /* Gemma 2's: cap 50 with head_dim 256 and a window; a cap small enough to bend most
+         * scores, on decode rows */
+        {50.0f, 15, 1, 256, -12, 16, "4*90(2*32)"},
+        {2.0f, 9, 1, 64, 1, 8, "5*40(2*16)"},
     };
     int fails = 0;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {

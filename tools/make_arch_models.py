@@ -5,10 +5,17 @@ cascade runs, for checking its forward pass against llama.cpp.
 No other model files can be downloaded here, so these are made: each file is a
 real model of its architecture (the tensors, keys and tokenizer that
 llama.cpp's converter would write for it) with few layers, a narrow residual
-stream and random weights from a fixed seed. The vocabulary is real: the
-default model's GPT-2 byte-level BPE (models/SmolLM2-135M-Instruct.Q4_1.gguf)
-cut to its first VOCAB tokens and the merges among them, so that tokenization
-exercises the pre-tokenizer each file names. Weights are f16 (the 1-D ones
+stream and random weights from a fixed seed. The vocabularies are made from a
+real one, the default model's GPT-2 byte-level BPE
+(models/SmolLM2-135M-Instruct.Q4_1.gguf):
+  - BPE files: its first VOCAB tokens and the merges among them, so that
+    tokenization exercises the pre-tokenizer each file names;
+  - SentencePiece files (tokenizer.ggml.model "llama": Llama 2, Mistral,
+    Gemma): the same tokens turned into pieces as SentencePiece writes them
+    (a space as U+2581, whole UTF-8 characters only), scored by their merge
+    order, behind the special tokens of the family and the 256 byte-fallback
+    tokens <0x00>..<0xFF>, with a few single characters of other scripts at
+    the end (spm_vocab). Weights are f16 (the 1-D ones
 f32), one output matrix q8_0, so that the files stay small enough to commit
 (tests/fixtures/arch/, each under 1 MB).
 
@@ -49,6 +56,13 @@ TRICKY = [
     "!!!???...;;; --- ***",
     "CamelCaseWords and snake_case_words",
     "x",
+    # SentencePiece: its special tokens (plain text in the BPE files), the escaped space typed in
+    # the text, a byte token's name typed in the text, a non-breaking space, the empty string
+    "[INST] Hi there [/INST] <s>x</s><unk>y <mask> z",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+    "x\u2581y \u2581 z <0x41>",
+    "\n leading newline and\u00a0nbsp",
+    "",
 ]
 
 PROMPTS = [
@@ -58,6 +72,11 @@ PROMPTS = [
     "In the beginning of the twentieth century, the small harbour town was known for its fishing fleet, "
     "its lighthouse and a bakery whose bread was carried by train to the capital every morning.",
 ]
+
+# The second prompt as each family's chat turns look (special tokens parsed).
+PROMPTS_LLAMA2 = [PROMPTS[0], "[INST] What is the boiling point of water at sea level? [/INST]", PROMPTS[2]]
+PROMPTS_GEMMA = [PROMPTS[0], "<start_of_turn>user\nWhat is the boiling point of water at sea level?<end_of_turn>\n"
+                 "<start_of_turn>model\n", PROMPTS[2]]
 
 # The chat template of Qwen2.5 files (the tools branch included: cascade must
 # find the default system message in the plain branch).
@@ -118,6 +137,76 @@ def read_vocab():
     return tokens, types, merges
 
 
+def gpt2_byte_decoder():
+    """GPT-2's byte-level alphabet reversed: printable code point -> byte."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cps, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            cps[b] = b
+        else:
+            cps[b] = 256 + n
+            n += 1
+    return {chr(c): b for b, c in cps.items()}
+
+
+# Single characters a SentencePiece vocabulary keeps as pieces (the rest of the
+# tricky strings' non-ASCII text goes through byte fallback).
+SPM_EXTRA_CHARS = ["é", "è", "ï", "ü", "ç", "日", "本", "の", "中", "▁é"]
+SPM_VOCAB = 1280
+
+
+def spm_vocab(style):
+    """A SentencePiece vocabulary as llama.cpp's converter writes one: tokens,
+    scores, token types. style "llama" (Llama 2, Mistral): <unk> <s> </s>,
+    Mistral's [INST] [/INST] control tokens, no newline or tab pieces (they
+    become byte tokens), add_space_prefix left to its default (on). style
+    "gemma": <pad> <eos> <bos> <unk> <mask> <start_of_turn> <end_of_turn>,
+    newline, tab and whitespace-run pieces, add_space_prefix off; and two
+    pieces share each score, so that equal scores are broken by position."""
+    r = GGUFReader(SRC_MODEL)
+    f = r.fields["tokenizer.ggml.tokens"]
+    src = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+    f = r.fields["tokenizer.ggml.token_type"]
+    src_types = [int(f.parts[i][0]) for i in f.data]
+    UNK, CONTROL, USER, BYTE = 2, 3, 4, 6
+    if style == "llama":
+        special = [("<unk>", UNK), ("<s>", CONTROL), ("</s>", CONTROL), ("[INST]", CONTROL), ("[/INST]", CONTROL),
+                   ("<mask>", USER)]
+    else:
+        special = [("<pad>", CONTROL), ("<eos>", CONTROL), ("<bos>", CONTROL), ("<unk>", UNK), ("<mask>", USER),
+                   ("<start_of_turn>", CONTROL), ("<end_of_turn>", CONTROL)]
+    tokens = [t for t, _ in special] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [ty for _, ty in special] + [BYTE] * 256
+    scores = [0.0] * len(tokens)
+    dec = gpt2_byte_decoder()
+    have = set(tokens) | set(SPM_EXTRA_CHARS)
+    pieces = []
+    for t, ty in zip(src, src_types):
+        if len(tokens) + len(pieces) + len(SPM_EXTRA_CHARS) >= SPM_VOCAB:
+            break
+        if ty != 1:
+            continue
+        try:
+            text = bytes(dec[c] for c in t).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            continue  # part of a character: SentencePiece pieces are whole characters
+        allowed = "\n\t" if style == "gemma" else ""
+        if any((ord(c) < 32 and c not in allowed) or ord(c) == 127 for c in text):
+            continue
+        piece = text.replace(" ", "\u2581")
+        if piece in have:
+            continue
+        have.add(piece)
+        pieces.append(piece)
+    pieces += SPM_EXTRA_CHARS
+    for i, p in enumerate(pieces):
+        tokens.append(p)
+        types.append(1)
+        scores.append(-float(i // 2 if style == "gemma" else i))
+    return tokens, types, scores
+
+
 def llama3_rope_factors(n_rot, base, factor=8.0, low=1.0, high=4.0, old_ctx=32):
     """Llama 3.1's frequency factors (as its converter computes them), with a
     short original context so that they matter within a few dozen tokens."""
@@ -136,8 +225,8 @@ def llama3_rope_factors(n_rot, base, factor=8.0, low=1.0, high=4.0, old_ctx=32):
 
 
 def write_model(path, spec, vocab, rng):
-    tokens, types, merges = vocab
     arch = spec["arch"]
+    gemma = arch in ("gemma2", "gemma3")
     E, F, L = spec["embd"], spec["ff"], spec["layers"]
     H, HKV, D = spec["heads"], spec["kv_heads"], spec["head_dim"]
     QD, KD = H * D, HKV * D
@@ -149,27 +238,58 @@ def write_model(path, spec, vocab, rng):
     w.add_feed_forward_length(F)
     w.add_head_count(H)
     w.add_head_count_kv(HKV)
-    if D * H != E:
+    if D * H != E or gemma:  # the Gemma converters always write them
         w.add_key_length(D)
         w.add_value_length(D)
-    w.add_rope_dimension_count(spec.get("n_rot", D))
-    w.add_rope_freq_base(spec.get("rope_base", 10000.0))
+    if arch != "gemma2":  # Gemma 2's converter writes no RoPE keys: the defaults apply
+        w.add_rope_dimension_count(spec.get("n_rot", D))
+        w.add_rope_freq_base(spec.get("rope_base", 10000.0))
+    if "rope_base_swa" in spec:
+        w.add_rope_freq_base_swa(spec["rope_base_swa"])
     w.add_layer_norm_rms_eps(1e-6 if arch != "llama" else 1e-5)
     if "rope_linear" in spec:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(spec["rope_linear"])
     if "window" in spec:
         w.add_sliding_window(spec["window"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(spec["pre"])
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(spec.get("bos", 0))
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(spec.get("add_bos", False))
+    if "attn_softcap" in spec:
+        w.add_attn_logit_softcapping(spec["attn_softcap"])
+    if "final_softcap" in spec:
+        w.add_final_logit_softcapping(spec["final_softcap"])
+    if vocab[0] == "bpe":
+        _, tokens, types, merges = vocab
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(spec["pre"])
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(spec.get("bos", 0))
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(spec.get("add_bos", False))
+    else:
+        _, tokens, types, scores, style = vocab
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        if style == "gemma":
+            w.add_bos_token_id(2)
+            w.add_eos_token_id(1)
+            w.add_unk_token_id(3)
+            w.add_pad_token_id(0)
+            w.add_add_space_prefix(False)
+        else:
+            # ids 0 1 2 are the defaults, written as the converter does; add_space_prefix and
+            # add_bos_token are left out: a SentencePiece vocabulary has both on by default
+            w.add_bos_token_id(1)
+            w.add_eos_token_id(2)
+            w.add_unk_token_id(0)
+        if style == "gemma":
+            w.add_add_bos_token(True)
+            w.add_add_eos_token(False)
     if "template" in spec:
         w.add_chat_template(spec["template"])
+    n_vocab = len(tokens)
 
     def mat(rows, cols, scale=1.0):
         return (rng.standard_normal((rows, cols)) * (scale / math.sqrt(cols))).astype(np.float16)
@@ -178,10 +298,10 @@ def write_model(path, spec, vocab, rng):
         return (1.0 + spread * rng.standard_normal(n)).astype(np.float32)
 
     # embeddings of spread 0.3: the input is normed anyway; tied, they give logits of spread ~3
-    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((VOCAB, E))).astype(np.float16))
+    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((n_vocab, E))).astype(np.float16))
     w.add_tensor("output_norm.weight", norm(E))
     if not spec.get("tied", True):
-        out = (rng.standard_normal((VOCAB, E)) * (3.0 / math.sqrt(E))).astype(np.float32)
+        out = (rng.standard_normal((n_vocab, E)) * (3.0 / math.sqrt(E))).astype(np.float32)
         q = gguf.quants.quantize(out, GGMLQuantizationType.Q8_0)
         w.add_tensor("output.weight", q, raw_shape=q.shape, raw_dtype=GGMLQuantizationType.Q8_0)
     if spec.get("rope_factors"):
@@ -205,6 +325,8 @@ def write_model(path, spec, vocab, rng):
             w.add_tensor(p + "attn_q_norm.weight", norm(D, 0.5))
             w.add_tensor(p + "attn_k_norm.weight", norm(D, 0.5))
         w.add_tensor(p + "attn_output.weight", mat(E, QD))
+        if gemma:  # RMSNorm of the attention's and the MLP's outputs before their residuals
+            w.add_tensor(p + "post_attention_norm.weight", norm(E))
         w.add_tensor(p + "ffn_norm.weight", norm(E))
         gate, up = mat(F, E), mat(F, E)
         if spec.get("fused"):
@@ -213,6 +335,8 @@ def write_model(path, spec, vocab, rng):
             w.add_tensor(p + "ffn_gate.weight", gate)
             w.add_tensor(p + "ffn_up.weight", up)
         w.add_tensor(p + "ffn_down.weight", mat(E, F))
+        if gemma:
+            w.add_tensor(p + "post_ffw_norm.weight", norm(E))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -240,21 +364,39 @@ MODELS = [
          # llama.cpp gives special tokens Phi-3's whitespace stripping (and then needs "</s>") when
          # general.name contains "phi3": a Phi-3 SentencePiece quirk that this BPE file does not have
          general_name="tiny-phi"),
+    # Llama 2 / Mistral 7B: a SentencePiece vocabulary (Mistral's [INST] tokens), multi-head
+    # attention, a separate q8_0 output
+    dict(name="llama2", arch="llama", layers=2, embd=128, ff=128, heads=2, kv_heads=2, head_dim=64,
+         vocab="spm-llama", tied=False, prompts=PROMPTS_LLAMA2),
+    # Gemma 2: the window on every other layer (8 tokens, so that the prompts leave it), soft caps
+    # small enough to bend these scores (~5) and logits (~3) as Gemma's 50 and 30 bend its own,
+    # post-norms, GeGLU, tied embeddings, heads wider than embd / heads
+    dict(name="gemma2", arch="gemma2", layers=4, embd=64, ff=128, heads=2, kv_heads=1, head_dim=64,
+         vocab="spm-gemma", window=8, attn_softcap=6.0, final_softcap=4.0, prompts=PROMPTS_GEMMA),
+    # Gemma 3: the window on five layers of six, whose RoPE keeps base 10000 and no scaling while
+    # the global layer's has base 1e6 and linear scaling by 8 (Gemma 3 4B and up); Q/K norms
+    dict(name="gemma3", arch="gemma3", layers=6, embd=64, ff=128, heads=2, kv_heads=1, head_dim=64,
+         vocab="spm-gemma", window=8, rope_base=1000000.0, rope_base_swa=10000.0, rope_linear=8.0, qk_norm=True,
+         prompts=PROMPTS_GEMMA),
 ]
 
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/arch"
     os.makedirs(out, exist_ok=True)
-    vocab = read_vocab()
+    bpe = ("bpe",) + read_vocab()
     manifest = {"source_vocab": SRC_MODEL, "vocab": VOCAB, "seed": SEED, "tricky": TRICKY, "prompts": PROMPTS,
                 "models": []}
     for i, spec in enumerate(MODELS):
         rng = np.random.default_rng(SEED + i)
         path = os.path.join(out, f"tiny-{spec['name']}.gguf")
+        kind = spec.get("vocab", "bpe")
+        vocab = bpe if kind == "bpe" else ("spm",) + spm_vocab(kind[4:]) + (kind[4:],)
         write_model(path, spec, vocab, rng)
-        entry = {"name": spec["name"], "file": path, "arch": spec["arch"], "reference": os.path.join(
+        entry = {"name": spec["name"], "file": path, "arch": spec["arch"], "vocab": kind, "reference": os.path.join(
             out, f"tiny-{spec['name']}-reference.json")}
+        if "prompts" in spec:
+            entry["prompts"] = spec["prompts"]
         if "template" in spec:
             import jinja2
             env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)

@@ -11,7 +11,9 @@
  * (id, logit) pairs at every prompt position and after every greedy token,
  * and the greedy continuation. Strings after --tokenize are only tokenized:
  * their ids with special tokens parsed and BOS added as the file says
- * ("special"), and as plain text without BOS ("plain").
+ * ("special"), and as plain text without BOS ("plain"); and those ids
+ * decoded back to text by llama_detokenize ("special_text" with special
+ * tokens rendered, "plain_text" without; neither removes BOS or EOS).
  *
  * Environment: REF_KV=f32 keeps K/V in f32, REF_FLASH=0/1 sets flash
  * attention, REF_TOPK=n lists n logits per position instead of 20.
@@ -163,6 +165,14 @@ int main(int argc, char **argv) {
             printf(", \"%s\": [", plain ? "plain" : "special");
             for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", toks[i]);
             printf("]");
+            int tcap = 16 * cap + 16;
+            char *back = malloc((size_t)tcap);
+            int nb = llama_detokenize(vocab, toks, n, back, tcap - 1, false, !plain);
+            if (nb < 0) return 1;
+            back[nb] = 0;
+            printf(", \"%s_text\": ", plain ? "plain" : "special");
+            json_str(back);
+            free(back);
         }
         printf("}%s\n", a + 1 < argc ? "," : "");
         free(toks);

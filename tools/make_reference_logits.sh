@@ -47,7 +47,7 @@ import json, os, subprocess, sys
 m = json.load(open("tests/fixtures/arch/manifest.json"))
 env = dict(os.environ, REF_KV="f32", REF_FLASH="0", REF_TOPK="10")
 for e in m["models"]:
-    out = subprocess.run([sys.argv[1], e["file"], "2"] + m["prompts"] + ["--tokenize"] + m["tricky"],
+    out = subprocess.run([sys.argv[1], e["file"], "2"] + e.get("prompts", m["prompts"]) + ["--tokenize"] + m["tricky"],
                          env=env, check=True, stdout=subprocess.PIPE).stdout
     json.loads(out)  # well-formed
     open(e["reference"], "wb").write(out)

@@ -731,7 +731,7 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
     if (!r) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
     if (rq->prompt) {
         size_t len = strlen(rq->prompt);
-        size_t cap = len + 2, n = 0;
+        size_t cap = cas_tok_max_ids(e->tok, len), n = 0;
         r->prompt = malloc(sizeof(int32_t) * cap);
         if (!r->prompt) {
             req_free(r);
@@ -1245,7 +1245,7 @@ cas_status cas_engine_apply_chat(const cas_engine *e, const cas_engine_msg *msgs
 }
 
 cas_status cas_engine_count_tokens(const cas_engine *e, const char *text, int32_t *n) {
-    size_t len = strlen(text), cap = len + 2, got = 0;
+    size_t len = strlen(text), cap = cas_tok_max_ids(e->tok, len), got = 0;
     int32_t *ids = malloc(sizeof(int32_t) * cap);
     if (!ids) return cas_error(CAS_ERR_NOMEM, "engine: out of memory");
     cas_status st = cas_tok_encode(e->tok, text, len, CAS_TOK_ADD_SPECIAL | CAS_TOK_PARSE_SPECIAL, ids, cap, &got);

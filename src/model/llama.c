@@ -61,8 +61,10 @@ typedef struct {
     float *ffn_norm;  /* [n_embd], owned f32 */
     float *bq, *bk, *bv; /* [n_head * head_dim], [n_head_kv * head_dim] x 2: biases of the
                             projections (qwen2), owned f32; NULL where the file has none */
-    float *q_norm, *k_norm; /* [head_dim] RMSNorm weights of every Q and K head (qwen3), owned
-                               f32; NULL for the other architectures */
+    float *q_norm, *k_norm; /* [head_dim] RMSNorm weights of every Q and K head (qwen3, gemma3),
+                               owned f32; NULL for the other architectures */
+    float *attn_post_norm, *ffn_post_norm; /* [n_embd] RMSNorm weights of the attention's and the
+                                              MLP's outputs (Gemma), owned f32; else NULL */
     cas_mat wq;       /* [n_head * head_dim][n_embd] */
     cas_mat wk;       /* [n_head_kv * head_dim][n_embd] */
     cas_mat wv;       /* [n_head_kv * head_dim][n_embd] */
@@ -92,6 +94,8 @@ struct cas_model {
     float *out_norm;   /* [n_embd] */
     cas_layer *layers; /* [n_layers] */
     float *inv_freq;   /* [n_rot / 2] cas_model_rope_freqs: base^(-2i / n_rot), scaled */
+    float *inv_freq_swa; /* [n_rot / 2] the same for the windowed layers where their RoPE differs
+                            (Gemma 3), else NULL */
 
     /* scratch of one forward; T = max_batch_tokens, L = max_logits */
     float *x;     /* [T][n_embd] residual stream */
@@ -105,6 +109,7 @@ struct cas_model {
     float *up;    /* [T][n_ff] */
     float *fout;  /* [T][max(QD + 2 KD, 2 n_ff)] output of a fused projection */
     float *rope;  /* [T][n_rot / 2][2] cos, sin of each token's position */
+    float *rope_swa; /* [T][n_rot / 2][2] the same by inv_freq_swa, or NULL */
     float *xl;    /* [L][n_embd] normed rows that get logits */
     int32_t *pos; /* [T] */
     int32_t *seq_of; /* [T] */
@@ -120,8 +125,10 @@ struct cas_model {
     float *tx;       /* [nt][tx_stride] */
     uint8_t *tq;     /* [nt][tq_stride] */
     size_t tx_stride, tq_stride;
-    cas_attn_plan *plan;
-    cas_attn_shape plan_shape; /* the KV geometry the plan was created for */
+    cas_attn_plan *plan[2];    /* [0] the layers without the sliding window, [1] those with it
+                                  (attention params differ, the page tables do not); NULL where
+                                  no layer needs it */
+    cas_attn_shape plan_shape; /* the KV geometry the plans were created for */
 };
 
 struct cas_model_kv {
@@ -251,9 +258,18 @@ const char *cas_model_arch_name(cas_model_arch arch) {
     case CAS_ARCH_QWEN2: return "qwen2";
     case CAS_ARCH_QWEN3: return "qwen3";
     case CAS_ARCH_PHI3: return "phi3";
+    case CAS_ARCH_GEMMA2: return "gemma2";
+    case CAS_ARCH_GEMMA3: return "gemma3";
     }
     return "?";
 }
+
+int cas_model_layer_windowed(const cas_model_config *c, int32_t l) {
+    const int32_t p = c->swa_pattern;
+    return c->sliding_window > 0 && (p == 0 || l % p < p - 1);
+}
+
+static int is_gemma(cas_model_arch a) { return a == CAS_ARCH_GEMMA2 || a == CAS_ARCH_GEMMA3; }
 
 /* Whether the forward of c's architecture reads the tensor of this name: a
  * tensor it would leave unused (an output bias, a per-layer scale of another
@@ -275,7 +291,42 @@ static int tensor_used(const char *name, const cas_model_config *c) {
     for (size_t i = 0; i < sizeof blk / sizeof blk[0]; i++)
         if (!strcmp(p, blk[i])) return 1;
     if (c->arch != CAS_ARCH_PHI3 && !strcmp(p, "ffn_gate.weight")) return 1; /* phi3's is in ffn_up */
-    return c->arch == CAS_ARCH_QWEN3 && (!strcmp(p, "attn_q_norm.weight") || !strcmp(p, "attn_k_norm.weight"));
+    if (is_gemma(c->arch) && (!strcmp(p, "post_attention_norm.weight") || !strcmp(p, "post_ffw_norm.weight")))
+        return 1;
+    return (c->arch == CAS_ARCH_QWEN3 || c->arch == CAS_ARCH_GEMMA3) &&
+           (!strcmp(p, "attn_q_norm.weight") || !strcmp(p, "attn_k_norm.weight"));
+}
+
+/* attention.sliding_window_pattern: a period P (layer l windowed when l % P < P - 1; 0 all,
+ * 1 none), or one flag per layer, which must follow such a period. */
+static cas_status read_swa_pattern(const cas_gguf *g, const char *key, cas_model_config *c) {
+    if (cas_gguf_kv_type(g, cas_gguf_find_kv(g, key)) != CAS_GGUF_ARRAY) {
+        uint32_t p;
+        cas_status st = cas_gguf_get_u32(g, key, &p);
+        if (st) return st;
+        if (p > (1u << 30)) return cas_error(CAS_ERR_FORMAT, "model: %s = %u is out of range", key, p);
+        c->swa_pattern = (int32_t)p;
+        return CAS_OK;
+    }
+    cas_gguf_arr a;
+    cas_status st = cas_gguf_get_arr(g, key, -1, &a);
+    if (st) return st;
+    if (a.n != (uint64_t)c->n_layers)
+        return cas_error(CAS_ERR_FORMAT, "model: %s has %llu flags for %d layers", key, (unsigned long long)a.n,
+                         c->n_layers);
+    for (int32_t p = 0; p <= c->n_layers + 1; p++) {
+        int same = 1;
+        for (int32_t l = 0; l < c->n_layers && same; l++) {
+            int64_t v;
+            if ((st = cas_gguf_arr_int(&a, (uint64_t)l, &v))) return st;
+            same = (v != 0) == (p == 0 || l % p < p - 1);
+        }
+        if (same) {
+            c->swa_pattern = p;
+            return CAS_OK;
+        }
+    }
+    return cas_error(CAS_ERR_UNSUPPORTED, "model: %s: windowed layers that repeat no period are not supported", key);
 }
 
 cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
@@ -287,9 +338,11 @@ cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
     else if (!strcmp(arch, "qwen2")) c->arch = CAS_ARCH_QWEN2;
     else if (!strcmp(arch, "qwen3")) c->arch = CAS_ARCH_QWEN3;
     else if (!strcmp(arch, "phi3")) c->arch = CAS_ARCH_PHI3;
+    else if (!strcmp(arch, "gemma2")) c->arch = CAS_ARCH_GEMMA2;
+    else if (!strcmp(arch, "gemma3")) c->arch = CAS_ARCH_GEMMA3;
     else
-        return cas_error(CAS_ERR_UNSUPPORTED,
-                         "model: architecture '%s' is not supported (cascade runs llama, qwen2, qwen3, phi3)", arch);
+        return cas_error(CAS_ERR_UNSUPPORTED, "model: architecture '%s' is not supported (cascade runs llama, qwen2, "
+                         "qwen3, phi3, gemma2, gemma3)", arch);
     /* the hyper-parameters' keys carry the architecture's name */
     char k[128];
 #define KEY(s) (snprintf(k, sizeof k, "%s." s, arch), k)
@@ -340,17 +393,55 @@ cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
         return cas_error(CAS_ERR_FORMAT, "model: %s = %g is out of range", k, (double)factor);
     c->rope_freq_scale = factor > 0 ? 1.0f / factor : 1.0f;
     c->rope_neox = c->arch != CAS_ARCH_LLAMA;
-    /* Only llama reads a window (Mistral's); qwen2 files may carry an unused one (its
-     * use_sliding_window is off), phi3 files one that llama.cpp does not apply either, and
-     * a per-layer pattern is another family's */
-    if (c->arch == CAS_ARCH_LLAMA && cas_gguf_find_kv(g, KEY("attention.sliding_window")) >= 0) {
+    /* Only llama and Gemma read a window (Mistral's, Gemma's local layers); qwen2 files may
+     * carry an unused one (its use_sliding_window is off), phi3 files one that llama.cpp does
+     * not apply either, and a per-layer pattern is Gemma's only */
+    const int gemma = is_gemma(c->arch);
+    if ((c->arch == CAS_ARCH_LLAMA || gemma) && cas_gguf_find_kv(g, KEY("attention.sliding_window")) >= 0) {
         uint32_t w;
         if ((st = cas_gguf_get_u32(g, k, &w))) return st;
         if (w > (1u << 30)) return cas_error(CAS_ERR_FORMAT, "model: %s = %u is out of range", k, w);
         c->sliding_window = (int32_t)w;
+    } else if (c->arch == CAS_ARCH_GEMMA2) {
+        c->sliding_window = 4096; /* Gemma 2's, which llama.cpp assumes without the key */
     }
-    if (cas_gguf_find_kv(g, KEY("attention.sliding_window_pattern")) >= 0)
-        return cas_error(CAS_ERR_UNSUPPORTED, "model: %s (sliding windows on some layers only) is not supported", k);
+    if (cas_gguf_find_kv(g, KEY("attention.sliding_window_pattern")) >= 0) {
+        if (!gemma)
+            return cas_error(CAS_ERR_UNSUPPORTED, "model: %s (sliding windows on some layers only) is not supported "
+                             "for %s", k, arch);
+        if ((st = read_swa_pattern(g, k, c))) return st;
+    } else if (gemma) {
+        c->swa_pattern = c->arch == CAS_ARCH_GEMMA2 ? 2 : 6;
+    }
+    if (gemma) {
+        /* as llama.cpp's Gemma graphs: the embeddings scaled, post-norms, GeGLU, the query
+         * scale of head_dim except in the 27B models (recognised by their layer counts, as
+         * llama.cpp does: Gemma's query_pre_attn_scalar is not in the file) */
+        c->embd_scale = sqrtf((float)c->n_embd);
+        c->post_norms = 1;
+        c->gelu_gate = 1;
+        const int big = c->n_layers == (c->arch == CAS_ARCH_GEMMA2 ? 46 : 62);
+        c->attn_scale = 1.0f / sqrtf((float)(big ? c->n_embd / c->n_head : c->head_dim));
+        /* the soft caps: Gemma 2 always, with defaults; Gemma 3 the logits' where given */
+        float acap = c->arch == CAS_ARCH_GEMMA2 ? 50.0f : 0.0f, fcap = c->arch == CAS_ARCH_GEMMA2 ? 30.0f : 0.0f;
+        if (c->arch == CAS_ARCH_GEMMA2 && cas_gguf_find_kv(g, KEY("attn_logit_softcapping")) >= 0 &&
+            (st = cas_gguf_get_f32(g, k, &acap)))
+            return st;
+        if (cas_gguf_find_kv(g, KEY("final_logit_softcapping")) >= 0 && (st = cas_gguf_get_f32(g, k, &fcap)))
+            return st;
+        if (!(acap >= 0) || !(fcap >= 0) || isinf(acap) || isinf(fcap))
+            return cas_error(CAS_ERR_FORMAT, "model: soft caps %g and %g are out of range", (double)acap,
+                             (double)fcap);
+        c->attn_softcap = acap;
+        c->final_softcap = fcap;
+        /* the windowed layers' RoPE: Gemma 2 as the others', Gemma 3 base 10000 and no scaling */
+        c->rope_base_swa = c->arch == CAS_ARCH_GEMMA2 ? c->rope_base : 10000.0f;
+        c->rope_freq_scale_swa = c->arch == CAS_ARCH_GEMMA2 ? c->rope_freq_scale : 1.0f;
+        if (cas_gguf_find_kv(g, KEY("rope.freq_base_swa")) >= 0 && (st = cas_gguf_get_f32(g, k, &c->rope_base_swa)))
+            return st;
+        if (!(c->rope_base_swa > 0))
+            return cas_error(CAS_ERR_FORMAT, "model: %s = %g is out of range", k, (double)c->rope_base_swa);
+    }
 #undef KEY
     /* the vocabulary is the embedding's rows; without output.weight the logits use it too */
     const cas_gguf_tensor *te = cas_gguf_find_tensor(g, "token_embd.weight");
@@ -371,8 +462,8 @@ cas_status cas_model_config_read(const cas_gguf *g, cas_model_config *c) {
             c->qk_norm = 1;
         if (!strcmp(name, "rope_freqs.weight")) c->rope_freq_factors = 1;
     }
-    if (c->arch == CAS_ARCH_QWEN3 && !c->qk_norm)
-        return cas_error(CAS_ERR_FORMAT, "model: tensor blk.0.attn_q_norm.weight is missing (qwen3)");
+    if ((c->arch == CAS_ARCH_QWEN3 || c->arch == CAS_ARCH_GEMMA3) && !c->qk_norm)
+        return cas_error(CAS_ERR_FORMAT, "model: tensor blk.0.attn_q_norm.weight is missing (%s)", arch);
     if (c->rope_freq_factors) {
         const cas_gguf_tensor *t = cas_gguf_find_tensor(g, "rope_freqs.weight");
         if (t->n_elem != c->n_rot / 2 || t->ne[0] != c->n_rot / 2)
@@ -420,6 +511,8 @@ void cas_model_destroy(cas_model *m) {
             cas_free(m->layers[l].bv);
             cas_free(m->layers[l].q_norm);
             cas_free(m->layers[l].k_norm);
+            cas_free(m->layers[l].attn_post_norm);
+            cas_free(m->layers[l].ffn_post_norm);
             cas_free(m->layers[l].fused);
         }
         free(m->layers);
@@ -427,7 +520,9 @@ void cas_model_destroy(cas_model *m) {
     cas_free(m->out_norm);
     free(m->packed); /* aligned_alloc */
     cas_free(m->inv_freq);
-    float *bufs[] = {m->x, m->xb, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->rope, m->xl, m->fout};
+    cas_free(m->inv_freq_swa);
+    float *bufs[] = {m->x, m->xb, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->rope, m->xl, m->fout,
+                     m->rope_swa};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cas_free(bufs[i]);
     cas_free(m->pos);
     cas_free(m->seq_of);
@@ -435,7 +530,8 @@ void cas_model_destroy(cas_model *m) {
     cas_free(m->work);
     cas_free(m->tx);
     cas_free(m->tq);
-    cas_attn_plan_destroy(m->plan);
+    cas_attn_plan_destroy(m->plan[0]);
+    cas_attn_plan_destroy(m->plan[1]);
     cas_gguf_close(m->owned_g);
     free(m);
 }
@@ -578,9 +674,13 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         if (cas_gguf_find_tensor(g, NAME("attn_q.bias")) && (st = load_vec(g, name, QD, &L->bq))) goto fail;
         if (cas_gguf_find_tensor(g, NAME("attn_k.bias")) && (st = load_vec(g, name, KD, &L->bk))) goto fail;
         if (cas_gguf_find_tensor(g, NAME("attn_v.bias")) && (st = load_vec(g, name, KD, &L->bv))) goto fail;
-        if (c->arch == CAS_ARCH_QWEN3) {
+        if (c->qk_norm) {
             if ((st = load_vec(g, NAME("attn_q_norm.weight"), c->head_dim, &L->q_norm))) goto fail;
             if ((st = load_vec(g, NAME("attn_k_norm.weight"), c->head_dim, &L->k_norm))) goto fail;
+        }
+        if (c->post_norms) {
+            if ((st = load_vec(g, NAME("post_attention_norm.weight"), E, &L->attn_post_norm))) goto fail;
+            if ((st = load_vec(g, NAME("post_ffw_norm.weight"), E, &L->ffn_post_norm))) goto fail;
         }
 #undef NAME
         /* fused matrices: packed only where AMX runs and the parts are whole panels (and the
@@ -651,6 +751,18 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
         goto fail;
     }
     if ((st = cas_model_rope_freqs(g, c, m->inv_freq))) goto fail;
+    if (c->sliding_window > 0 && c->rope_base_swa > 0 &&
+        (c->rope_base_swa != c->rope_base || c->rope_freq_scale_swa != c->rope_freq_scale)) {
+        cas_model_config cs = *c;
+        cs.rope_base = c->rope_base_swa;
+        cs.rope_freq_scale = c->rope_freq_scale_swa;
+        m->inv_freq_swa = cas_alloc_array((size_t)c->n_rot / 2 + 1, sizeof(float));
+        if (!m->inv_freq_swa) {
+            st = cas_error(CAS_ERR_NOMEM, "model: rope table");
+            goto fail;
+        }
+        if ((st = cas_model_rope_freqs(g, &cs, m->inv_freq_swa))) goto fail;
+    }
 
     /* scratch */
     const size_t T = (size_t)o.max_batch_tokens, Lr = (size_t)o.max_logits;
@@ -672,6 +784,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     ALLOC(m->up, T * F);
     ALLOC(m->fout, T * (size_t)(QD + 2 * KD > 2 * F ? QD + 2 * KD : 2 * F));
     ALLOC(m->rope, T * (size_t)(c->n_rot / 2 + 1) * 2);
+    if (m->inv_freq_swa) ALLOC(m->rope_swa, T * (size_t)(c->n_rot / 2 + 1) * 2);
     ALLOC(m->xl, Lr * E);
     ALLOC(m->pos, T);
     ALLOC(m->seq_of, T);
@@ -740,8 +853,10 @@ const cas_model_opts *cas_model_opts_of(const cas_model *m) { return &m->opts; }
 void cas_model_set_cascade(cas_model *m, cas_cascade_mode mode) {
     if (m->opts.cascade != mode) {
         m->opts.cascade = mode;
-        cas_attn_plan_destroy(m->plan); /* rebuilt with the new mode at the next forward */
-        m->plan = NULL;
+        for (int i = 0; i < 2; i++) { /* rebuilt with the new mode at the next forward */
+            cas_attn_plan_destroy(m->plan[i]);
+            m->plan[i] = NULL;
+        }
     }
 }
 
@@ -931,28 +1046,45 @@ typedef struct {
     const float *norm; /* RMSNorm weights: xb row = norm(x row) */
     int add;           /* x row += proj row first (the residual of the last product) */
     int fused;         /* SwiGLU: 1 gate and up side by side in fout, 0 in gate and up */
+    const float *post; /* RMSNorm weights of the proj row before it is added (Gemma), or NULL */
 } prep_ctx;
+
+/* x row += proj row (normed by c->post first, in place, where given). */
+static void add_residual(const prep_ctx *c, int64_t t) {
+    const cas_model *m = c->m;
+    const int64_t E = m->cfg.n_embd;
+    float *xt = m->x + t * E, *pt = m->proj + t * E;
+    if (c->post) norm_vec(m, pt, pt, c->post, E);
+    for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
+}
 
 static void prep_residual_norm(void *ctx, int64_t t) {
     const prep_ctx *c = ctx;
     const cas_model *m = c->m;
     const int64_t E = m->cfg.n_embd;
-    float *xt = m->x + t * E;
-    if (c->add) {
-        const float *pt = m->proj + t * E;
-        for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
+    if (c->add) add_residual(c, t);
+    norm_row(m, m->xb + t * E, m->x + t * E, c->norm);
+}
+
+/* GELU, tanh approximation (Gemma's gelu_pytorch_tanh), times up: GeGLU. */
+static void gelu_mul(const float *g, const float *u, float *h, int64_t n) {
+    const float k = 0.79788456080286535588f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i];
+        h[i] = 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x))) * u[i];
     }
-    norm_row(m, m->xb + t * E, xt, c->norm);
 }
 
 static void prep_swiglu(void *ctx, int64_t t) {
     const prep_ctx *c = ctx;
     const cas_model *m = c->m;
     const int64_t F = m->cfg.n_ff;
-    if (c->fused)
-        silu_mul(m, m->fout + t * 2 * F, m->fout + t * 2 * F + F, m->gate + t * F, F, 1);
+    const float *g = c->fused ? m->fout + t * 2 * F : m->gate + t * F;
+    const float *u = c->fused ? m->fout + t * 2 * F + F : m->up + t * F;
+    if (m->cfg.gelu_gate)
+        gelu_mul(g, u, m->gate + t * F, F);
     else
-        silu_mul(m, m->gate + t * F, m->up + t * F, m->gate + t * F, F, 1);
+        silu_mul(m, g, u, m->gate + t * F, F, 1);
 }
 
 /* RoPE of one token's heads rows (q or k), the same function in both forwards. */
@@ -996,7 +1128,7 @@ static void qkv_token(const cas_model *m, const cas_layer *L, float *q, float *k
  * same per-row arithmetic). Needs wq, wk, wv of one type, and w_gate, w_up
  * of one type (x is quantized once for each group). */
 static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv *kv, int32_t l,
-                                  size_t kv_at) {
+                                  size_t kv_at, cas_attn_plan *plan, const float *rope) {
     const cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
@@ -1023,13 +1155,13 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv
 #pragma omp barrier
 #pragma omp single nowait
         {
-            qkv_token(m, L, qkv, qkv + QD, qkv + QD + KD, m->rope);
+            qkv_token(m, L, qkv, qkv + QD, qkv + QD + KD, rope);
             store_row(kv->dtype, kpool + kv_at, qkv + QD, KD, avx2);
             store_row(kv->dtype, vpool + kv_at, qkv + QD + KD, KD, avx2);
         }
     }
     cas_kv_pool pool = {kpool, vpool, kv->num_pages};
-    cas_status st = cas_attn_plan_run(m->plan, &pool, qkv, m->att, NULL);
+    cas_status st = cas_attn_plan_run(plan, &pool, qkv, m->att, NULL);
     if (st) return st;
 #pragma omp parallel num_threads(m->nt)
     {
@@ -1101,27 +1233,35 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
     /* The attention batch; the plan validates page ids, lengths and q_len <= kv_len. */
     cas_attn_batch ab = {B, b->qo_indptr, b->kv_indptr, b->kv_indices, b->kv_last_page_len};
     cas_attn_params ap = cas_attn_params_default();
-    if (c->sliding_window > 0) ap.window_left = c->sliding_window - 1; /* the query's own key is one of them */
+    ap.sm_scale = c->attn_scale;
+    ap.logits_soft_cap = c->attn_softcap;
     cas_status st;
-    /* The plan knows the page size and storage type of the pools: a forward on a cache of
-     * another geometry needs a new plan (once, when the caller switches caches). */
-    if (m->plan && memcmp(&m->plan_shape, &kv->shape, sizeof kv->shape) != 0) {
-        cas_attn_plan_destroy(m->plan);
-        m->plan = NULL;
+    /* The plans know the page size and storage type of the pools: a forward on a cache of
+     * another geometry needs new plans (once, when the caller switches caches). */
+    if (memcmp(&m->plan_shape, &kv->shape, sizeof kv->shape) != 0)
+        for (int w = 0; w < 2; w++) {
+            cas_attn_plan_destroy(m->plan[w]);
+            m->plan[w] = NULL;
+        }
+    for (int w = 0; w < 2; w++) {
+        int used = 0; /* a layer with (w = 1) or without the window */
+        for (int32_t l = 0; l < c->n_layers && !used; l++) used = cas_model_layer_windowed(c, l) == w;
+        if (!used) continue;
+        if (!m->plan[w]) {
+            m->plan_shape = kv->shape;
+            cas_attn_plan_opts po = cas_attn_plan_opts_default();
+            po.cascade = m->opts.cascade;
+            po.threads = m->opts.threads;
+            po.simd = m->simd;
+            po.amx_off = m->opts.amx_off;
+            po.batch_invariant = m->opts.batch_invariant;
+            if ((st = cas_attn_plan_create(&m->plan[w], &kv->shape, &po, m->opts.max_seqs,
+                                           m->opts.max_batch_tokens, 0)))
+                return st;
+        }
+        ap.window_left = w ? c->sliding_window - 1 : -1; /* the query's own key is one of them */
+        if ((st = cas_attn_plan_build(m->plan[w], &ab, kv->num_pages, &ap))) return st;
     }
-    if (!m->plan) {
-        m->plan_shape = kv->shape;
-        cas_attn_plan_opts po = cas_attn_plan_opts_default();
-        po.cascade = m->opts.cascade;
-        po.threads = m->opts.threads;
-        po.simd = m->simd;
-        po.amx_off = m->opts.amx_off;
-        po.batch_invariant = m->opts.batch_invariant;
-        if ((st = cas_attn_plan_create(&m->plan, &kv->shape, &po, m->opts.max_seqs,
-                                       m->opts.max_batch_tokens, 0)))
-            return st;
-    }
-    if ((st = cas_attn_plan_build(m->plan, &ab, kv->num_pages, &ap))) return st;
 
     /* positions of the new tokens, and the cos/sin of their RoPE angles (once per forward,
      * shared by every layer) */
@@ -1137,11 +1277,15 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
         }
     }
     for (int64_t t = 0; t < T; t++) {
-        float *cs = m->rope + t * (int64_t)half * 2;
+        float *cs = m->rope + t * (int64_t)half * 2, *cw = m->rope_swa ? m->rope_swa + t * (int64_t)half * 2 : NULL;
         for (int32_t i = 0; i < half; i++) {
             double a = (double)m->pos[t] * (double)m->inv_freq[i];
             cs[2 * i] = (float)cos(a);
             cs[2 * i + 1] = (float)sin(a);
+            if (!cw) continue;
+            a = (double)m->pos[t] * (double)m->inv_freq_swa[i];
+            cw[2 * i] = (float)cos(a);
+            cw[2 * i + 1] = (float)sin(a);
         }
     }
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
@@ -1152,18 +1296,26 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
         const uint8_t *row = (const uint8_t *)m->tok_embd.data +
                              (size_t)b->tokens[t] * (m->tok_embd.bytes / (size_t)c->n_vocab);
         if ((st = cas_q_dequantize_row(m->tok_embd.type, row, m->x + t * E, E))) return st;
+        if (c->embd_scale > 0)
+            for (int64_t i = 0; i < E; i++) m->x[t * E + i] *= c->embd_scale;
     }
 
     const size_t es = cas_dtype_size(kv->dtype);
     const size_t pbytes = (size_t)ps * (size_t)KD * es;
     int residual_due = 0; /* m->proj still to be added to m->x (the last down projection's) */
+    const float *due_post = NULL; /* the norm of that projection first (Gemma's post_ffw_norm), or NULL */
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
-        if (T == 1 && L->wqkv.rows) {
+        const int win = cas_model_layer_windowed(c, l);
+        cas_attn_plan *plan = m->plan[win];
+        const float *rope = win && m->rope_swa ? m->rope_swa : m->rope;
+        /* the single-token layer adds each residual by rows of its threads: no post-norm, whose
+         * RMS needs the whole row, and no GELU gate */
+        if (T == 1 && L->wqkv.rows && !c->post_norms && !c->gelu_gate) {
             int32_t p = m->pos[0];
             int32_t page = b->kv_indices[b->kv_indptr[0] + p / ps];
             size_t at = (size_t)page * pbytes + (size_t)(p % ps) * (size_t)KD * es;
-            if ((st = layer_one_token(m, L, kv, l, at))) return st;
+            if ((st = layer_one_token(m, L, kv, l, at, plan, rope))) return st;
             continue;
         }
         /* The elementwise steps run over tokens in parallel regions of their own
@@ -1173,7 +1325,7 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
         uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
         uint8_t *vpool = (uint8_t *)kv->v + (size_t)l * kv->layer_bytes;
         /* the input norm (after the last layer's residual) in the first product */
-        prep_ctx in_prep = {m, L->attn_norm, residual_due, 0};
+        prep_ctx in_prep = {m, L->attn_norm, residual_due, 0, due_post};
         residual_due = 0;
         float *kr = m->k, *vr = m->v; /* K and V rows of token 0, kw floats apart */
         int64_t kw = KD;
@@ -1194,7 +1346,7 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t t = 0; t < T; t++) {
             float *qt = m->q + t * QD, *kt = kr + t * kw;
-            const float *cs = m->rope + t * (int64_t)half * 2;
+            const float *cs = rope + t * (int64_t)half * 2;
             if (fq) memcpy(qt, m->fout + t * kw, sizeof(float) * (size_t)QD);
             qkv_token(m, L, qt, kt, vr + t * kw, cs);
             int32_t r = m->seq_of[t], p = m->pos[t];
@@ -1204,12 +1356,12 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
             store_row(kv->dtype, vpool + at, vr + t * kw, KD, avx2);
         }
         cas_kv_pool pool = {kpool, vpool, kv->num_pages};
-        if ((st = cas_attn_plan_run(m->plan, &pool, m->q, m->att, NULL))) return st;
+        if ((st = cas_attn_plan_run(plan, &pool, m->q, m->att, NULL))) return st;
 
         if ((st = matmul(m, &L->wo, m->att, T, m->proj))) return st;
         /* residual and FFN norm in the gate/up product, SwiGLU in the down product,
          * and its residual in the next layer's first product (or after the loop) */
-        prep_ctx ffn_prep = {m, L->ffn_norm, 1, 0}, glu_prep = {m, NULL, 0, fg};
+        prep_ctx ffn_prep = {m, L->ffn_norm, 1, 0, L->attn_post_norm}, glu_prep = {m, NULL, 0, fg, NULL};
         if (fg) {
             if ((st = matmul_prep(m, &L->w_gu, m->xb, T, m->fout, prep_residual_norm, &ffn_prep))) return st;
         } else {
@@ -1218,24 +1370,31 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
         }
         if ((st = matmul_prep(m, &L->w_down, m->gate, T, m->proj, prep_swiglu, &glu_prep))) return st;
         residual_due = 1;
+        due_post = L->ffn_post_norm;
     }
     if (residual_due) {
+        prep_ctx last = {m, NULL, 1, 0, due_post};
 #pragma omp parallel for num_threads(m->nt) schedule(static)
-        for (int64_t t = 0; t < T; t++) {
-            float *xt = m->x + t * E;
-            const float *pt = m->proj + t * E;
-            for (int64_t i = 0; i < E; i++) xt[i] += pt[i];
-        }
+        for (int64_t t = 0; t < T; t++) add_residual(&last, t);
     }
 
     /* final norm and logits of the wanted rows only */
 #pragma omp parallel for num_threads(m->nt) schedule(static) if (NL > 1)
     for (int32_t i = 0; i < NL; i++) norm_row(m, m->xl + (int64_t)i * E, m->x + (int64_t)lrows[i] * E, m->out_norm);
     if (NL > 0 && (st = matmul(m, &m->output, m->xl, NL, logits))) return st;
+    if (c->final_softcap > 0) {
+        /* as llama.cpp computes it: scaled by 1 / cap, tanh, scaled by cap */
+        const float cap = c->final_softcap, inv = 1.0f / cap;
+        const int64_t n = (int64_t)NL * c->n_vocab;
+#pragma omp parallel for num_threads(m->nt) schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) logits[i] = cap * tanhf(logits[i] * inv);
+    }
     return CAS_OK;
 }
 
 void cas_model_plan_info(const cas_model *m, cas_attn_plan_info *info) {
-    if (m->plan) cas_attn_plan_get_info(m->plan, info);
+    /* the plans differ only in the window: either tells what the step did */
+    const cas_attn_plan *p = m->plan[0] ? m->plan[0] : m->plan[1];
+    if (p) cas_attn_plan_get_info(p, info);
     else memset(info, 0, sizeof *info);
 }

@@ -158,12 +158,17 @@ const cas_gguf_tensor *cas_gguf_find_tensor(const cas_gguf *g, const char *name)
 /* ======================================================================
  * Tokenizer (tokenizer.c)
  *
- * Built from a GGUF file's tokenizer.* metadata. "gpt2" vocabularies are
- * byte-level BPE: the text is split on special tokens, each piece is split
- * by the pre-tokenizer regexes that tokenizer.ggml.pre names (PCRE2, Unicode
- * properties), each word's bytes are mapped to printable code points and
- * merged pairwise by merge rank. Other vocabularies (SentencePiece "llama")
- * plug in behind the same functions; they report CAS_ERR_UNSUPPORTED today.
+ * Built from a GGUF file's tokenizer.* metadata, as llama.cpp reads it.
+ * "gpt2" vocabularies are byte-level BPE: the text is split on special
+ * tokens, each piece is split by the pre-tokenizer regexes that
+ * tokenizer.ggml.pre names (PCRE2, Unicode properties), each word's bytes
+ * are mapped to printable code points and merged pairwise by merge rank.
+ * "llama" vocabularies are SentencePiece (Llama 2, Mistral, Gemma): the
+ * pieces between special tokens get a leading space where
+ * tokenizer.ggml.add_space_prefix asks (the default), spaces become U+2581,
+ * characters merge into tokens by tokenizer.ggml.scores, and characters the
+ * vocabulary lacks become byte tokens <0xNN>; decoding drops the leading
+ * space again from the first token.
  *
  * Ownership: the tokenizer copies everything it needs; the cas_gguf may be
  * closed after cas_tok_create. Thread safety: a created tokenizer is
@@ -173,7 +178,7 @@ const cas_gguf_tensor *cas_gguf_find_tensor(const cas_gguf *g, const char *name)
 
 typedef enum {
     CAS_TOK_BPE = 1, /* "gpt2": byte-level BPE with merges */
-    CAS_TOK_SPM = 2  /* "llama": SentencePiece (reserved, not implemented) */
+    CAS_TOK_SPM = 2  /* "llama": SentencePiece with byte fallback */
 } cas_tok_kind;
 
 /* token_type values in GGUF */
@@ -189,8 +194,9 @@ typedef enum {
 
 typedef struct cas_tok cas_tok; /* opaque */
 
-/* Special token ids (-1 where the file names none) and the file's choices
- * about adding BOS/EOS. */
+/* Special token ids (-1 where the file names none; SentencePiece files
+ * default to unk 0, bos 1, eos 2) and the file's choices about adding BOS/EOS
+ * (SentencePiece: BOS unless the file says otherwise). */
 typedef struct {
     int32_t bos, eos, eot, eom, unk, pad, sep;
     int add_bos, add_eos;
@@ -199,7 +205,8 @@ typedef struct {
 /* Encode flags. */
 enum {
     CAS_TOK_ADD_SPECIAL = 1u << 0,  /* add BOS/EOS where the file asks for them */
-    CAS_TOK_PARSE_SPECIAL = 1u << 1 /* control tokens in the text become their ids */
+    CAS_TOK_PARSE_SPECIAL = 1u << 1 /* control and unknown tokens in the text become their ids
+                                       (user-defined ones always do) */
 };
 /* Decode flags. */
 enum {
@@ -231,9 +238,14 @@ const char *cas_tok_text(const cas_tok *t, int32_t id, size_t *len);
 /* Encodes len bytes of text (any bytes: invalid UTF-8 is encoded byte by
  * byte). Writes up to cap ids and sets *n_out to the number the text needs;
  * returns CAS_ERR_NOMEM if that exceeds cap (call again with a larger
- * buffer; a cap of len + 2 always suffices). */
+ * buffer; a cap of cas_tok_max_ids(t, len) always suffices). */
 cas_status cas_tok_encode(const cas_tok *t, const char *text, size_t len, unsigned flags,
                           int32_t *ids, size_t cap, size_t *n_out);
+/* The most ids len bytes of text can encode to: len + 2 (BPE: a byte is at
+ * most one token, then BOS and EOS); 6 len + 2 (SentencePiece: a space may
+ * take three byte tokens where the vocabulary lacks U+2581, and so may the
+ * space put in front of each piece between special tokens). */
+size_t cas_tok_max_ids(const cas_tok *t, size_t len);
 
 /* The bytes of one token (empty for control tokens unless
  * CAS_TOK_DECODE_SPECIAL). Points into t; NULL (and *len 0) for a bad id. */
@@ -241,7 +253,10 @@ const char *cas_tok_piece(const cas_tok *t, int32_t id, unsigned flags, size_t *
 
 /* Decodes ids into buf: writes up to cap bytes, sets *len_out to the total
  * byte length and NUL-terminates when there is room; CAS_ERR_NOMEM if the
- * text (plus NUL) does not fit; CAS_ERR_INVALID for an id out of range. */
+ * text (plus NUL) does not fit; CAS_ERR_INVALID for an id out of range. As
+ * llama_detokenize without removing BOS/EOS: a SentencePiece vocabulary that
+ * adds a space prefix loses one leading space of the first token's piece
+ * (none when that token is BOS, whose piece is empty or "<s>"). */
 cas_status cas_tok_decode(const cas_tok *t, const int32_t *ids, size_t n, unsigned flags,
                           char *buf, size_t cap, size_t *len_out);
 
@@ -305,7 +320,17 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
  *   qwen2  Qwen2, Qwen2.5: biases on Q, K and V; RoPE on halves;
  *   qwen3  Qwen3: RMSNorm of every Q and K head before RoPE; RoPE on halves;
  *   phi3   Phi-3, Phi-4-mini: Q, K, V in one matrix (attn_qkv), gate and up in
- *          one (ffn_up); RoPE on halves, possibly on part of each head.
+ *          one (ffn_up); RoPE on halves, possibly on part of each head;
+ *   gemma2 Gemma 2: embeddings scaled by sqrt(n_embd), RMSNorm of the
+ *          attention's and the MLP's outputs before their residuals
+ *          (post_attention_norm, post_ffw_norm), a GELU (tanh) gate, soft-capped
+ *          attention scores and logits, a sliding window on every other layer;
+ *   gemma3 Gemma 3: as Gemma 2 without the attention soft cap (the logits'
+ *          only where the file gives one), RMSNorm of every Q and K head, the
+ *          window on five layers of six, whose RoPE has its own base
+ *          (rope.freq_base_swa, 10000) and no linear scaling.
+ *          Gemma's RMSNorm weights (1 + w) are stored with the 1 added by
+ *          llama.cpp's converter, so they multiply as any other norm's.
  * Any architecture may keep Q, K and V in one attn_qkv matrix, and add biases.
  * Anything else in a file (another architecture, a tensor the forward would
  * not use, YaRN or LongRoPE scaling) is refused at load, naming it.
@@ -336,10 +361,12 @@ typedef enum {
     CAS_ARCH_LLAMA = 0, /* "llama" */
     CAS_ARCH_QWEN2 = 1, /* "qwen2" */
     CAS_ARCH_QWEN3 = 2, /* "qwen3" */
-    CAS_ARCH_PHI3 = 3   /* "phi3" */
+    CAS_ARCH_PHI3 = 3,  /* "phi3" */
+    CAS_ARCH_GEMMA2 = 4, /* "gemma2" */
+    CAS_ARCH_GEMMA3 = 5  /* "gemma3" */
 } cas_model_arch;
 
-/* "llama", "qwen2", "qwen3", "phi3"; "?" outside the enum. */
+/* "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"; "?" outside the enum. */
 const char *cas_model_arch_name(cas_model_arch arch);
 
 /* Hyper-parameters, all read from the file. Keys are named for arch llama;
@@ -369,8 +396,24 @@ typedef struct {
                                this many positions, its own included (Mistral); 0: all of them */
     int32_t qkv_bias;    /* 1: some layer adds attn_q/attn_k/attn_v.bias after its projection */
     int32_t qk_norm;     /* 1: attn_q_norm/attn_k_norm.weight [head_dim]: RMSNorm of each Q and
-                            K head before RoPE (qwen3) */
+                            K head before RoPE (qwen3, gemma3) */
+    /* Gemma's additions; 0 in every field means "not there" (a zeroed config is Llama's) */
+    int32_t swa_pattern; /* which layers the sliding window applies to: 0 every layer; P > 0 layer l
+                            when l % P < P - 1 (attention.sliding_window_pattern; Gemma 2: 2,
+                            Gemma 3: 6); 1 none */
+    float rope_base_swa;       /* RoPE base of the windowed layers (rope.freq_base_swa) ... */
+    float rope_freq_scale_swa; /* ... and their frequency scale; 0: those of the other layers */
+    float attn_scale;    /* score scale; 0: 1 / sqrt(head_dim) (Gemma 2/3 27B: 1 / sqrt(n_embd / n_head)) */
+    float attn_softcap;  /* scores become cap * tanh(s / cap) (attn_logit_softcapping); 0: off */
+    float final_softcap; /* logits become cap * tanh(l / cap) (final_logit_softcapping); 0: off */
+    float embd_scale;    /* embeddings multiplied by this (Gemma: sqrt(n_embd)); 0: by 1 */
+    int32_t post_norms;  /* 1: post_attention_norm/post_ffw_norm.weight [n_embd]: RMSNorm of the
+                            attention's and the MLP's outputs before their residuals (Gemma) */
+    int32_t gelu_gate;   /* 1: the MLP's gate is GELU (tanh approximation): GeGLU; 0: SiLU */
 } cas_model_config;
+
+/* 1 if layer l of c attends through the sliding window. */
+int cas_model_layer_windowed(const cas_model_config *c, int32_t l);
 
 /* The hyper-parameters of a file's model, checked (a known architecture,
  * shapes the attention core runs, no tensor the forward would leave unused,
@@ -422,7 +465,7 @@ typedef struct cas_model cas_model;
 
 /* Builds a model over an open GGUF file, which is borrowed: it must stay open
  * until cas_model_destroy. CAS_ERR_UNSUPPORTED for an architecture other than
- * llama, qwen2, qwen3 or phi3, a tensor type the kernels lack or a tensor the
+ * those above, a tensor type the kernels lack or a tensor the
  * forward would not use, CAS_ERR_FORMAT for a missing
  * tensor or key or a shape that disagrees with the hyper-parameters; the
  * message names the tensor or key. */

@@ -1,27 +1,44 @@
 /*
  * tokenizer.c: text to token ids and back, as the GGUF file describes.
  *
- * The only family implemented is byte-level BPE ("gpt2" in
- * tokenizer.ggml.model: GPT-2, Llama 3, SmolLM, Qwen...). Encoding runs in
- * three stages, in the order the reference tokenizers use:
- *   1. the text is cut at special tokens (control tokens when the caller asks
- *      for them, user-defined tokens always), which become their own ids;
- *   2. each remaining fragment is split into words by the pre-tokenizer
- *      regexes that tokenizer.ggml.pre names, applied in sequence (each regex
- *      splits every piece left by the previous one; text between matches is
- *      kept as a piece of its own). PCRE2 does the Unicode matching
- *      (\p{L}, \p{N}, \s), with PCRE2_MATCH_INVALID_UTF so that any bytes
- *      are accepted;
- *   3. each word's bytes are mapped to the 256 printable code points of the
- *      byte-level alphabet and merged pairwise, always the pair of lowest merge
- *      rank first (leftmost on ties), with a heap over candidate pairs so a
- *      long word costs O(n log n).
- * Decoding concatenates each token's bytes, precomputed at creation by
- * reversing the byte-level mapping.
+ * Two families, chosen by tokenizer.ggml.model. Both first cut the text at
+ * special tokens (control and unknown tokens when the caller asks for them,
+ * user-defined tokens always), which become their own ids; each remaining
+ * fragment is then encoded by the family's own rule:
  *
- * The vocabulary kind sits behind a small table of functions (tok_vtable) so
- * that SentencePiece vocabularies (Llama 1/2, "llama") can be added without
- * touching the callers; today they are refused with CAS_ERR_UNSUPPORTED.
+ * Byte-level BPE ("gpt2": GPT-2, Llama 3, SmolLM, Qwen...):
+ *   1. the fragment is split into words by the pre-tokenizer regexes that
+ *      tokenizer.ggml.pre names, applied in sequence (each regex splits
+ *      every piece left by the previous one; text between matches is kept
+ *      as a piece of its own). PCRE2 does the Unicode matching (\p{L},
+ *      \p{N}, \s), with PCRE2_MATCH_INVALID_UTF so that any bytes are
+ *      accepted;
+ *   2. each word's bytes are mapped to the 256 printable code points of the
+ *      byte-level alphabet and merged pairwise, always the pair of lowest
+ *      merge rank first (leftmost on ties), with a heap over candidate pairs
+ *      so a long word costs O(n log n).
+ *
+ * SentencePiece ("llama": Llama 1/2, Mistral, Gemma), as llama.cpp runs it:
+ *   1. a space is put in front of the fragment when the file asks for it
+ *      (tokenizer.ggml.add_space_prefix, on unless it says otherwise): every
+ *      fragment, as each one opens the text or follows a special token; then
+ *      every space becomes U+2581 (the "lower one eighth block" that stands
+ *      for a space in the vocabulary);
+ *   2. the fragment is cut into characters (the length a UTF-8 lead byte
+ *      announces, without validating the rest) and adjacent symbols are
+ *      merged while their concatenation is a token, always the pair whose
+ *      token has the highest score first (leftmost on ties), with the same
+ *      kind of heap: there is no merge list, the scores are the ranks;
+ *   3. a symbol left that is not a token (a character the vocabulary lacks)
+ *      becomes one byte token <0xNN> per byte (byte fallback).
+ *
+ * Decoding concatenates each token's bytes, precomputed at creation:
+ * the byte-level mapping reversed (BPE), or U+2581 back to a space and byte
+ * tokens to their byte (SentencePiece; the space the encoder put in front is
+ * dropped from the first token of a decoded text).
+ *
+ * The family sits behind a small table of functions (tok_vtable), so the
+ * callers never ask which one a file uses.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -81,9 +98,13 @@ struct cas_tok {
     uint8_t *eog;             /* [n_vocab] 1 = ends generation */
     int32_t *vhash;           /* text -> id, open addressing, [vcap], -1 empty */
     size_t vcap;
-    merge_slot *merges;       /* (left, right) -> rank and result, [mcap] */
+    merge_slot *merges;       /* BPE: (left, right) -> rank and result, [mcap] */
     size_t mcap;
-    int32_t byte_tok[256];    /* id of each byte's single-character token, -1 if none */
+    float *score;             /* SentencePiece: [n_vocab] tokenizer.ggml.scores (0 where absent) */
+    int add_space_prefix;     /* SentencePiece: a space in front of each fragment between special
+                                 tokens (tokenizer.ggml.add_space_prefix) */
+    int32_t byte_tok[256];    /* BPE: the id of each byte's single-character token; SentencePiece:
+                                 its byte token <0xNN> (else the byte as a one-byte token); -1 if none */
     int32_t *special;         /* special token ids by first byte, longest first */
     uint32_t special_start[257];
     pcre2_code *re[MAX_REGEX];
@@ -364,6 +385,144 @@ done:
 
 static const tok_vtable bpe_vtable = {bpe_encode_fragment};
 
+/* ---- SentencePiece ----------------------------------------------------- */
+
+/* A candidate merge of adjacent symbols left and right into the token of
+ * that text, whose score orders the merges. */
+typedef struct {
+    float score;
+    int32_t left, right;
+    uint32_t size; /* bytes of left + right when pushed: a stale entry no longer adds up */
+} spm_cand;
+
+/* Higher score first, then the leftmost pair. */
+static int spm_before(const spm_cand *x, const spm_cand *y) {
+    return x->score > y->score || (x->score == y->score && x->left < y->left);
+}
+
+static void spm_push(spm_cand *h, size_t *n, spm_cand c) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!spm_before(&c, &h[p])) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = c;
+}
+
+static spm_cand spm_pop(spm_cand *h, size_t *n) {
+    spm_cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const spm_cand *mv = &last;
+        if (l < *n && spm_before(&h[l], mv)) m = l, mv = &h[l];
+        if (r < *n && spm_before(&h[r], mv)) m = r;
+        if (m == i) break;
+        h[i] = h[m];
+        i = m;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+/* The symbols of one fragment: byte ranges of the escaped text, in a list
+ * (a merged-away symbol has len 0). */
+typedef struct {
+    const char *s;
+    uint32_t *off, *len;
+    int32_t *prev, *next;
+    spm_cand *heap;
+    size_t hn;
+} spm_work;
+
+static void spm_try(const cas_tok *t, spm_work *w, int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    int32_t id = cas_tok_lookup(t, w->s + w->off[l], (size_t)w->len[l] + w->len[r]);
+    if (id >= 0) spm_push(w->heap, &w->hn, (spm_cand){t->score[id], l, r, w->len[l] + w->len[r]});
+}
+
+static cas_status spm_encode_fragment(const cas_tok *t, const char *s, size_t n, ivec *out) {
+    if (n > UINT32_MAX / 4) return cas_error(CAS_ERR_INVALID, "tok: text of %zu bytes is too long", n);
+    /* the escaped text: a leading space if asked, each space as U+2581 (3 bytes) */
+    size_t cap = 3 * (n + 1), m = 0;
+    char *buf = malloc(cap);
+    spm_work w = {0};
+    cas_status st = CAS_OK;
+    if (!buf) return cas_error(CAS_ERR_NOMEM, "tok: no memory for a %zu-byte fragment", n);
+    if (!n && !t->add_space_prefix) goto done;
+    for (size_t i = t->add_space_prefix ? 0 : 1; i <= n; i++) {
+        char c = i ? s[i - 1] : ' ';
+        if (c == ' ') {
+            memcpy(buf + m, "\xe2\x96\x81", 3);
+            m += 3;
+        } else {
+            buf[m++] = c;
+        }
+    }
+    w.s = buf;
+    w.off = malloc(m * sizeof *w.off);
+    w.len = malloc(m * sizeof *w.len);
+    w.prev = malloc(m * sizeof *w.prev);
+    w.next = malloc(m * sizeof *w.next);
+    /* each merge adds at most 2 candidates; fewer than m initial ones */
+    w.heap = malloc((3 * m + 1) * sizeof *w.heap);
+    if (!w.off || !w.len || !w.prev || !w.next || !w.heap) {
+        st = cas_error(CAS_ERR_NOMEM, "tok: no memory for a %zu-byte fragment", n);
+        goto done;
+    }
+    /* characters by their lead byte's length (continuation bytes alone: 1), cut at the end */
+    int32_t ns = 0;
+    for (size_t i = 0; i < m; ns++) {
+        static const uint8_t lead_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+        size_t l = lead_len[(unsigned char)buf[i] >> 4];
+        if (l > m - i) l = m - i;
+        w.off[ns] = (uint32_t)i;
+        w.len[ns] = (uint32_t)l;
+        w.prev[ns] = ns - 1;
+        i += l;
+        w.next[ns] = i < m ? ns + 1 : -1;
+    }
+    for (int32_t i = 1; i < ns; i++) spm_try(t, &w, i - 1, i);
+    while (w.hn) {
+        spm_cand c = spm_pop(w.heap, &w.hn);
+        if (!w.len[c.left] || !w.len[c.right] || w.len[c.left] + w.len[c.right] != c.size) continue;
+        w.len[c.left] += w.len[c.right];
+        w.len[c.right] = 0;
+        w.next[c.left] = w.next[c.right];
+        if (w.next[c.right] >= 0) w.prev[w.next[c.right]] = c.left;
+        spm_try(t, &w, w.prev[c.left], c.left);
+        spm_try(t, &w, c.left, w.next[c.left]);
+    }
+    for (int32_t i = 0; ns && i >= 0; i = w.next[i]) {
+        int32_t id = cas_tok_lookup(t, buf + w.off[i], w.len[i]);
+        if (id >= 0) {
+            if (ivec_push(out, id)) goto nomem;
+            continue;
+        }
+        /* not a token: its bytes as byte tokens (the unknown token for a byte without one) */
+        for (uint32_t k = 0; k < w.len[i]; k++) {
+            int32_t b = t->byte_tok[(unsigned char)buf[w.off[i] + k]];
+            if (b < 0) b = t->sp.unk;
+            if (b >= 0 && ivec_push(out, b)) goto nomem;
+        }
+    }
+    goto done;
+nomem:
+    st = cas_error(CAS_ERR_NOMEM, "tok: no memory for ids");
+done:
+    free(buf);
+    free(w.off);
+    free(w.len);
+    free(w.prev);
+    free(w.next);
+    free(w.heap);
+    return st;
+}
+
+static const tok_vtable spm_vtable = {spm_encode_fragment};
+
 /* ---- pre-tokenizer regexes --------------------------------------------- */
 
 /* GPT-2's word split: contractions, letters, numbers, other symbols, each
@@ -425,12 +584,15 @@ static cas_status compile_pre(cas_tok *t) {
 
 /* ---- creation ---------------------------------------------------------- */
 
-static int32_t opt_id(const cas_gguf *g, const char *key, int32_t n_vocab) {
+/* A special token id from the file, or dflt (-1: none; a default outside the
+ * vocabulary is none too). */
+static int32_t opt_id(const cas_gguf *g, const char *key, int32_t n_vocab, int32_t dflt) {
     uint32_t v;
-    if (cas_gguf_find_kv(g, key) < 0) return -1;
+    if (dflt >= n_vocab) dflt = -1;
+    if (cas_gguf_find_kv(g, key) < 0) return dflt;
     if (cas_gguf_get_u32(g, key, &v) != CAS_OK || v >= (uint32_t)n_vocab) {
         cas_log(CAS_LOG_WARN, "tokenizer: ignoring %s (not a token id below %d)", key, (int)n_vocab);
-        return -1;
+        return dflt;
     }
     return (int32_t)v;
 }
@@ -462,6 +624,22 @@ static cas_status build_pieces(cas_tok *t) {
             w += n;
             continue;
         }
+        if (t->kind == CAS_TOK_SPM) {
+            if (t->type[i] == CAS_TOKTYPE_BYTE && n == 6) { /* <0xNN> */
+                char hex[3] = {(char)s[3], (char)s[4], 0};
+                t->piece[w++] = (char)strtol(hex, NULL, 16);
+            } else if (t->type[i] == CAS_TOKTYPE_NORMAL) {
+                for (size_t k = 0; k < n; k++) {
+                    if (k + 3 <= n && !memcmp(s + k, "\xe2\x96\x81", 3)) {
+                        t->piece[w++] = ' ';
+                        k += 2;
+                    } else {
+                        t->piece[w++] = (char)s[k];
+                    }
+                }
+            } /* unused and undefined tokens decode to nothing, as in llama.cpp */
+            continue;
+        }
         for (size_t k = 0; k < n;) {
             uint32_t cp;
             size_t l = utf8_get(s + k, n - k, &cp);
@@ -487,9 +665,10 @@ static int eog_text(const char *s, size_t n) {
     return 0;
 }
 
-static cas_status build_bpe(cas_tok *t, const cas_gguf *g) {
+/* The tokens, their types and the text -> id table: what both families read. */
+static cas_status load_vocab(cas_tok *t, const cas_gguf *g) {
     cas_status st;
-    cas_gguf_arr toks, types, merges;
+    cas_gguf_arr toks, types;
     if ((st = cas_gguf_get_arr(g, "tokenizer.ggml.tokens", CAS_GGUF_STRING, &toks))) return st;
     if (toks.n == 0 || toks.n > INT32_MAX / 4)
         return cas_error(CAS_ERR_FORMAT, "tok: vocabulary of %" PRIu64 " tokens", toks.n);
@@ -541,6 +720,13 @@ static cas_status build_bpe(cas_tok *t, const cas_gguf *g) {
         while (t->vhash[h] >= 0) h = (h + 1) & mask;
         t->vhash[h] = (int32_t)i;
     }
+    return CAS_OK;
+}
+
+static cas_status build_bpe(cas_tok *t, const cas_gguf *g) {
+    cas_status st;
+    cas_gguf_arr merges;
+    if ((st = load_vocab(t, g))) return st;
     for (int b = 0; b < 256; b++) {
         char u[4];
         size_t n = utf8_put(byte_cp(b), u);
@@ -594,15 +780,48 @@ static cas_status build_bpe(cas_tok *t, const cas_gguf *g) {
     return compile_pre(t);
 }
 
-/* Control and user-defined tokens, bucketed by first byte, longest first, so
- * the splitter tries only the few that can start at each position. */
+static cas_status build_spm(cas_tok *t, const cas_gguf *g) {
+    cas_status st;
+    if ((st = load_vocab(t, g))) return st;
+    t->score = calloc((size_t)t->n_vocab, sizeof *t->score);
+    if (!t->score) return cas_error(CAS_ERR_NOMEM, "tok: no memory for scores");
+    if (cas_gguf_find_kv(g, "tokenizer.ggml.scores") >= 0) {
+        cas_gguf_arr sc;
+        if ((st = cas_gguf_get_arr(g, "tokenizer.ggml.scores", -1, &sc))) return st;
+        if (sc.n != (uint64_t)t->n_vocab)
+            return cas_error(CAS_ERR_FORMAT, "tok: %" PRIu64 " scores for %d tokens", sc.n, (int)t->n_vocab);
+        for (int32_t i = 0; i < t->n_vocab; i++) {
+            double v; /* f32 in the converter's files; integers are read too, as llama.cpp does */
+            int64_t iv;
+            if (cas_gguf_arr_float(&sc, (uint64_t)i, &v) != CAS_OK) {
+                if ((st = cas_gguf_arr_int(&sc, (uint64_t)i, &iv))) return st;
+                v = (double)iv;
+            }
+            t->score[i] = (float)v;
+        }
+    }
+    for (int b = 0; b < 256; b++) {
+        char hex[7], one = (char)b;
+        snprintf(hex, sizeof hex, "<0x%02X>", b);
+        t->byte_tok[b] = cas_tok_lookup(t, hex, 6);
+        if (t->byte_tok[b] < 0) t->byte_tok[b] = cas_tok_lookup(t, &one, 1);
+    }
+    t->add_space_prefix = opt_bool(g, "tokenizer.ggml.add_space_prefix", 1);
+    return CAS_OK;
+}
+
+static int is_special_type(int type) {
+    return type == CAS_TOKTYPE_CONTROL || type == CAS_TOKTYPE_USER_DEFINED || type == CAS_TOKTYPE_UNKNOWN;
+}
+
+/* Control, unknown and user-defined tokens, bucketed by first byte, longest
+ * first, so the splitter tries only the few that can start at each position. */
 static cas_status build_specials(cas_tok *t) {
     uint32_t count[257] = {0};
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t n;
         const char *s = tok_text(t, i, &n);
-        if (n && (t->type[i] == CAS_TOKTYPE_CONTROL || t->type[i] == CAS_TOKTYPE_USER_DEFINED))
-            count[(unsigned char)s[0] + 1]++;
+        if (n && is_special_type(t->type[i])) count[(unsigned char)s[0] + 1]++;
     }
     for (int b = 0; b < 256; b++) count[b + 1] += count[b];
     memcpy(t->special_start, count, sizeof count);
@@ -613,8 +832,7 @@ static cas_status build_specials(cas_tok *t) {
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t n;
         const char *s = tok_text(t, i, &n);
-        if (n && (t->type[i] == CAS_TOKTYPE_CONTROL || t->type[i] == CAS_TOKTYPE_USER_DEFINED))
-            t->special[fill[(unsigned char)s[0]]++] = i;
+        if (n && is_special_type(t->type[i])) t->special[fill[(unsigned char)s[0]]++] = i;
     }
     /* insertion sort by length, descending, within each bucket (they are small) */
     for (int b = 0; b < 256; b++)
@@ -651,21 +869,23 @@ cas_status cas_tok_create(const cas_gguf *g, cas_tok **out) {
         if ((st = build_bpe(t, g))) goto fail;
     } else if (!strcmp(model, "llama")) {
         t->kind = CAS_TOK_SPM;
-        st = cas_error(CAS_ERR_UNSUPPORTED, "tok: SentencePiece ('llama') vocabularies are not implemented yet");
-        goto fail;
+        t->vt = &spm_vtable;
+        if ((st = build_spm(t, g))) goto fail;
     } else {
         st = cas_error(CAS_ERR_UNSUPPORTED, "tok: tokenizer model '%s' is not supported", model);
         goto fail;
     }
     int32_t nv = t->n_vocab;
-    t->sp.bos = opt_id(g, "tokenizer.ggml.bos_token_id", nv);
-    t->sp.eos = opt_id(g, "tokenizer.ggml.eos_token_id", nv);
-    t->sp.eot = opt_id(g, "tokenizer.ggml.eot_token_id", nv);
-    t->sp.eom = opt_id(g, "tokenizer.ggml.eom_token_id", nv);
-    t->sp.unk = opt_id(g, "tokenizer.ggml.unknown_token_id", nv);
-    t->sp.pad = opt_id(g, "tokenizer.ggml.padding_token_id", nv);
-    t->sp.sep = opt_id(g, "tokenizer.ggml.seperator_token_id", nv); /* sic: GGUF's spelling */
-    t->sp.add_bos = opt_bool(g, "tokenizer.ggml.add_bos_token", 0);
+    /* SentencePiece files name <unk> <s> </s> = 0 1 2 and BOS added unless they say otherwise */
+    const int spm = t->kind == CAS_TOK_SPM;
+    t->sp.bos = opt_id(g, "tokenizer.ggml.bos_token_id", nv, spm ? 1 : -1);
+    t->sp.eos = opt_id(g, "tokenizer.ggml.eos_token_id", nv, spm ? 2 : -1);
+    t->sp.eot = opt_id(g, "tokenizer.ggml.eot_token_id", nv, -1);
+    t->sp.eom = opt_id(g, "tokenizer.ggml.eom_token_id", nv, -1);
+    t->sp.unk = opt_id(g, "tokenizer.ggml.unknown_token_id", nv, spm ? 0 : -1);
+    t->sp.pad = opt_id(g, "tokenizer.ggml.padding_token_id", nv, -1);
+    t->sp.sep = opt_id(g, "tokenizer.ggml.seperator_token_id", nv, -1); /* sic: GGUF's spelling */
+    t->sp.add_bos = opt_bool(g, "tokenizer.ggml.add_bos_token", spm);
     t->sp.add_eos = opt_bool(g, "tokenizer.ggml.add_eos_token", 0);
     if (t->sp.eos >= 0) t->eog[t->sp.eos] = 1;
     if (t->sp.eot >= 0) t->eog[t->sp.eot] = 1;
@@ -695,6 +915,7 @@ void cas_tok_destroy(cas_tok *t) {
     free(t->eog);
     free(t->vhash);
     free(t->merges);
+    free(t->score);
     free(t->special);
     free(t);
 }
@@ -736,6 +957,8 @@ const char *cas_tok_piece(const cas_tok *t, int32_t id, unsigned flags, size_t *
 
 /* ---- encode and decode ------------------------------------------------- */
 
+size_t cas_tok_max_ids(const cas_tok *t, size_t len) { return (t->kind == CAS_TOK_SPM ? 6 * len : len) + 2; }
+
 cas_status cas_tok_encode(const cas_tok *t, const char *text, size_t len, unsigned flags, int32_t *ids,
                           size_t cap, size_t *n_out) {
     if (!t || (!text && len) || !n_out || (!ids && cap)) return cas_error(CAS_ERR_INVALID, "tok: NULL argument");
@@ -753,7 +976,7 @@ cas_status cas_tok_encode(const cas_tok *t, const char *text, size_t len, unsign
         size_t hit_len = 0;
         for (uint32_t k = t->special_start[c]; k < t->special_start[c + 1]; k++) {
             int32_t id = t->special[k];
-            if (t->type[id] == CAS_TOKTYPE_CONTROL && !(flags & CAS_TOK_PARSE_SPECIAL)) continue;
+            if (t->type[id] != CAS_TOKTYPE_USER_DEFINED && !(flags & CAS_TOK_PARSE_SPECIAL)) continue;
             size_t n;
             const char *s = tok_text(t, id, &n);
             if (n <= len - i && !memcmp(s, text + i, n)) {
@@ -803,6 +1026,8 @@ cas_status cas_tok_decode(const cas_tok *t, const int32_t *ids, size_t n, unsign
         }
         size_t l;
         const char *p = cas_tok_piece(t, ids[i], flags, &l);
+        if (i == 0 && t->add_space_prefix && l && p[0] == ' ') /* the space the encoder put in front */
+            p++, l--;
         if (w < cap) memcpy(buf + w, p, l < cap - w ? l : cap - w);
         w += l;
     }

@@ -135,7 +135,7 @@ static void raise_fd_limit(void) {
  * engine does (engine.h offers a count, not the ids). */
 static cas_status tokenize_hook(void *ctx, const char *text, int add_special, int32_t **ids, int32_t *n) {
     const cas_tok *t = ctx;
-    size_t len = strlen(text), cap = len + 2, got = 0;
+    size_t len = strlen(text), cap = cas_tok_max_ids(t, len), got = 0;
     *ids = NULL;
     *n = 0;
     int32_t *buf = malloc(sizeof(int32_t) * cap);

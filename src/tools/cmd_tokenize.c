@@ -85,7 +85,7 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "tokenize: %s\n", cas_last_error());
         goto done;
     }
-    size_t cap = text_len + 2, n = 0;
+    size_t cap = cas_tok_max_ids(tok, text_len), n = 0;
     ids = malloc(cap * sizeof *ids);
     if (!ids || cas_tok_encode(tok, text, text_len, flags, ids, cap, &n) != CAS_OK) {
         fprintf(stderr, "tokenize: %s\n", ids ? cas_last_error() : "out of memory");

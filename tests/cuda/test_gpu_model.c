@@ -578,6 +578,31 @@ static void test_too_large(void) {
     free(lg);
 }
 
+/* The architectures the GPU forward does not run are refused at creation, naming them (the
+ * CPU runs them); a SentencePiece vocabulary is no reason to refuse: the tokenizer is the
+ * host's, the forward does not see it. */
+static void test_other_archs(void) {
+    static const char *const refused[] = {"qwen2", "qwen3", "phi3", "gemma2", "gemma3"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char path[96];
+        snprintf(path, sizeof path, "tests/fixtures/arch/tiny-%s.gguf", refused[i]);
+        cas_gguf *g = NULL;
+        REQUIRE(cas_gguf_open(path, &g) == CAS_OK);
+        cas_gpu_model *m = NULL;
+        CHECKF(cas_gpu_model_create(g, NULL, &m) == CAS_ERR_UNSUPPORTED && !m &&
+                   strstr(cas_last_error(), refused[i]) && strstr(cas_last_error(), "--device cpu"),
+               "%s: %s", refused[i], cas_last_error());
+        cas_gpu_model_destroy(m);
+        cas_gguf_close(g);
+    }
+    cas_gguf *g = NULL;
+    REQUIRE(cas_gguf_open("tests/fixtures/arch/tiny-llama2.gguf", &g) == CAS_OK);
+    cas_gpu_model *m = NULL;
+    CHECKF(cas_gpu_model_create(g, NULL, &m) == CAS_OK, "llama2: %s", cas_last_error());
+    cas_gpu_model_destroy(m);
+    cas_gguf_close(g);
+}
+
 /* bad batches: refused with a message, the model still runs */
 static void test_bad(void) {
     int32_t tok = g_vocab, qo[2] = {0, 1}, kvp[2] = {0, 1}, idx[1] = {0}, last[1] = {1};
@@ -629,6 +654,7 @@ int main(int argc, char **argv) {
     RUN(test_tensor_parallel);
     RUN(test_bad);
     RUN(test_too_large);
+    RUN(test_other_archs);
     cas_gpu_kv_destroy(g_gkv);
     cas_model_kv_destroy(g_ckv);
     cas_tok_destroy(g_tok);
