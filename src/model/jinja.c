@@ -26,7 +26,8 @@
  * namespace, dict, raise_exception, strftime_now) are listed in their
  * tables below. An unknown tag is a compile error that names it; an
  * unknown filter or test, as in jinja2, an error when it is reached.
- * Case mapping (upper, lower, title) is ASCII only; whitespace is Python's.
+ * Case mapping (upper, lower, title) covers ASCII, Latin-1, Latin
+ * Extended-A, Greek and Cyrillic; whitespace is Python's.
  *
  * Compiling turns the source into a token array and then a tree of nodes
  * in one arena owned by the cas_jinja; the tree is never modified, so one
@@ -651,6 +652,7 @@ static const struct {
 static int lx_tag(lexer *L, size_t *ip, char kind, size_t start) {
     size_t i = *ip;
     int depth = 0;
+    char open[MAX_NEST * 4]; /* the closing bracket each open one expects */
     for (;;) {
         while (i < L->n && ascii_ws(L->src[i])) i++;
         if (i >= L->n) return lx_fail(L, start, "tag opened here is not closed");
@@ -694,8 +696,14 @@ static int lx_tag(lexer *L, size_t *ip, char kind, size_t start) {
             if (k == sizeof OPS / sizeof OPS[0]) return lx_fail(L, i, "unexpected character '%c'", s[0]);
             t.op = OPS[k].op;
             i += strlen(OPS[k].s);
-            if (t.op == O_LP || t.op == O_LB || t.op == O_LC) depth++;
-            else if ((t.op == O_RP || t.op == O_RB || t.op == O_RC) && depth > 0) depth--;
+            if (t.op == O_LP || t.op == O_LB || t.op == O_LC) {
+                if (depth == (int)sizeof open) return lx_fail(L, (size_t)t.pos, "brackets nested too deep");
+                open[depth++] = t.op == O_LP ? ')' : t.op == O_LB ? ']' : '}';
+            } else if ((t.op == O_RP || t.op == O_RB || t.op == O_RC) && depth > 0) {
+                char c = t.op == O_RP ? ')' : t.op == O_RB ? ']' : '}';
+                if (c != open[depth - 1]) return lx_fail(L, (size_t)t.pos, "unexpected '%c', expected '%c'", c, open[depth - 1]);
+                depth--;
+            }
         }
         if (lx_push(L, t)) return -1;
     }
@@ -3128,25 +3136,67 @@ static str strip(str s, const str *chars, int left, int right) {
     return o;
 }
 
-/* ASCII case mapping. mode 0 lower, 1 upper, 2 str.title() (a letter after a
- * non-letter starts a word), 3 capitalize, 4 the title filter (words start
- * after whitespace or one of -({[<). */
+/* Simple case mapping of one code point: ASCII, Latin-1, Latin Extended-A,
+ * Greek and Cyrillic (the alphabets whose letters have one-to-one simple
+ * mappings); other code points map to themselves. */
+static uint32_t cp_upper(uint32_t c) {
+    if (c >= 'a' && c <= 'z') return c - 32;
+    if (c < 0x80) return c;
+    if ((c >= 0xE0 && c <= 0xFE && c != 0xF7)) return c - 32;
+    if (c == 0xFF) return 0x178;
+    if (c == 0xB5) return 0x39C;
+    if (c >= 0x100 && c <= 0x137 && (c & 1)) return c - 1;
+    if (c >= 0x139 && c <= 0x148 && !(c & 1)) return c - 1;
+    if (c >= 0x14A && c <= 0x177 && (c & 1)) return c - 1;
+    if ((c == 0x17A || c == 0x17C || c == 0x17E)) return c - 1;
+    if (c == 0x17F) return 'S';
+    if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 32;
+    if (c == 0x3C2) return 0x3A3;
+    if (c >= 0x3AC && c <= 0x3AF) return c == 0x3AC ? 0x386 : c - 37;
+    if (c >= 0x430 && c <= 0x44F) return c - 32;
+    if (c >= 0x450 && c <= 0x45F) return c - 80;
+    return c;
+}
+
+static uint32_t cp_lower(uint32_t c) {
+    if (c >= 'A' && c <= 'Z') return c + 32;
+    if (c < 0x80) return c;
+    if ((c >= 0xC0 && c <= 0xDE && c != 0xD7)) return c + 32;
+    if (c == 0x178) return 0xFF;
+    if (c >= 0x100 && c <= 0x137 && !(c & 1)) return c + 1;
+    if (c >= 0x139 && c <= 0x148 && (c & 1)) return c + 1;
+    if (c >= 0x14A && c <= 0x177 && !(c & 1)) return c + 1;
+    if ((c == 0x179 || c == 0x17B || c == 0x17D)) return c + 1;
+    if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
+    if (c == 0x386) return 0x3AC;
+    if (c >= 0x388 && c <= 0x38A) return c + 37;
+    if (c >= 0x410 && c <= 0x42F) return c + 32;
+    if (c >= 0x400 && c <= 0x40F) return c + 80;
+    return c;
+}
+
+static int cp_cased(uint32_t c) { return cp_upper(c) != c || cp_lower(c) != c || c == 0xDF; }
+
+/* mode 0 lower, 1 upper, 2 str.title() (a cased letter after an uncased
+ * character starts a word), 3 capitalize, 4 the title filter (words start
+ * after whitespace or one of -({[<). ß upper-cases to SS as in Python. */
 static int case_map(rx *r, int32_t pos, str s, int mode, value *out) {
-    char *p = ralloc(r, pos, s.n + 1);
-    if (!p) return -1;
-    for (size_t i = 0; i < s.n; i++) {
-        char ch = s.p[i], prev = i ? s.p[i - 1] : 0;
-        int lo = ch >= 'a' && ch <= 'z', up = ch >= 'A' && ch <= 'Z';
-        int prev_letter = (prev >= 'a' && prev <= 'z') || (prev >= 'A' && prev <= 'Z');
-        int want_up = mode == 1 || (mode == 2 && !prev_letter) || (mode == 3 && i == 0) ||
-                      (mode == 4 && (i == 0 || ascii_ws(prev) || (prev && strchr("-({[<", prev))));
-        if (want_up && lo) ch = (char)(ch - 32);
-        else if (!want_up && up) ch = (char)(ch + 32);
-        p[i] = ch;
+    buf b = tmpbuf(r);
+    uint32_t prev = 0;
+    for (size_t i = 0; i < s.n;) {
+        uint32_t c;
+        size_t l = u8_dec(s.p, s.n, i, &c);
+        int want_up = mode == 1 || (mode == 2 && !cp_cased(prev)) || (mode == 3 && i == 0) ||
+                      (mode == 4 && (i == 0 || py_space(prev) || (prev < 0x80 && prev && strchr("-({[<", (int)prev))));
+        uint32_t m = want_up ? cp_upper(c) : cp_lower(c);
+        char enc[4];
+        if (l == 1 && c >= 0x80) b_put(&b, s.p + i, 1); /* a malformed byte stays */
+        else if (want_up && c == 0xDF) b_str(&b, "SS");
+        else b_put(&b, enc, u8_enc(m, enc));
+        prev = c;
+        i += l;
     }
-    p[s.n] = 0;
-    *out = v_str(p, s.n);
-    return 0;
+    return buf_to_str(r, pos, &b, out);
 }
 
 static const char *memfind(const char *h, size_t hn, const char *n, size_t nn) {
@@ -3203,9 +3253,8 @@ static int str_split(rx *r, int32_t pos, str s, const str *sep, int64_t maxsplit
                     i += k;
                 }
                 if (i >= s.n) break;
-                if (maxsplit >= 0 && splits >= maxsplit) {
-                    str rest = strip((str){s.p + i, s.n - i}, NULL, 0, 1);
-                    if (list_push(r, pos, l, v_str(rest.p, rest.n))) return -1;
+                if (maxsplit >= 0 && splits >= maxsplit) { /* the rest as it is, trailing space included */
+                    if (list_push(r, pos, l, v_str(s.p + i, s.n - i))) return -1;
                     break;
                 }
                 size_t st = i;
@@ -3237,15 +3286,14 @@ static int str_split(rx *r, int32_t pos, str s, const str *sep, int64_t maxsplit
         value tmp;
         if (str_split(r, pos, s, NULL, -1, 0, &tmp)) return -1;
         list *all = tmp.u.l;
-        if (maxsplit < 0 || (size_t)maxsplit + 1 >= all->n) {
+        if (maxsplit < 0 || (size_t)maxsplit >= all->n) {
             *out = tmp;
             return 0;
         }
         size_t keep = (size_t)maxsplit; /* last `keep` words separate, the rest joined as in the source */
         size_t first_sep = all->n - keep;
         const char *end = all->v[first_sep - 1].u.s.p + all->v[first_sep - 1].u.s.n;
-        str head = strip((str){s.p, (size_t)(end - s.p)}, NULL, 1, 0);
-        if (list_push(r, pos, l, v_str(head.p, head.n))) return -1;
+        if (list_push(r, pos, l, v_str(s.p, (size_t)(end - s.p)))) return -1; /* leading space included */
         for (size_t i = first_sep; i < all->n; i++)
             if (list_push(r, pos, l, all->v[i])) return -1;
         *out = v_list(l);
@@ -3934,6 +3982,7 @@ static int apply_filter(rx *r, int32_t pos, int fid, const value *in, const args
         l = x.u.l;
         value *keys = l->n ? ralloc(r, pos, sizeof(value) * l->n) : NULL;
         if (l->n && !keys) return -1;
+        l->iter = IT_LIST; /* sorted() makes a list */
         for (size_t i = 0; i < l->n; i++) keys[i] = l->v[i].u.l->v[str_is(by, "key") ? 0 : 1];
         if (sort_values(r, pos, l->v, keys, l->n, ci, bool_arg(a, 2, "reverse", 0))) return -1;
         *out = x;
