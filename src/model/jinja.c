@@ -631,9 +631,14 @@ static int lx_number(lexer *L, size_t *ip, tok *t) {
         t->t = T_FLOAT;
         t->f = strtod(tmp, NULL);
     } else {
-        if (w > 18) return lx_fail(L, i, "integer literal too large");
+        uint64_t v = 0;
+        for (size_t k = 0; k < w; k++) {
+            if (v > (uint64_t)INT64_MAX / 10 || v * 10 + (uint64_t)(tmp[k] - '0') > (uint64_t)INT64_MAX)
+                return lx_fail(L, i, "integer literal above 2**63 - 1");
+            v = v * 10 + (uint64_t)(tmp[k] - '0');
+        }
         t->t = T_INT;
-        t->i = strtoll(tmp, NULL, 10);
+        t->i = (int64_t)v;
     }
     *ip = j;
     return 0;
@@ -1110,7 +1115,7 @@ static node *p_postfix(parser *P, node *n) {
             }
             if (expect_op(P, O_RB, "']'")) return NULL;
         } else if (is_op(P, O_LP)) {
-            node *c = mk(P, N_CALL, t->pos);
+            node *c = mk(P, N_CALL, n->pos);
             if (!c) return NULL;
             c->a = n;
             if (p_args(P, c)) return NULL;
@@ -1768,8 +1773,12 @@ static buf tmpbuf(rx *r) {
 /* Moves a temporary buffer's bytes into the arena as a string value. */
 static int buf_to_str(rx *r, int32_t pos, buf *b, value *out) {
     if (b->full) {
+        size_t lim = b->limit;
         free(b->p);
-        return b->full == 1 ? fail_mem(r, pos) : fail_mem(r, pos);
+        if (b->full == 2 || r->failed) return fail_mem(r, pos);
+        fail(r, pos, "the text exceeds %zu bytes (the output or memory limit)", lim);
+        r->code = CAS_ERR_NOMEM;
+        return -1;
     }
     char *p = ralloc(r, pos, b->n + 1);
     if (!p) {
@@ -2016,8 +2025,15 @@ static int repr_items(rx *r, int32_t pos, buf *b, const value *v, int depth) {
     return d->ns ? b_ch(b, '>') : 0;
 }
 
-/* str(v) (quote 0) or repr(v) (quote 1) appended to b */
+/* str(v) (quote 0) or repr(v) (quote 1) appended to b; a full b is the
+ * caller's to check (b->full), -1 means an error recorded in r */
+static int to_text_(rx *r, int32_t pos, buf *b, const value *v, int quote, int depth);
 static int to_text(rx *r, int32_t pos, buf *b, const value *v, int quote, int depth) {
+    to_text_(r, pos, b, v, quote, depth);
+    return r->failed ? -1 : 0;
+}
+
+static int to_text_(rx *r, int32_t pos, buf *b, const value *v, int quote, int depth) {
     if (depth > MAX_DATA_DEPTH) return fail(r, pos, "a value nested more than %d deep", MAX_DATA_DEPTH);
     char t[64];
     switch (v->k) {
@@ -2096,7 +2112,13 @@ static void json_newline(buf *b, const json_style *js, int level) {
 
 static int vcmp(rx *r, int32_t pos, const value *a, const value *b, int ci, int *res);
 
+static int to_json_(rx *r, int32_t pos, buf *b, const value *v, const json_style *js, int level);
 static int to_json(rx *r, int32_t pos, buf *b, const value *v, const json_style *js, int level) {
+    to_json_(r, pos, b, v, js, level);
+    return r->failed ? -1 : 0;
+}
+
+static int to_json_(rx *r, int32_t pos, buf *b, const value *v, const json_style *js, int level) {
     if (level > MAX_DATA_DEPTH) return fail(r, pos, "a value nested more than %d deep", MAX_DATA_DEPTH);
     char t[64];
     switch (v->k) {
@@ -3068,11 +3090,14 @@ static int call_global(rx *r, int32_t pos, int fn, const args *a, value *out) {
             st = num_i(&z);
             if (!st) return fail(r, pos, "range step must not be zero");
         }
-        int64_t cnt = st > 0 ? (hi > lo ? (hi - lo + st - 1) / st : 0) : (lo > hi ? (lo - hi - st - 1) / -st : 0);
-        if (step(r, pos, cnt)) return -1;
+        /* counted in unsigned arithmetic: hi - lo may exceed INT64_MAX */
+        uint64_t span = st > 0 ? (hi > lo ? (uint64_t)hi - (uint64_t)lo : 0) : (lo > hi ? (uint64_t)lo - (uint64_t)hi : 0);
+        uint64_t ust = st > 0 ? (uint64_t)st : (uint64_t)0 - (uint64_t)st;
+        uint64_t cnt = span / ust + (span % ust != 0);
+        if (cnt > (uint64_t)r->max_steps || step(r, pos, (int64_t)cnt)) return r->failed ? -1 : step(r, pos, r->max_steps + 1);
         list *l = new_list(r, pos, (size_t)cnt);
         if (!l) return -1;
-        for (int64_t i = 0; i < cnt; i++) l->v[l->n++] = v_int(lo + i * st);
+        for (uint64_t i = 0; i < cnt; i++) l->v[l->n++] = v_int((int64_t)((uint64_t)lo + i * (uint64_t)st));
         *out = v_list(l);
         return 0;
     }
@@ -4133,7 +4158,9 @@ static int apply_test(rx *r, int32_t pos, int tid, const value *v, const args *a
 static int out_check(rx *r, int32_t pos, buf *b) {
     if (!b->full) return 0;
     if (b->full == 2) return fail_mem(r, pos);
-    return fail(r, pos, "the rendered text exceeds %zu bytes (or the memory limit)", b->limit);
+    fail(r, pos, "the rendered text exceeds %zu bytes (the output or memory limit)", b->limit);
+    r->code = CAS_ERR_NOMEM;
+    return -1;
 }
 
 static int bind_targets(rx *r, int32_t pos, scope *sc, const node *n, const value *v) {
@@ -4186,7 +4213,9 @@ static int exec_stmt(rx *r, scope *sc, const node *n) {
         /* the value's temporaries go back to the arena unless something stored a reference */
         arena_mark m = ar_mark(&r->ar);
         uint64_t stores = r->stores;
-        if (eval(r, sc, n->a, &v) || to_text(r, n->pos, r->out, &v, 0, 0) || out_check(r, n->pos, r->out)) return -1;
+        if (eval(r, sc, n->a, &v)) return -1;
+        to_text(r, n->pos, r->out, &v, 0, 0);
+        if (r->failed || out_check(r, n->pos, r->out)) return -1;
         if (stores == r->stores) ar_release(&r->ar, m);
         return 0;
     }
@@ -4227,10 +4256,10 @@ static int exec_stmt(rx *r, scope *sc, const node *n) {
     case S_FILTER: {
         scope *fs;
         if (render_to_str(r, sc, n->body, n->pos, &v) || !(fs = new_scope(r, n->pos, sc)) ||
-            scope_set(r, n->pos, fs, (str){"\x01body", 5}, v) || eval(r, fs, n->a, &v) ||
-            to_text(r, n->pos, r->out, &v, 0, 0))
+            scope_set(r, n->pos, fs, (str){"\x01body", 5}, v) || eval(r, fs, n->a, &v))
             return -1;
-        return out_check(r, n->pos, r->out);
+        to_text(r, n->pos, r->out, &v, 0, 0);
+        return r->failed ? -1 : out_check(r, n->pos, r->out);
     }
     case S_BLOCK: return exec_body(r, sc, n->body);
     default: return fail(r, n->pos, "internal: node %d is not a statement", n->t);
