@@ -153,6 +153,10 @@ static void test_limits(void) {
     CHECKF(strstr(cas_last_error(), "nested more than"), "%s", cas_last_error());
     CHECK(render("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}"
                  "{{ ns.x }}{{ ns.x == ns.x }}", NULL, NULL, &out) == CAS_ERR_UNSUPPORTED);
+    /* repeating nothing many times is quick */
+    CHECK(render("{{ ('' * 4611686018427387904) | length }}{{ ([] * 4611686018427387904) | length }}", NULL, NULL,
+                 &out) == CAS_OK && !strcmp(out, "00"));
+    free(out);
     /* macro recursion */
     CHECK(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, NULL, &out) == CAS_ERR_UNSUPPORTED);
     CHECKF(strstr(cas_last_error(), "deep"), "%s", cas_last_error());

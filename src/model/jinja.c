@@ -2733,7 +2733,7 @@ static int arith(rx *r, int32_t pos, int op, const value *a, const value *b, val
     }
     if (op == O_MUL && ((a->k == V_STR || (a->k == V_LIST && a->u.l->iter == IT_LIST)) && (b->k == V_INT || b->k == V_BOOL))) {
         int64_t k = num_i(b);
-        if (k < 0) k = 0;
+        if (k < 0 || (a->k == V_STR ? a->u.s.n : a->u.l->n) == 0) k = 0; /* nothing to repeat: no loop to run */
         if (a->k == V_STR) {
             if (a->u.s.n && (uint64_t)k > (r->ar.limit ? r->ar.limit : SIZE_MAX) / a->u.s.n) return fail_mem(r, pos);
             char *p = ralloc(r, pos, a->u.s.n * (size_t)k + 1);
