@@ -331,7 +331,7 @@ uninstall:
 FUZZ_CC   ?= clang
 FUZZ_TIME ?= 120
 FUZZ_SRC  := fuzz/fuzz_gguf.c src/core/core.c src/model/gguf.c src/model/tokenizer.c src/model/chat.c \
-             src/model/quant_k.c
+             src/model/jinja.c src/model/quant_k.c
 FUZZ_FLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -fopenmp -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 
 # the K-quant kernels' AVX2 and AVX-512 files, with their instruction sets (the harness
@@ -357,6 +357,24 @@ fuzz: build-fuzz/fuzz_gguf
 	$(PYTHON) fuzz/make_seeds.py build-fuzz/seeds
 	build-fuzz/fuzz_gguf -max_total_time=$(FUZZ_TIME) -max_len=65536 -timeout=10 \
 	  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/ build-fuzz/corpus build-fuzz/seeds
+
+# ---- fuzzing the Jinja interpreter -------------------------------------------
+# `make fuzz-jinja` builds fuzz/fuzz_jinja.c (chat templates: compile and
+# render under small limits) with libFuzzer, ASan and UBSan and fuzzes for
+# FUZZ_TIME seconds from our test templates (tests/fixtures/jinja/), with
+# fuzz/jinja.dict. Crashes land in build-fuzz/jinja-crash-*.
+.PHONY: fuzz-jinja
+FUZZ_JINJA_SRC := fuzz/fuzz_jinja.c src/model/jinja.c src/core/core.c
+
+build-fuzz/fuzz_jinja: $(FUZZ_JINJA_SRC) src/model/model.h src/core/core.h
+	@mkdir -p build-fuzz
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $(FUZZ_JINJA_SRC) -lm -lpthread
+
+fuzz-jinja: build-fuzz/fuzz_jinja
+	@mkdir -p build-fuzz/corpus-jinja
+	build-fuzz/fuzz_jinja -max_total_time=$(FUZZ_TIME) -max_len=16384 -timeout=10 \
+	  -rss_limit_mb=4096 -dict=fuzz/jinja.dict -artifact_prefix=build-fuzz/jinja- build-fuzz/corpus-jinja \
+	  tests/fixtures/jinja
 
 # ---- fuzzing the server's request handling ----------------------------------
 # `make fuzz-server` builds fuzz/fuzz_server.c (cas_srv_parse: routing, API

@@ -297,7 +297,24 @@ static void test_chat_llama3(void) {
     CHECKF(!strcmp(out, want), "got:\n%s", out);
     free(out);
     cas_chat_template_free(&tpl);
-    CHECK(cas_chat_template_parse("{{ messages }}", &tpl) == CAS_ERR_UNSUPPORTED && tpl.kind == CAS_CHAT_UNKNOWN);
+    /* any template the interpreter takes renders, family or not (here Python's repr of the messages) */
+    REQUIRE(cas_chat_template_parse("{{ messages }}", &tpl) == CAS_OK);
+    CHECK(tpl.kind == CAS_CHAT_JINJA && tpl.jinja);
+    REQUIRE(cas_chat_apply(&tpl, msgs, 1, 1, &out) == CAS_OK);
+    CHECKF(!strcmp(out, "[{'role': 'system', 'content': 'You are terse.'}]"), "got:\n%s", out);
+    free(out);
+    cas_chat_template_free(&tpl);
+    /* neither compiled nor of a known family: refused, naming the cause */
+    CHECK(cas_chat_template_parse("{% include 'other.jinja' %}", &tpl) == CAS_ERR_UNSUPPORTED &&
+          tpl.kind == CAS_CHAT_UNKNOWN);
+    CHECKF(strstr(cas_last_error(), "unsupported tag 'include'"), "%s", cas_last_error());
+    cas_chat_template_free(&tpl);
+    /* a family template the interpreter cannot compile falls back to the family's routine */
+    REQUIRE(cas_chat_template_parse("{% include 'x' %}<|im_start|>{{ m }}<|im_end|>", &tpl) == CAS_OK);
+    CHECK(tpl.kind == CAS_CHAT_CHATML && !tpl.jinja);
+    REQUIRE(cas_chat_apply(&tpl, msgs + 1, 1, 1, &out) == CAS_OK);
+    CHECKF(!strcmp(out, "<|im_start|>user\n  Hi there \n<|im_end|>\n<|im_start|>assistant\n"), "got:\n%s", out);
+    free(out);
     cas_chat_template_free(&tpl);
     CHECK(cas_chat_template_parse(NULL, &tpl) == CAS_ERR_INVALID);
     CHECK(!strcmp(cas_chat_kind_name(CAS_CHAT_LLAMA3), "llama3"));

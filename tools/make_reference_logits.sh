@@ -5,6 +5,9 @@
 # cascade runs (tools/make_arch_models.py) with llama.cpp's logits, greedy
 # tokens and token ids of tricky strings for each (tiny-*-reference.json).
 # WHAT=smollm2 or WHAT=arch makes only one of the two (default: both).
+# WHAT=templates (also part of the default) renders the sdist's chat
+# templates (models/templates/) with cascade and jinja2 and writes
+# bench/results/chat-templates.json (tools/check_templates.py).
 #
 # How: pip downloads the source distribution of llama-cpp-python from PyPI
 # (which vendors llama.cpp), cmake builds its llama library CPU-only, and
@@ -24,6 +27,8 @@ if [ ! -d "$REF_DIR/llama_cpp_python-$VER" ]; then
    tar xzf "llama_cpp_python-$VER.tar.gz")
 fi
 L="$REF_DIR/llama_cpp_python-$VER/vendor/llama.cpp"
+check_templates() { make -s -j"$(nproc)" all && python3 tools/check_templates.py --templates "$L/models/templates"; }
+if [ "${WHAT:-all}" = templates ]; then check_templates; exit; fi
 if [ ! -f "$L/build/src/libllama.a" ]; then
   cmake -S "$L" -B "$L/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_BLAS=OFF \
     -DGGML_OPENMP=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
@@ -54,6 +59,7 @@ for e in m["models"]:
     print("wrote", e["reference"])
 EOF
 fi
+[ "$WHAT" = all ] && check_templates
 [ "$WHAT" = all ] || [ "$WHAT" = smollm2 ] || exit 0
 # The prompts: plain text, a ChatML conversation (special tokens parsed), and
 # a longer passage (several pages of KV at page size 16).

@@ -24,6 +24,7 @@ python3 -c "import numpy" 2>/dev/null || py_need+=(numpy)
 python3 -c "import matplotlib" 2>/dev/null || py_need+=(matplotlib)
 python3 -c "import openai" 2>/dev/null || py_need+=(openai)  # check_server.py: the official client
 python3 -c "import gguf" 2>/dev/null || py_need+=(gguf)      # tools/truncate_gguf.py and its check
+python3 -c "import jinja2" 2>/dev/null || py_need+=(jinja2)  # tests/check_jinja.py: the reference for chat templates
 if [ ${#py_need[@]} -gt 0 ]; then
   echo "setup: pip installing ${py_need[*]}"
   python3 -m pip install -q "${py_need[@]}" 2>/dev/null ||

@@ -261,10 +261,53 @@ cas_status cas_tok_decode(const cas_tok *t, const int32_t *ids, size_t n, unsign
                           char *buf, size_t cap, size_t *len_out);
 
 /* ======================================================================
+ * Jinja templates (jinja.c)
+ *
+ * An interpreter for the Jinja subset chat templates use, with the
+ * semantics of Python's jinja2 as Hugging Face's apply_chat_template sets
+ * it up (trim_blocks, lstrip_blocks, tojson as json.dumps without ASCII
+ * escaping, raise_exception, strftime_now, an immutable sandbox). A
+ * compiled template is read-only: any number of threads may render it at
+ * once. Every error (syntax, an unsupported tag, filter or test, a
+ * runtime type error, a limit) is a status with a message naming the line
+ * and column; nothing is read outside the source or the context.
+ * ====================================================================== */
+
+typedef struct cas_jinja cas_jinja; /* opaque: a compiled template */
+
+/* Bounds on one render; 0 fields take the defaults. */
+typedef struct {
+    size_t max_output;  /* bytes of rendered text (default 16 MiB) */
+    size_t max_memory;  /* bytes of values the render may hold (default 256 MiB) */
+    int64_t max_steps;  /* loop iterations, macro calls and range() items together (default 1e6) */
+    int64_t now;        /* strftime_now's time: seconds since the epoch, formatted in UTC;
+                         * < 0: the clock, in local time */
+} cas_jinja_limits;
+
+/* Compiles len bytes of template source. CAS_ERR_UNSUPPORTED with
+ * "jinja: line L column C: ..." for a syntax error or a construct outside
+ * the subset. Free with cas_jinja_destroy (NULL is a no-op). */
+cas_status cas_jinja_compile(const char *src, size_t len, cas_jinja **out);
+void cas_jinja_destroy(cas_jinja *t);
+
+/* Renders with the variables of a JSON object (len bytes; len 0: none),
+ * e.g. {"messages": [...], "add_generation_prompt": true, "bos_token": ...}.
+ * lim may be NULL. *out is NUL-terminated, *out_len (may be NULL) its byte
+ * length; the caller frees *out with free(). Errors: CAS_ERR_INVALID for a
+ * bad context or the template's raise_exception() (the conversation does
+ * not fit the template), CAS_ERR_NOMEM for a limit of memory or output,
+ * CAS_ERR_UNSUPPORTED for any other runtime error. */
+cas_status cas_jinja_render(const cas_jinja *t, const char *context_json, size_t len, const cas_jinja_limits *lim,
+                            char **out, size_t *out_len);
+
+/* ======================================================================
  * Chat templates (chat.c)
  *
- * No Jinja interpreter: the file's tokenizer.chat_template is recognised by
- * its markers and rendered by a fixed C routine per family. ChatML
+ * The file's tokenizer.chat_template is compiled by the Jinja interpreter
+ * above and rendered with messages, add_generation_prompt, bos_token,
+ * eos_token and tools = none. Two families are also recognised by their
+ * markers and have a fixed C routine each, used only when the interpreter
+ * cannot compile or run the file's template: ChatML
  * (<|im_start|>role\ncontent<|im_end|>\n), including templates that insert a
  * default system message when the conversation has none (SmolLM2), and
  * Llama 3 (<|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\n
@@ -274,7 +317,8 @@ cas_status cas_tok_decode(const cas_tok *t, const int32_t *ids, size_t n, unsign
 typedef enum {
     CAS_CHAT_UNKNOWN = 0,
     CAS_CHAT_CHATML = 1,
-    CAS_CHAT_LLAMA3 = 2
+    CAS_CHAT_LLAMA3 = 2,
+    CAS_CHAT_JINJA = 3 /* no known family: the interpreter alone renders it */
 } cas_chat_kind;
 
 typedef struct {
@@ -283,28 +327,47 @@ typedef struct {
 } cas_chat_msg;
 
 typedef struct {
-    cas_chat_kind kind;
+    cas_chat_kind kind; /* the family the markers name, else CAS_CHAT_JINJA */
     /* ChatML: the system message the template adds when the first message
      * is not a system message; NULL for none. Owned (cas_chat_template_free). */
     char *default_system;
     /* 1 if the rendered text starts with the BOS token's text, so it should be
      * tokenized without CAS_TOK_ADD_SPECIAL adding another. */
     int includes_bos;
+    cas_jinja *jinja;   /* the compiled template; NULL: the family's routine renders */
+    char *bos_token;    /* the texts the template sees as bos_token and eos_token; owned */
+    char *eos_token;
 } cas_chat_template;
 
-/* Recognises a Jinja template string. CAS_ERR_UNSUPPORTED (kind UNKNOWN)
- * when it matches no known family. Free with cas_chat_template_free. */
+/* Compiles a Jinja template string, with bos_token and eos_token as the
+ * template will see them (NULL: the family's usual tokens, else "").
+ * CAS_ERR_UNSUPPORTED (kind UNKNOWN) when the interpreter cannot compile it
+ * and it matches no known family. Free with cas_chat_template_free. */
+cas_status cas_chat_template_create(const char *jinja, const char *bos_token, const char *eos_token,
+                                    cas_chat_template *out);
+/* cas_chat_template_create with the family's usual tokens. */
 cas_status cas_chat_template_parse(const char *jinja, cas_chat_template *out);
-/* From a file's tokenizer.chat_template; CAS_ERR_FORMAT if it has none. */
+/* From a file's tokenizer.chat_template, with its BOS and EOS tokens' texts;
+ * CAS_ERR_FORMAT if it has none. */
 cas_status cas_chat_template_from_gguf(const cas_gguf *g, cas_chat_template *out);
 void cas_chat_template_free(cas_chat_template *tpl);
 const char *cas_chat_kind_name(cas_chat_kind kind);
 
 /* Renders n messages; with add_generation_prompt the text ends with the
  * opening of an assistant turn. *out is a NUL-terminated string that the
- * caller frees with free(). */
+ * caller frees with free(). CAS_ERR_INVALID when the template refuses the
+ * conversation (raise_exception: roles that do not alternate, a system
+ * message it does not take). */
 cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs, size_t n,
                           int add_generation_prompt, char **out);
+
+/* Renders with a caller-made JSON context object (messages with content
+ * parts or tool_calls, tools, add_generation_prompt, extra variables);
+ * bos_token and eos_token are the template's unless the context sets them.
+ * Needs the interpreter (CAS_ERR_UNSUPPORTED when tpl->jinja is NULL). lim
+ * may be NULL. */
+cas_status cas_chat_apply_json(const cas_chat_template *tpl, const char *context_json,
+                               const cas_jinja_limits *lim, char **out);
 
 /* ======================================================================
  * Llama-family forward pass on the CPU (llama.c)

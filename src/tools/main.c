@@ -16,6 +16,7 @@ static const struct {
     {"bench", cmd_bench, "offline serving benchmark: synthetic shared-prefix requests through the engine"},
     {"generate", cmd_generate, "generate text for one or several prompts (batched, shared prefix pages)"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (completions, chat, streaming, metrics)"},
+    {"template", cmd_template, "render a chat template (the model's or a Jinja file) over a JSON conversation"},
     {"tokenize", cmd_tokenize, "print the token ids of a text as a JSON array"},
 };
 

@@ -9,6 +9,7 @@ int cmd_attn_bench(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 
 #endif
