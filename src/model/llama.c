@@ -169,7 +169,7 @@ static cas_status find_mat(const cas_gguf *g, const char *name, int64_t rows, in
     if (!cas_tensor_type_supported(t->type))
         return cas_error(CAS_ERR_UNSUPPORTED,
                          "model: tensor %s has type %s, which cascade cannot compute with "
-                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
                          "iq4_nl, iq4_xs)",
                          name, cas_ttype_ggml_name(t->type) ? cas_ttype_ggml_name(t->type) : "?");
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
