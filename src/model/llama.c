@@ -1160,6 +1160,13 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
     for (int32_t l = 0; l < c->n_layers; l++) {
         const cas_layer *L = &m->layers[l];
         if (T == 1 && L->wqkv.rows) {
+            /* the residual of the layer before, where it ran the batched path (a file
+             * whose layers mix types, so that only some are fused), as its next
+             * product would have added it */
+            if (residual_due) {
+                for (int64_t i = 0; i < E; i++) m->x[i] += m->proj[i];
+                residual_due = 0;
+            }
             int32_t p = m->pos[0];
             int32_t page = b->kv_indices[b->kv_indptr[0] + p / ps];
             size_t at = (size_t)page * pbytes + (size_t)(p % ps) * (size_t)KD * es;
