@@ -100,13 +100,13 @@ CHATS = [
 ]
 
 
-def read_vocab():
-    """The first VOCAB tokens of the default model, their types, and the merges among them."""
+def read_vocab(n=VOCAB):
+    """The first n tokens of the default model, their types, and the merges among them."""
     r = GGUFReader(SRC_MODEL)
     f = r.fields["tokenizer.ggml.tokens"]
-    tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data][:VOCAB]
+    tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data][:n]
     f = r.fields["tokenizer.ggml.token_type"]
-    types = [int(f.parts[i][0]) for i in f.data][:VOCAB]
+    types = [int(f.parts[i][0]) for i in f.data][:n]
     f = r.fields["tokenizer.ggml.merges"]
     have = set(tokens)
     merges = []
@@ -135,8 +135,11 @@ def llama3_rope_factors(n_rot, base, factor=8.0, low=1.0, high=4.0, old_ctx=32):
     return np.array(out, dtype=np.float32)
 
 
-def write_model(path, spec, vocab, rng):
+def write_model(path, spec, vocab, rng, dtype=np.float16):
+    """spec's model with random weights from rng; the matrices and the token
+    embedding in dtype (np.float16 or np.float32), the 1-D weights f32."""
     tokens, types, merges = vocab
+    nv = len(tokens)
     arch = spec["arch"]
     E, F, L = spec["embd"], spec["ff"], spec["layers"]
     H, HKV, D = spec["heads"], spec["kv_heads"], spec["head_dim"]
@@ -172,16 +175,16 @@ def write_model(path, spec, vocab, rng):
         w.add_chat_template(spec["template"])
 
     def mat(rows, cols, scale=1.0):
-        return (rng.standard_normal((rows, cols)) * (scale / math.sqrt(cols))).astype(np.float16)
+        return (rng.standard_normal((rows, cols)) * (scale / math.sqrt(cols))).astype(dtype)
 
     def norm(n, spread=0.1):
         return (1.0 + spread * rng.standard_normal(n)).astype(np.float32)
 
     # embeddings of spread 0.3: the input is normed anyway; tied, they give logits of spread ~3
-    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((VOCAB, E))).astype(np.float16))
+    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((nv, E))).astype(dtype))
     w.add_tensor("output_norm.weight", norm(E))
     if not spec.get("tied", True):
-        out = (rng.standard_normal((VOCAB, E)) * (3.0 / math.sqrt(E))).astype(np.float32)
+        out = (rng.standard_normal((nv, E)) * (3.0 / math.sqrt(E))).astype(np.float32)
         q = gguf.quants.quantize(out, GGMLQuantizationType.Q8_0)
         w.add_tensor("output.weight", q, raw_shape=q.shape, raw_dtype=GGMLQuantizationType.Q8_0)
     if spec.get("rope_factors"):
