@@ -134,9 +134,12 @@ model:
 	bash tools/get_model.sh
 
 # Remakes the reference fixtures from llama.cpp (tests/fixtures/: the default
-# model's logits, and the tiny models of every architecture with theirs):
+# model's logits, the tiny models of every architecture with theirs, and a
+# tiny model quantized by llama.cpp's llama-quantize to each type with
+# theirs; and the default model requantized to each type in models/quants/):
 # builds llama.cpp from the llama-cpp-python sdist on PyPI, ~15 minutes on 2
-# cores. The tests read the committed fixtures; they need neither.
+# cores (WHAT=smollm2, arch or quants for one part). The tests read the
+# committed fixtures; they need neither.
 reference:
 	bash tools/make_reference_logits.sh
 

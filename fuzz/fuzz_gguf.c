@@ -3,7 +3,7 @@
  * cascade that parses untrusted bytes. Each input is opened from memory; if
  * the reader accepts it, everything it hands out is read back (every key
  * through every getter, every array element, every tensor byte), and the
- * tokenizer is built from it and run, and K-quant and IQ4 tensors go
+ * tokenizer is built from it and run, and K-quant, IQ4 and Q5 tensors go
  * through their kernels, so that a header the reader lets through cannot
  * crash its first consumers either. Build and run with
  * `make fuzz` (clang, -fsanitize=fuzzer,address,undefined); see README.md.
@@ -18,7 +18,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* A tensor of a K-quant or IQ4 type goes through the dequantizer, the
+/* A tensor of a K-quant, IQ4 or Q5 type goes through the dequantizer, the
  * activation quantizer and the matrix-vector kernels (portable, and AVX2
  * where the CPU has it) on its first rows: any bytes are valid blocks (every
  * code and scale field is in range by construction; the f16 scales may be

@@ -133,12 +133,12 @@ def main():
     q8 = bytes(34)
     tens = [("w.f32", [3, 2], 0, f32), ("w.q4_0", [64], 2, q4), ("w.q8_0", [32, 1], 8, q8),
             ("w.f16", [4], 1, struct.pack("<4H", 0, 0x3c00, 0x4000, 0x4200))]
-    # two rows of one block of each K-quant and IQ4 type (ggml ids, block bytes),
+    # two rows of one block of each K-quant, IQ4 and Q5 type (ggml ids, block bytes),
     # patterned bytes after an f16 1.0 (the scale d of the types that start with it)
     kq = []
     for name, tt, bb, bs in [("q2_k", 10, 84, 256), ("q3_k", 11, 110, 256), ("q4_k", 12, 144, 256),
                              ("q5_k", 13, 176, 256), ("q6_k", 14, 210, 256), ("iq4_nl", 20, 18, 32),
-                             ("iq4_xs", 23, 136, 256)]:
+                             ("iq4_xs", 23, 136, 256), ("q5_0", 6, 22, 32), ("q5_1", 7, 24, 32)]:
         blk = b"\x00\x3c" + bytes((i * 37 + tt) % 256 for i in range(bb - 2))
         kq.append(("w." + name, [bs, 2], tt, blk * 2))
     seeds = {

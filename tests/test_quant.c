@@ -139,7 +139,10 @@ static void test_type_info(void) {
     CHECK(strcmp(cas_tensor_type_name(CAS_T_BF16), "bf16") == 0);
     CHECK(strcmp(cas_tensor_type_name(99), "?") == 0);
     for (int i = 0; i < N_TYPES; i++) CHECK(cas_tensor_type_supported(k_types[i]));
-    CHECK(!cas_tensor_type_supported(6) && !cas_tensor_type_supported(16));
+    /* ids the GGUF reader can size but the kernels cannot compute with, named in the error */
+    CHECK(!cas_tensor_type_supported(CAS_T_Q8_1) && !cas_tensor_type_supported(CAS_T_Q8_K) && !cas_tensor_type_supported(16));
+    CHECK(cas_tensor_row_bytes(CAS_T_Q8_1, 64, &rb) == CAS_ERR_UNSUPPORTED && strstr(cas_last_error(), "q8_1"));
+    CHECK(cas_tensor_row_bytes(41, 64, &rb) == CAS_ERR_UNSUPPORTED && strstr(cas_last_error(), "q1_0"));
 }
 
 /* Hand-built blocks pin the layout: ggml's nibble order puts element i in the
@@ -700,9 +703,9 @@ static void test_bad_input(void) {
     }
 }
 
-/* ---- K-quants and IQ4 ------------------------------------------------------
- * Q2_K..Q6_K and IQ4_XS quantize x per 256-element super-block (IQ4_NL per
- * 32-element block) to d_b = amax_b / 127, so the x term of the tolerance is
+/* ---- K-quants, IQ4 and Q5 -------------------------------------------------
+ * Q2_K..Q6_K and IQ4_XS quantize x per 256-element super-block (IQ4_NL, Q5_0
+ * and Q5_1 per 32-element block) to d_b = amax_b / 127, so the x term of the tolerance is
  * sum_b (d_b / 2) sum_{i in b} |w_i| as above, with 256-element b.
  *
  * The f32 part is derived from the kernels' chain (quant_k.h): per block k
@@ -721,11 +724,16 @@ static void test_bad_input(void) {
  * K = blocks per row, twice that with a minimum. Paths, thread counts and
  * batch sizes must agree bit for bit (the contract in quant_impl.h). */
 
-static const int kq_types[] = {CAS_T_Q4_K, CAS_T_Q6_K, CAS_T_Q5_K, CAS_T_Q3_K, CAS_T_Q2_K, CAS_T_IQ4_NL, CAS_T_IQ4_XS};
+static const int kq_types[] = {CAS_T_Q4_K, CAS_T_Q6_K, CAS_T_Q5_K, CAS_T_Q3_K, CAS_T_Q2_K,
+                               CAS_T_IQ4_NL, CAS_T_IQ4_XS, CAS_T_Q5_0, CAS_T_Q5_1};
 #define N_KQ ((int)(sizeof kq_types / sizeof kq_types[0]))
 
-static int kq_has_min(int t) { return t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K; }
-static int64_t kq_xblock(int t) { return t == CAS_T_IQ4_NL ? 32 : 256; }
+/* Q5_1's minimum m is added (x = d v + m), the others' subtracted: either way
+ * a second chain step per block. */
+static int kq_has_min(int t) { return t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K || t == CAS_T_Q5_1; }
+/* the types of 32-element blocks (rows a multiple of 32, x quantized per 32) */
+static int kq_b32(int t) { return t == CAS_T_IQ4_NL || t == CAS_T_Q5_0 || t == CAS_T_Q5_1; }
+static int64_t kq_xblock(int t) { return kq_b32(t) ? 32 : 256; }
 
 /* Byte offsets of a block's f16 d and dmin (-1: none), from the formats in
  * quant_impl.h. */
@@ -734,7 +742,7 @@ static void kq_scale_offsets(int t, int *d, int *dmin) {
     switch (t) {
     case CAS_T_Q2_K: *d = 80, *dmin = 82; break;
     case CAS_T_Q3_K: *d = 108; break;
-    case CAS_T_Q4_K: case CAS_T_Q5_K: *d = 0, *dmin = 2; break;
+    case CAS_T_Q4_K: case CAS_T_Q5_K: case CAS_T_Q5_1: *d = 0, *dmin = 2; break;
     case CAS_T_Q6_K: *d = 208; break;
     default: *d = 0; break;
     }
@@ -887,7 +895,7 @@ static void test_kq_kernels(void) {
                 int64_t ms[3] = {1, 3, 17};
                 kq_case(t, rows, n, ms, rows * n <= 13 * 2816 ? 3 : 2, &rng);
             }
-        if (t == CAS_T_IQ4_NL) { /* rows of 32-element blocks: the model's 576 and 1536 */
+        if (kq_b32(t)) { /* rows of 32-element blocks: the model's 576 and 1536 */
             int64_t ms[3] = {1, 2, 17};
             kq_case(t, 11, 32, ms, 3, &rng);
             kq_case(t, 37, 576, ms, 3, &rng);
@@ -905,7 +913,7 @@ static void test_kq_batch_invariance(void) {
     const int64_t rows = 37, M = 40;
     for (int ti = 0; ti < N_KQ; ti++) {
         const int t = kq_types[ti];
-        const int64_t n = t == CAS_T_IQ4_NL ? 576 : 768;
+        const int64_t n = kq_b32(t) ? 576 : 768;
         float *w = cas_alloc_array((size_t)(rows * n), 4), *wd = cas_alloc_array((size_t)(rows * n), 4);
         float *x = cas_alloc_array((size_t)(M * n), 4), *y = cas_alloc_array((size_t)(M * rows), 4);
         float *alone = cas_alloc_array((size_t)(M * rows), 4), *alone_g = cas_alloc_array((size_t)(M * rows), 4);
@@ -958,7 +966,7 @@ static void test_kq_in_region(void) {
     const int avx2 = have_avx2();
     for (int ti = 0; ti < N_KQ; ti++) {
         const int t = kq_types[ti];
-        const int64_t n = t == CAS_T_IQ4_NL ? 1536 : 1792;
+        const int64_t n = kq_b32(t) ? 1536 : 1792;
         float *x = cas_alloc_array((size_t)n, 4), *w = cas_alloc_array((size_t)(rows * n), 4);
         float *wd = cas_alloc_array((size_t)(rows * n), 4), *y = cas_alloc_array((size_t)rows, 4);
         float *y2 = cas_alloc_array((size_t)rows, 4);
@@ -1073,6 +1081,8 @@ static void test_kq_fixture(void) {
  * magnitude below zero); symmetric types (levels qlo..qhi) by one step,
  * amax_j / |qlo| + d, for the value of the opposite sign; the IQ4 types by
  * 14 steps (the table's widest half-gap is 12, and 127 lies 14 from 113).
+ * Q5_0 (levels -16..15 against the extreme value) errs by one step for the
+ * opposite sign, Q5_1 (0..31 from the block's minimum) by half a step.
  * Each bound gets 2^-9 of the largest magnitude for the f16 scales. */
 static void test_kq_roundtrip(void) {
     cas_rng rng;
@@ -1088,8 +1098,8 @@ static void test_kq_roundtrip(void) {
         const int t = kq_types[ti];
         uint8_t *q = NULL;
         make_matrix(t, w, rows, n, &q, wd);
-        const int sub = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_IQ4_XS || t == CAS_T_IQ4_NL ? 32 : 16;
-        const int64_t bs = t == CAS_T_IQ4_NL ? 32 : 256;
+        const int sub = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_IQ4_XS || kq_b32(t) ? 32 : 16;
+        const int64_t bs = kq_xblock(t);
         int bad = 0;
         for (int64_t b = 0; b < rows * n && bad < 3; b += bs) {
             double rmax = 0, mmax = 0, amax = 0, big = 0;
@@ -1109,6 +1119,8 @@ static void test_kq_roundtrip(void) {
                 case CAS_T_Q6_K: bound = am / 32 + amax / (32 * 127); break;
                 case CAS_T_Q3_K: bound = am / 4 + amax / (4 * 31); break;
                 case CAS_T_IQ4_XS: bound = 14 * (am / 127 + amax / (127 * 31)); break;
+                case CAS_T_Q5_0: bound = am / 16; break;           /* levels -16..15 */
+                case CAS_T_Q5_1: bound = (hi - lo) / 31 / 2; break; /* levels 0..31 over the block's range */
                 default: bound = 14 * am / 127; break;
                 }
                 bound += big * 0x1p-9;
@@ -1132,7 +1144,7 @@ static void test_kq_type_info(void) {
     static const struct { int t; size_t bytes; int64_t bs; const char *name; } want[] = {
         {CAS_T_Q2_K, 84, 256, "q2_k"},   {CAS_T_Q3_K, 110, 256, "q3_k"},  {CAS_T_Q4_K, 144, 256, "q4_k"},
         {CAS_T_Q5_K, 176, 256, "q5_k"},  {CAS_T_Q6_K, 210, 256, "q6_k"},  {CAS_T_IQ4_NL, 18, 32, "iq4_nl"},
-        {CAS_T_IQ4_XS, 136, 256, "iq4_xs"},
+        {CAS_T_IQ4_XS, 136, 256, "iq4_xs"}, {CAS_T_Q5_0, 22, 32, "q5_0"},  {CAS_T_Q5_1, 24, 32, "q5_1"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         CHECK(cas_tensor_type_supported(want[i].t));
@@ -1142,9 +1154,11 @@ static void test_kq_type_info(void) {
         CHECK(cas_tensor_row_bytes(want[i].t, 3 * want[i].bs, &rb) == CAS_OK && rb == 3 * want[i].bytes);
         CHECK(cas_tensor_row_bytes(want[i].t, want[i].bs + 32 * (want[i].bs > 32), &rb) == (want[i].bs > 32 ? CAS_ERR_INVALID : CAS_OK));
     }
-    /* the model's 576-wide rows take IQ4_NL but no super-block type */
+    /* the model's 576-wide rows take IQ4_NL, Q5_0 and Q5_1 but no super-block type */
     CHECK(cas_tensor_row_bytes(CAS_T_Q4_K, 576, &rb) == CAS_ERR_INVALID && strstr(cas_last_error(), "256"));
     CHECK(cas_tensor_row_bytes(CAS_T_IQ4_NL, 576, &rb) == CAS_OK && rb == 18 * 18);
+    CHECK(cas_tensor_row_bytes(CAS_T_Q5_0, 576, &rb) == CAS_OK && rb == 18 * 22);
+    CHECK(cas_tensor_row_bytes(CAS_T_Q5_1, 576, &rb) == CAS_OK && rb == 18 * 24);
     /* K-quant weights have no packed (AMX) layout: batched calls take the vector kernels */
     CHECK(cas_q_packed_bytes(CAS_T_Q4_K, 16, 256) == 0 && cas_q_packed_block_bytes(CAS_T_Q6_K) == 0);
     uint8_t w[144] = {0};
@@ -1198,7 +1212,8 @@ static int bench_main(void) {
     static const int cmp[] = {CAS_T_Q4_1, CAS_T_Q8_0};
     for (int i = 0; i < 2; i++) bench_line("decode ffn down 576x1536", cmp[i], 576, 1536, 1, 1, bw, NULL);
     for (int i = 0; i < N_KQ; i++) bench_line("decode ffn down 576x1536", kq_types[i], 576, 1536, 1, 1, bw, NULL);
-    bench_line("decode ffn up 1536x576", CAS_T_IQ4_NL, 1536, 576, 1, 1, bw, NULL);
+    for (int i = 0; i < N_KQ; i++)
+        if (kq_b32(kq_types[i])) bench_line("decode ffn up 1536x576", kq_types[i], 1536, 576, 1, 1, bw, NULL);
     for (int i = 0; i < 2; i++) bench_line("batched 32 tokens", cmp[i], 576, 1536, 32, 1, bw, NULL);
     for (int i = 0; i < N_KQ; i++) bench_line("batched 32 tokens", kq_types[i], 576, 1536, 32, 1, bw, NULL);
     bench_line("batched 128 tokens", CAS_T_Q4_1, 1536, 576, 128, 1, bw, NULL);

@@ -119,13 +119,13 @@ CHATS = [
 ]
 
 
-def read_vocab():
-    """The first VOCAB tokens of the default model, their types, and the merges among them."""
+def read_vocab(n=VOCAB):
+    """The first n tokens of the default model, their types, and the merges among them."""
     r = GGUFReader(SRC_MODEL)
     f = r.fields["tokenizer.ggml.tokens"]
-    tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data][:VOCAB]
+    tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data][:n]
     f = r.fields["tokenizer.ggml.token_type"]
-    types = [int(f.parts[i][0]) for i in f.data][:VOCAB]
+    types = [int(f.parts[i][0]) for i in f.data][:n]
     f = r.fields["tokenizer.ggml.merges"]
     have = set(tokens)
     merges = []
@@ -224,7 +224,9 @@ def llama3_rope_factors(n_rot, base, factor=8.0, low=1.0, high=4.0, old_ctx=32):
     return np.array(out, dtype=np.float32)
 
 
-def write_model(path, spec, vocab, rng):
+def write_model(path, spec, vocab, rng, dtype=np.float16):
+    """spec's model with random weights from rng; the matrices and the token
+    embedding in dtype (np.float16 or np.float32), the 1-D weights f32."""
     arch = spec["arch"]
     gemma = arch in ("gemma2", "gemma3")
     E, F, L = spec["embd"], spec["ff"], spec["layers"]
@@ -292,13 +294,13 @@ def write_model(path, spec, vocab, rng):
     n_vocab = len(tokens)
 
     def mat(rows, cols, scale=1.0):
-        return (rng.standard_normal((rows, cols)) * (scale / math.sqrt(cols))).astype(np.float16)
+        return (rng.standard_normal((rows, cols)) * (scale / math.sqrt(cols))).astype(dtype)
 
     def norm(n, spread=0.1):
         return (1.0 + spread * rng.standard_normal(n)).astype(np.float32)
 
     # embeddings of spread 0.3: the input is normed anyway; tied, they give logits of spread ~3
-    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((n_vocab, E))).astype(np.float16))
+    w.add_tensor("token_embd.weight", (0.3 * rng.standard_normal((n_vocab, E))).astype(dtype))
     w.add_tensor("output_norm.weight", norm(E))
     if not spec.get("tied", True):
         out = (rng.standard_normal((n_vocab, E)) * (3.0 / math.sqrt(E))).astype(np.float32)

@@ -176,7 +176,7 @@ static cas_status find_mat(const cas_gguf *g, const char *name, int64_t rows, in
     if (!cas_tensor_type_supported(t->type))
         return cas_error(CAS_ERR_UNSUPPORTED,
                          "model: tensor %s has type %s, which cascade cannot compute with "
-                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                         "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, "
                          "iq4_nl, iq4_xs)",
                          name, cas_ttype_ggml_name(t->type) ? cas_ttype_ggml_name(t->type) : "?");
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
@@ -1312,6 +1312,13 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
         /* the single-token layer adds each residual by rows of its threads: no post-norm, whose
          * RMS needs the whole row, and no GELU gate */
         if (T == 1 && L->wqkv.rows && !c->post_norms && !c->gelu_gate) {
+            /* the residual of the layer before, where it ran the batched path (a file
+             * whose layers mix types, so that only some are fused), as its next
+             * product would have added it (no post-norm: no model here has one) */
+            if (residual_due) {
+                for (int64_t i = 0; i < E; i++) m->x[i] += m->proj[i];
+                residual_due = 0;
+            }
             int32_t p = m->pos[0];
             int32_t page = b->kv_indices[b->kv_indptr[0] + p / ps];
             size_t at = (size_t)page * pbytes + (size_t)(p % ps) * (size_t)KD * es;

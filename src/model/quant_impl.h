@@ -1,7 +1,7 @@
 /*
  * quant_impl.h: tensor element types and the CPU matrix kernels of the model
  * layer (internal to src/model). Weights stay in their file format (ggml's
- * 32-element blocks for Q8_0, Q4_0, Q4_1, IQ4_NL; its 256-element super-
+ * 32-element blocks for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; its 256-element super-
  * blocks for Q2_K .. Q6_K and IQ4_XS; plain F32, F16, BF16) and the
  * kernels read them in place, because decode is bound by the bytes of weights
  * read per token: unpacking to f32 first would multiply those bytes by 4-8.
@@ -25,6 +25,10 @@
  *   Q4_K (144):       v 0..15,  sc, mn 6 bits   IQ4_XS (136): v = T[4 bits], sc 6 bits
  *   IQ4_NL (18, 32-element blocks): f16 d, x = d * T[4 bits]
  * where T is a fixed table of 16 values in -127..113 (cas_qk_iq4_values).
+ * Q5_0 and Q5_1 (quant_k.c too, 32-element blocks: the 4-bit types with a
+ * fifth bit per element in a 32-bit qh):
+ *   Q5_0 (22): f16 d, u32 qh, qs[16];          x = d * (v - 16), v 0..31
+ *   Q5_1 (24): f16 d, f16 m, u32 qh, qs[16];   x = d * v + m
  * Files mix them per tensor (a Q4_K_M file holds Q4_K and Q6_K matrices, and
  * falls back to other types for rows that are not a multiple of 256).
  *
@@ -36,17 +40,18 @@
  * sum_{i in b} |w_i| plus f32 rounding. Float weights (F32, F16, BF16) use x
  * as given. The K-quant and IQ4_XS kernels quantize x per 256-element
  * super-block (the activation ggml calls Q8_K, with the sums of each 16
- * elements for the minimum and offset terms), IQ4_NL per 32-element block;
- * the same bound holds with those blocks.
+ * elements for the minimum and offset terms), IQ4_NL, Q5_0 and Q5_1 per
+ * 32-element block; the same bound holds with those blocks.
  *
- * Batch invariance (K-quant and IQ4 types): row i of cas_q_matmul(..., m,
+ * Batch invariance (K-quant, IQ4 and Q5 types): row i of cas_q_matmul(..., m,
  * ...) is bitwise identical to cas_q_matvec on row i of x alone, for every m,
  * every thread count and every instruction-set path (portable and AVX2 give
  * the same bits too), and to cas_q_matvec_range. Every path quantizes x per
  * token the same way, computes each block's integer dot product exactly
  * (int32), and accumulates one f32 chain per (weight row, token) over the
  * blocks in order: s = fma((float)isum_b, d_w * d_x, s), then for the types
- * with a minimum s = fma((float)imin_b, -(dmin_w * d_x), s).
+ * with a minimum s = fma((float)imin_b, -(dmin_w * d_x), s) (Q5_1, whose
+ * minimum m is added: s = fma((float)xsum_b, m_w * d_x, s)).
  *
  * Batch invariance: y for one token does not depend on the other tokens of
  * the call, on m, on the thread count or on which kernel ran, only on the
@@ -80,7 +85,8 @@
 /* ---- type info ---------------------------------------------------------- */
 
 /* 1 when the kernels here can compute with type t (F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), else 0. */
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS),
+ * else 0. */
 int cas_tensor_type_supported(int t);
 
 /* Elements per block (1 for plain types, 32 or 256 for quantized); 0 if t is

@@ -1,12 +1,12 @@
 /*
- * quant_k.c: the K-quant (Q2_K .. Q6_K) and IQ4 (IQ4_NL, IQ4_XS) weight
- * types: their block formats, round-to-nearest quantizers for tests and
+ * quant_k.c: the K-quant (Q2_K .. Q6_K), IQ4 (IQ4_NL, IQ4_XS) and Q5 (Q5_0,
+ * Q5_1) weight types: their block formats, round-to-nearest quantizers for tests and
  * synthetic weights, the activation quantizer they pair with, the portable
  * kernels and the threading of a matrix call (quant.c forwards here).
  *
  * The portable code works on one decoded block at a time (kblk below: the
  * f16 scales, the integer scale and minimum of each sub-block, and each
- * element's stored code), so that the six formats share one dequantizer and
+ * element's stored code), so that the nine formats share one dequantizer and
  * one dot product and differ only in how their bits are packed. It is the
  * reference for the AVX2 and AVX-512 kernels, which must give the same bits
  * (see quant_k.h: exact integer sums per block, one f32 fma chain per row
@@ -25,7 +25,7 @@ const int8_t cas_qk_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 
 int cas_qk_type(int t) {
     switch (t) {
     case CAS_T_Q2_K: case CAS_T_Q3_K: case CAS_T_Q4_K: case CAS_T_Q5_K: case CAS_T_Q6_K:
-    case CAS_T_IQ4_NL: case CAS_T_IQ4_XS:
+    case CAS_T_IQ4_NL: case CAS_T_IQ4_XS: case CAS_T_Q5_0: case CAS_T_Q5_1:
         return 1;
     default:
         return 0;
@@ -38,8 +38,9 @@ size_t cas_qk_block_bytes(int t) { return cas_qk_type(t) ? (size_t)cas_ttype_blo
 
 const char *cas_qk_name(int t) { return cas_qk_type(t) ? cas_ttype_name(t) : NULL; }
 
-/* Types whose elements are d * sc * q - dmin * mn (a per-sub-block minimum). */
-static int has_min(int t) { return t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K; }
+/* Types whose elements are d * sc * q - dmin * mn (a per-sub-block minimum),
+ * or for Q5_1 d * q + m (dmin holds m, mn = 1, and the minimum is added). */
+static int has_min(int t) { return t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K || t == CAS_T_Q5_1; }
 
 static inline uint16_t rd16(const uint8_t *p) {
     uint16_t v;
@@ -48,6 +49,14 @@ static inline uint16_t rd16(const uint8_t *p) {
 }
 
 static inline void wr16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline void wr32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
@@ -81,11 +90,16 @@ static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? 
  *     of qs[16 j + l] for l < 16, else the high nibble of qs[16 j + l - 16];
  *     value = cas_qk_iq4_values[code].
  *   IQ4_NL (18, a block of 32): f16 d @0, qs @2 (16) in the same nibble
- *     order; sc = 1. */
+ *     order; sc = 1.
+ *   Q5_0 (22, a block of 32): f16 d @0, u32 qh @2, qs @6 (16): element l is
+ *     the low nibble of qs[l] (l < 16) or the high nibble of qs[l - 16],
+ *     with bit l of qh as its bit 4; value = code - 16; sc = 1.
+ *   Q5_1 (24): f16 d @0, f16 m @2, qh @4, qs @8 as Q5_0; value = code, and
+ *     the element is d * code + m (dmin = m, mn = 1, added). */
 
 typedef struct {
     uint16_t d, dmin; /* f16 */
-    int nsub;         /* sub-blocks: 8 of 32, 16 of 16, or 1 (IQ4_NL) */
+    int nsub;         /* sub-blocks: 8 of 32, 16 of 16, or 1 (the 32-element block types) */
     int sc[16], mn[16];
     uint8_t code[CAS_QK_SUPER];
 } kblk;
@@ -94,6 +108,7 @@ static inline int k_value(int t, int code) {
     switch (t) {
     case CAS_T_Q6_K: return code - 32;
     case CAS_T_Q3_K: return code - 4;
+    case CAS_T_Q5_0: return code - 16;
     case CAS_T_IQ4_NL: case CAS_T_IQ4_XS: return cas_qk_iq4_values[code];
     default: return code;
     }
@@ -170,6 +185,18 @@ static void k_unpack(int t, const uint8_t *p, kblk *k) {
         k->d = rd16(p), k->nsub = 1, k->sc[0] = 1;
         for (int l = 0; l < 16; l++) k->code[l] = p[2 + l] & 15, k->code[16 + l] = p[2 + l] >> 4;
         break;
+    case CAS_T_Q5_0: case CAS_T_Q5_1: {
+        const int o = t == CAS_T_Q5_1 ? 2 : 0;
+        const uint32_t qh = rd32(p + 2 + o);
+        const uint8_t *qs = p + 6 + o;
+        k->d = rd16(p), k->nsub = 1, k->sc[0] = 1;
+        if (t == CAS_T_Q5_1) k->dmin = rd16(p + 2), k->mn[0] = 1;
+        for (int l = 0; l < 16; l++) {
+            k->code[l] = (uint8_t)((qs[l] & 15) | ((qh >> l) & 1) << 4);
+            k->code[16 + l] = (uint8_t)((qs[l] >> 4) | ((qh >> (16 + l)) & 1) << 4);
+        }
+        break;
+    }
     default: break;
     }
 }
@@ -246,6 +273,16 @@ static void k_pack(int t, const kblk *k, uint8_t *p) {
         wr16(p, k->d);
         for (int l = 0; l < 16; l++) p[2 + l] = (uint8_t)(k->code[l] | k->code[16 + l] << 4);
         break;
+    case CAS_T_Q5_0: case CAS_T_Q5_1: {
+        const int o = t == CAS_T_Q5_1 ? 2 : 0;
+        uint32_t qh = 0;
+        wr16(p, k->d);
+        if (t == CAS_T_Q5_1) wr16(p + 2, k->dmin);
+        for (int l = 0; l < 32; l++) qh |= (uint32_t)(k->code[l] >> 4) << l;
+        wr32(p + 2 + o, qh);
+        for (int l = 0; l < 16; l++) p[6 + o + l] = (uint8_t)((k->code[l] & 15) | (k->code[16 + l] & 15) << 4);
+        break;
+    }
     default: break;
     }
 }
@@ -260,9 +297,10 @@ void cas_qk_dequantize_row(int t, const uint8_t *src, float *dst, int64_t n) {
         const int64_t sub = bs / k.nsub;
         for (int64_t e = 0; e < bs; e++) {
             /* d * sc has at most 11 + 7 significant bits and the value 7: the
-             * product is exact in f32, so only the minimum's subtraction rounds */
+             * product is exact in f32, so only the minimum's subtraction (or
+             * Q5_1's addition) rounds */
             const float a = d * (float)k.sc[e / sub], m = dmin * (float)k.mn[e / sub];
-            dst[e] = a * (float)k_value(t, k.code[e]) - m;
+            dst[e] = t == CAS_T_Q5_1 ? a * (float)k_value(t, k.code[e]) + m : a * (float)k_value(t, k.code[e]) - m;
         }
     }
 }
@@ -303,6 +341,26 @@ static void quant_block(int t, const float *x, uint8_t *out) {
         k.d = cas_f32_to_f16(vmax_of(x, 32) / -127.0f);
         const float d = cas_f16_to_f32(k.d);
         for (int e = 0; e < 32; e++) k.code[e] = (uint8_t)(d != 0 ? iq4_nearest(x[e] / d) : 8);
+        k_pack(t, &k, out);
+        return;
+    }
+    if (t == CAS_T_Q5_0) { /* levels -16..15: the extreme value maps to -16 */
+        k.nsub = 1, k.sc[0] = 1;
+        k.d = cas_f32_to_f16(vmax_of(x, 32) / -16.0f);
+        const float d = cas_f16_to_f32(k.d), id = d != 0 ? 1.0f / d : 0.0f;
+        for (int e = 0; e < 32; e++) k.code[e] = (uint8_t)clampi((int)lrintf(x[e] * id) + 16, 0, 31);
+        k_pack(t, &k, out);
+        return;
+    }
+    if (t == CAS_T_Q5_1) { /* levels 0..31 over [min, max], the minimum stored first */
+        float lo = x[0], hi = x[0];
+        for (int e = 1; e < 32; e++) lo = fminf(lo, x[e]), hi = fmaxf(hi, x[e]);
+        k.nsub = 1, k.sc[0] = 1, k.mn[0] = 1;
+        k.dmin = cas_f32_to_f16(lo);
+        const float m = cas_f16_to_f32(k.dmin);
+        k.d = cas_f32_to_f16((hi - m) / 31.0f);
+        const float d = cas_f16_to_f32(k.d), id = d != 0 ? 1.0f / d : 0.0f;
+        for (int e = 0; e < 32; e++) k.code[e] = (uint8_t)clampi((int)lrintf((x[e] - m) * id), 0, 31);
         k_pack(t, &k, out);
         return;
     }
@@ -359,7 +417,7 @@ void cas_qk_quantize_row(int t, const float *x, uint8_t *dst, int64_t n) {
 /* ---- activations -------------------------------------------------------- */
 
 size_t cas_qk_x_bytes(int t, int64_t n) {
-    return t == CAS_T_IQ4_NL ? (size_t)(n / 32) * sizeof(cas_q8b_block)
+    return cas_qk_b32(t) ? (size_t)(n / 32) * sizeof(cas_q8b_block)
                              : (size_t)(n / CAS_QK_SUPER) * sizeof(cas_q8k_block);
 }
 
@@ -380,11 +438,14 @@ static float quant_x_block(const float *x, int len, int8_t *q) {
 }
 
 static void quantize_x_generic(int t, const float *x, int64_t n, void *buf) {
-    if (t == CAS_T_IQ4_NL) {
+    if (cas_qk_b32(t)) {
         cas_q8b_block *o = buf;
         for (int64_t b = 0; b < n / 32; b++) {
             memset(o[b].pad, 0, sizeof o[b].pad);
             o[b].d = quant_x_block(x + 32 * b, 32, o[b].q);
+            int32_t s = 0;
+            for (int i = 0; i < 32; i++) s += o[b].q[i];
+            o[b].s = s;
         }
         return;
     }
@@ -415,11 +476,11 @@ void cas_qk_quantize_x(int t, const float *x, int64_t n, void *buf, int level) {
 /* Block b of one weight row (decoded) against the same block of one token's x:
  * the exact integer sums. */
 static inline void block_sums(int t, const kblk *k, const void *xq, int64_t b, int32_t *isum, int32_t *imin) {
-    if (t == CAS_T_IQ4_NL) {
+    if (cas_qk_b32(t)) {
         const cas_q8b_block *xb = (const cas_q8b_block *)xq + b;
-        int32_t s = 0;
-        for (int e = 0; e < 32; e++) s += cas_qk_iq4_values[k->code[e]] * xb->q[e];
-        *isum = s, *imin = 0;
+        int32_t s = 0, xs = 0;
+        for (int e = 0; e < 32; e++) s += k_value(t, k->code[e]) * xb->q[e], xs += xb->q[e];
+        *isum = s, *imin = k->mn[0] * xs;
         return;
     }
     const cas_q8k_block *xb = (const cas_q8k_block *)xq + b;
@@ -437,9 +498,10 @@ static inline void block_sums(int t, const kblk *k, const void *xq, int64_t b, i
 
 /* One step of the canonical chain (quant_k.h) for block b of x. */
 static inline float chain_step(int t, const kblk *k, const void *xq, int64_t b, int32_t isum, int32_t imin, float s) {
-    const float dx = t == CAS_T_IQ4_NL ? ((const cas_q8b_block *)xq)[b].d : ((const cas_q8k_block *)xq)[b].d;
+    const float dx = cas_qk_b32(t) ? ((const cas_q8b_block *)xq)[b].d : ((const cas_q8k_block *)xq)[b].d;
     s = fmaf((float)isum, cas_f16_to_f32(k->d) * dx, s);
-    if (has_min(t)) s = fmaf((float)imin, -(cas_f16_to_f32(k->dmin) * dx), s);
+    if (t == CAS_T_Q5_1) s = fmaf((float)imin, cas_f16_to_f32(k->dmin) * dx, s);
+    else if (has_min(t)) s = fmaf((float)imin, -(cas_f16_to_f32(k->dmin) * dx), s);
     return s;
 }
 
@@ -481,7 +543,9 @@ void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t 
 static size_t align64(size_t v) { return (v + 63) & ~(size_t)63; }
 
 _Static_assert(sizeof(cas_qk_tblk) == CAS_QK_TILE_BLOCK_BYTES, "decoded block size");
-_Static_assert(sizeof(cas_qk_tblk_nl) == CAS_QK_TILE_BLOCK_BYTES_NL, "decoded IQ4_NL block size");
+_Static_assert(sizeof(cas_qk_tblk_nl) == CAS_QK_TILE_BLOCK_BYTES_NL, "decoded 32-element block size");
+_Static_assert(sizeof(cas_q8b_block) == 64 && sizeof(cas_q8b8_block) == 320 && sizeof(cas_q8b16_block) == 640,
+               "32-element activation block sizes");
 
 int cas_qk_avx512_available(void) {
     return cas_cpu_features_get()->avx512 && cas_cpu_features_get()->avx2 && __builtin_cpu_supports("avx512vnni");
@@ -497,14 +561,14 @@ static int lanes_for(int64_t m, int level) {
 }
 
 static size_t tile_bytes(int t, int64_t n) {
-    return t == CAS_T_IQ4_NL ? align64((size_t)CAS_QK_TILE * (size_t)(n / 32) * CAS_QK_TILE_BLOCK_BYTES_NL)
+    return cas_qk_b32(t) ? align64((size_t)CAS_QK_TILE * (size_t)(n / 32) * CAS_QK_TILE_BLOCK_BYTES_NL)
                              : align64((size_t)CAS_QK_TILE * (size_t)(n / CAS_QK_SUPER) * CAS_QK_TILE_BLOCK_BYTES);
 }
 
 /* Bytes of one token group's block of x in the lane layout (8 or 16 lanes). */
 static size_t lane_block_bytes(int t, int lanes) {
-    if (lanes == 16) return t == CAS_T_IQ4_NL ? sizeof(cas_q8b16_block) : sizeof(cas_q8k16_block);
-    return t == CAS_T_IQ4_NL ? sizeof(cas_q8b8_block) : sizeof(cas_q8k8_block);
+    if (lanes == 16) return cas_qk_b32(t) ? sizeof(cas_q8b16_block) : sizeof(cas_q8k16_block);
+    return cas_qk_b32(t) ? sizeof(cas_q8b8_block) : sizeof(cas_q8k8_block);
 }
 
 static size_t lanes_x_bytes(int t, int64_t n, int64_t m, int lanes) {
@@ -522,15 +586,13 @@ size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt) {
 
 /* Block b of tokens [16 g, 16 g + k) (k <= 16) into the 16-lane layout. */
 static void pack_x16(int t, const uint8_t *xq, size_t xs, int64_t g, int64_t k, int64_t b, void *out) {
-    if (t == CAS_T_IQ4_NL) {
+    if (cas_qk_b32(t)) {
         cas_q8b16_block *o = out;
         memset(o, 0, sizeof *o);
         for (int64_t i = 0; i < k; i++) {
             const cas_q8b_block *x = (const cas_q8b_block *)(const void *)(xq + (size_t)(16 * g + i) * xs) + b;
-            int32_t sum = 0;
-            for (int e = 0; e < 32; e++) sum += x->q[e];
             for (int e = 0; e < 8; e++) memcpy(o->q[e] + 4 * i, x->q + 4 * e, 4);
-            o->xs[i] = sum;
+            o->xs[i] = x->s;
             o->d[i] = x->d;
         }
         return;
@@ -550,12 +612,13 @@ static void pack_x16(int t, const uint8_t *xq, size_t xs, int64_t g, int64_t k, 
 
 /* Block b of tokens [8 g, 8 g + k) (k <= 8) into the token-lane layout. */
 static void pack_x8(int t, const uint8_t *xq, size_t xs, int64_t g, int64_t k, int64_t b, void *out) {
-    if (t == CAS_T_IQ4_NL) {
+    if (cas_qk_b32(t)) {
         cas_q8b8_block *o = out;
         memset(o, 0, sizeof *o);
         for (int64_t i = 0; i < k; i++) {
             const cas_q8b_block *x = (const cas_q8b_block *)(const void *)(xq + (size_t)(8 * g + i) * xs) + b;
             for (int e = 0; e < 8; e++) memcpy(o->q[e] + 4 * i, x->q + 4 * e, 4);
+            o->xs[i] = x->s;
             o->d[i] = x->d;
         }
         return;

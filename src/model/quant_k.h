@@ -1,5 +1,5 @@
 /*
- * quant_k.h: the K-quant and IQ4 weight types, internal to src/model. Their
+ * quant_k.h: the K-quant, IQ4 and Q5 weight types, internal to src/model. Their
  * formats and the contract they keep (bitwise batch invariance) are described
  * in quant_impl.h with the other types; quant.c forwards every call on one of
  * these types here (cas_qk_type), so that the code for them lives apart from
@@ -12,9 +12,16 @@
  * (super-)block's integer dot product is exact (int32), and the f32 result
  * is one sequential fused multiply-add chain over the blocks in order,
  *     s = fma((float)isum_b, d_w * d_x, s)   [+ s = fma((float)imin_b, -(dmin_w * d_x), s)]
+ * (Q5_1, whose minimum m is added rather than subtracted: the second step is
+ * s = fma((float)xsum_b, m_w * d_x, s), xsum_b the block's sum of x codes)
  * so the result is the same bits in the portable, AVX2, AVX-512 and
  * batched kernels, for any thread count and whatever other tokens share the
  * call.
+ *
+ * The types of 32-element blocks (IQ4_NL, Q5_0, Q5_1: cas_qk_b32) pair with
+ * an activation of 32-element blocks too (cas_q8b_block), so that their rows
+ * need only be a multiple of 32: llama.cpp's K-quant files use Q5_0, Q5_1
+ * (and Q8_0) for the matrices whose width is not a multiple of 256.
  */
 #ifndef CASCADE_MODEL_QUANT_K_H
 #define CASCADE_MODEL_QUANT_K_H
@@ -39,12 +46,14 @@ typedef struct {
     uint8_t pad[28];
 } cas_q8k_block;
 
-/* x quantized per 32-element block for IQ4_NL (whose rows need only be a
- * multiple of 32): x[i] ~= d * q[i] as above. 64 bytes. */
+/* x quantized per 32-element block for the 32-element block types (whose
+ * rows need only be a multiple of 32): x[i] ~= d * q[i] as above, s the sum
+ * of q (for Q5_0's offset and Q5_1's minimum). 64 bytes. */
 typedef struct {
     int8_t q[32];
     float d;
-    uint8_t pad[28];
+    int32_t s;
+    uint8_t pad[24];
 } cas_q8b_block;
 
 /* Eight tokens' x for one super-block, transposed for the batched kernels:
@@ -59,10 +68,11 @@ typedef struct {
     float d[8];
 } cas_q8k8_block;
 
-/* The same for IQ4_NL's 32-element blocks: q[g] elements 4g .. 4g+3 of each
- * token, d the tokens' scales. 288 bytes. */
+/* The same for the 32-element blocks: q[g] elements 4g .. 4g+3 of each
+ * token, xs each token's sum of q, d the tokens' scales. 320 bytes. */
 typedef struct {
     int8_t q[8][32];
+    int32_t xs[8];
     float d[8];
 } cas_q8b8_block;
 
@@ -76,7 +86,7 @@ typedef struct {
     float d[16];
 } cas_q8k16_block;
 
-/* The same for IQ4_NL's 32-element blocks. 640 bytes. */
+/* The same for the 32-element blocks. 640 bytes. */
 typedef struct {
     int8_t q[8][64];
     int32_t xs[16];
@@ -97,10 +107,13 @@ typedef struct {
 /* The 16 values of the IQ4 formats' 4-bit indices (the format's table). */
 extern const int8_t cas_qk_iq4_values[16];
 
-/* 1 for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; else 0. */
+/* 1 for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q5_0, Q5_1; else 0. */
 int cas_qk_type(int t);
 
-/* Elements per block (256; 32 for IQ4_NL), bytes per block, name ("q4_k",
+/* 1 for the types of 32-element blocks among them: IQ4_NL, Q5_0, Q5_1. */
+static inline int cas_qk_b32(int t) { return t == CAS_T_IQ4_NL || t == CAS_T_Q5_0 || t == CAS_T_Q5_1; }
+
+/* Elements per block (256; 32 for cas_qk_b32), bytes per block, name ("q4_k",
  * ...); 0 / 0 / NULL for other types. */
 int64_t cas_qk_block_size(int t);
 size_t cas_qk_block_bytes(int t);
@@ -159,21 +172,23 @@ typedef struct {
     uint8_t pad[24];
 } cas_qk_tblk;
 
-/* One IQ4_NL block decoded (CAS_QK_TILE_BLOCK_BYTES_NL): the table values
- * (plus 128 with iq4_offset) and d. */
+/* One block of a 32-element block type decoded (CAS_QK_TILE_BLOCK_BYTES_NL):
+ * IQ4_NL's table values (plus 128 with iq4_offset), or Q5_0's and Q5_1's
+ * codes 0..31 (Q5_0's value is the code minus 16); d, and Q5_1's m. */
 typedef struct {
     int8_t v[32];
-    float d;
-    uint8_t pad[28];
+    float d, m;
+    uint8_t pad[24];
 } cas_qk_tblk_nl;
 
-/* A block of type t (a super-block type) decoded, or an IQ4_NL block. */
+/* A block of type t (a super-block type) decoded, or one of a 32-element
+ * block type t. */
 void cas_qk_avx2_decode(int t, const uint8_t *blk, cas_qk_tblk *o, int iq4_offset);
-void cas_qk_avx2_decode_nl(const uint8_t *blk, cas_qk_tblk_nl *o, int iq4_offset);
+void cas_qk_avx2_decode_nl(int t, const uint8_t *blk, cas_qk_tblk_nl *o, int iq4_offset);
 
 /* The same with the tokens in the lanes, from x8[ceil(m / 8)][blocks]
- * (cas_q8k8_block, or cas_q8b8_block for IQ4_NL); tile: CAS_QK_TILE *
- * blocks * CAS_QK_TILE_BLOCK_BYTES (CAS_QK_TILE_BLOCK_BYTES_NL for IQ4_NL)
+ * (cas_q8k8_block, or cas_q8b8_block for cas_qk_b32); tile: CAS_QK_TILE *
+ * blocks * CAS_QK_TILE_BLOCK_BYTES (CAS_QK_TILE_BLOCK_BYTES_NL for cas_qk_b32)
  * of 32-byte aligned scratch, one row's block decoded taking that many. */
 void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                             const void *x8, int64_t m, float *y, void *tile);
@@ -185,7 +200,7 @@ void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64
 #define CAS_QK_LANE16_MIN_M 12
 
 /* As cas_qk_avx2_rows_lanes with sixteen tokens in the lanes, from
- * x16[ceil(m / 16)][blocks] (cas_q8k16_block, cas_q8b16_block for IQ4_NL). */
+ * x16[ceil(m / 16)][blocks] (cas_q8k16_block, cas_q8b16_block for cas_qk_b32). */
 void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                               const void *x16, int64_t m, float *y, void *tile);
 

@@ -1,5 +1,5 @@
 /*
- * quant_k_avx2.c: AVX2+FMA+F16C kernels of the K-quant and IQ4 types
+ * quant_k_avx2.c: AVX2+FMA+F16C kernels of the K-quant, IQ4 and Q5 types
  * (compiled with -mavx2 -mfma -mf16c; quant_k.c calls them only after the
  * CPU check).
  *
@@ -16,6 +16,9 @@
  *
  * Batched: eight tokens in the lanes instead (see "tokens in lanes" below),
  * with a tile of rows decoded once; again the canonical chain per lane.
+ *
+ * Q5_0's values (code - 16) are computed as codes 0..31 and 16 times the
+ * block's x sum taken off the integer sum afterwards (the same integer).
  *
  * Overflow: maddubs adds two products into int16: codes below 64 times
  * |x| <= 127 give at most 16002, and for the IQ4 tables' signed values
@@ -68,11 +71,13 @@ static float quant_x_block(const float *x, int len, int8_t *q, int16_t *bsum) {
 }
 
 void cas_qk_avx2_quantize_x(int t, const float *x, int64_t n, void *buf) {
-    if (t == CAS_T_IQ4_NL) {
+    if (cas_qk_b32(t)) {
         cas_q8b_block *o = buf;
         for (int64_t b = 0; b < n / 32; b++) {
+            int16_t bs[2];
             memset(o[b].pad, 0, sizeof o[b].pad);
-            o[b].d = quant_x_block(x + 32 * b, 32, o[b].q, NULL);
+            o[b].d = quant_x_block(x + 32 * b, 32, o[b].q, bs);
+            o[b].s = (int32_t)bs[0] + bs[1];
         }
         return;
     }
@@ -136,6 +141,23 @@ static inline __m256i maddubs_signed(__m256i w, __m256i x) {
 static inline __m256i nibbles16(const uint8_t *p) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)p));
     return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
+}
+
+/* Byte l = 16 where bit l of qh is set, else 0: the fifth bits of a Q5
+ * block's 32 codes, in element order (byte l tests bit l % 8 of byte l / 8). */
+static inline __m256i q5_high(uint32_t qh) {
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* The 32 codes 0..31 of the Q5 block whose qh is at p and qs at p + 4. */
+static inline __m256i q5_codes(const uint8_t *p) {
+    uint32_t qh;
+    memcpy(&qh, p, 4);
+    return _mm256_or_si256(nibbles16(p + 4), q5_high(qh));
 }
 
 /* ---- one row, one super-block: eight int32 partial sums -------------------
@@ -274,23 +296,30 @@ static inline __attribute__((always_inline)) void group8(const int t, const uint
                                                          const uint8_t *xq, const uint8_t *pf, float *out) {
     const size_t bb = (size_t)cas_ttype_block_bytes(t);
     __m256 acc = _mm256_setzero_ps();
-    if (t == CAS_T_IQ4_NL) {
+    if (cas_qk_b32(t)) {
         const cas_q8b_block *xb = (const cas_q8b_block *)(const void *)xq;
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
         const __m256i ones = _mm256_set1_epi16(1);
+        const size_t qho = t == CAS_T_Q5_1 ? 4 : 2;  /* Q5: qh, then qs */
+        const size_t pfl = (4 * 8 * bb + 63) / 64; /* cache lines of the next group per 4 blocks */
         const uint8_t *q[8];
         for (int r = 0; r < 8; r++) q[r] = p[r];
         for (int64_t b = 0; b < n / 32; b++) {
             if (pf && (b & 3) == 0)
-                for (int k = 0; k < 9; k++) _mm_prefetch((const char *)pf + (size_t)b * 8 * bb + 64 * (size_t)k, _MM_HINT_T0);
+                for (size_t k = 0; k < pfl; k++) _mm_prefetch((const char *)pf + (size_t)b * 8 * bb + 64 * k, _MM_HINT_T0);
             const __m256i x = LDU(xb[b].q);
+            const __m256 dx = _mm256_set1_ps(xb[b].d);
             __m256i s[8];
 #pragma GCC unroll 8
             for (int r = 0; r < 8; r++)
-                s[r] = _mm256_madd_epi16(maddubs_signed(_mm256_shuffle_epi8(table, nibbles16(q[r] + 2)), x), ones);
-            const __m256i is = hsum_rows(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]);
-            const __m256 d = ld_f16x8(q, 0);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(d, _mm256_set1_ps(xb[b].d)), acc);
+                s[r] = t == CAS_T_IQ4_NL
+                           ? _mm256_madd_epi16(maddubs_signed(_mm256_shuffle_epi8(table, nibbles16(q[r] + 2)), x), ones)
+                           : _mm256_madd_epi16(_mm256_maddubs_epi16(q5_codes(q[r] + qho), x), ones);
+            __m256i is = hsum_rows(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]);
+            if (t == CAS_T_Q5_0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * xb[b].s));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(ld_f16x8(q, 0), dx), acc);
+            if (t == CAS_T_Q5_1)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps((float)xb[b].s), _mm256_mul_ps(ld_f16x8(q, 2), dx), acc);
             for (int r = 0; r < 8; r++) q[r] += bb;
         }
         _mm256_storeu_ps(out, acc);
@@ -367,6 +396,8 @@ void cas_qk_avx2_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0,
     case CAS_T_Q6_K: rows_t(CAS_T_Q6_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     case CAS_T_IQ4_NL: rows_t(CAS_T_IQ4_NL, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     case CAS_T_IQ4_XS: rows_t(CAS_T_IQ4_XS, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q5_0: rows_t(CAS_T_Q5_0, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q5_1: rows_t(CAS_T_Q5_1, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     default: break;
     }
 }
@@ -610,24 +641,33 @@ static inline __attribute__((always_inline)) void lanes_t(const int t, const uin
     }
 }
 
-void cas_qk_avx2_decode_nl(const uint8_t *blk, cas_qk_tblk_nl *o, int iq4_offset) {
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
-    const __m256i v = _mm256_shuffle_epi8(table, nibbles16(blk + 2));
-    st32((uint8_t *)o->v, iq4_offset ? _mm256_xor_si256(v, _mm256_set1_epi8(-128)) : v);
-    o->d = f16_at(blk);
+void cas_qk_avx2_decode_nl(int t, const uint8_t *blk, cas_qk_tblk_nl *o, int iq4_offset) {
+    if (t == CAS_T_IQ4_NL) {
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
+        const __m256i v = _mm256_shuffle_epi8(table, nibbles16(blk + 2));
+        st32((uint8_t *)o->v, iq4_offset ? _mm256_xor_si256(v, _mm256_set1_epi8(-128)) : v);
+        o->d = f16_at(blk), o->m = 0;
+        return;
+    }
+    st32((uint8_t *)o->v, q5_codes(blk + (t == CAS_T_Q5_1 ? 4 : 2)));
+    o->d = f16_at(blk), o->m = t == CAS_T_Q5_1 ? f16_at(blk + 2) : 0;
 }
 
-/* IQ4_NL's lane kernel for its 32-element blocks: signed values against
- * signed x take the sign trick, and each maddubs is widened at once (two
- * products of up to 127 * 127 fill 16 bits). */
+/* The lane kernel of the 32-element block types. IQ4_NL's signed values
+ * against signed x take the sign trick, and each maddubs is widened at once
+ * (two products of up to 127 * 127 fill 16 bits); Q5's codes below 32 add
+ * four maddubs in 16 bits (4 * 2 * 31 * 127 < 2^15), and Q5_0's offset of 16
+ * comes off the int32 sum. */
 
-static void lanes_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_t nr, int64_t rows,
-                     const cas_q8b8_block *x8, int64_t m, float *y, lt_nl *tile) {
+static inline __attribute__((always_inline)) void lanes_b32(const int t, const uint8_t *w, size_t rb, int64_t n,
+                                                            int64_t r, int64_t nr, int64_t rows,
+                                                            const cas_q8b8_block *x8, int64_t m, float *y, lt_nl *tile) {
     const int64_t nb = n / 32;
+    const size_t bb = (size_t)cas_ttype_block_bytes(t);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t j = 0; j < CAS_QK_TILE; j++)
         for (int64_t b = 0; b < nb; b++)
-            cas_qk_avx2_decode_nl(w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * 18, tile + j * nb + b, 0);
+            cas_qk_avx2_decode_nl(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b, 0);
     for (int64_t g = 0; g < (m + 7) / 8; g++) {
         const cas_q8b8_block *xg = x8 + g * nb;
         __m256 acc[CAS_QK_TILE];
@@ -638,14 +678,24 @@ static void lanes_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_t 
 #pragma GCC unroll 8
             for (int e = 0; e < 8; e++) xv[e] = _mm256_load_si256((const __m256i *)(const void *)xg[b].q[e]);
             const __m256 dx = _mm256_load_ps(xg[b].d);
+            const __m256i xs = _mm256_load_si256((const __m256i *)(const void *)xg[b].xs);
 #pragma GCC unroll 4
             for (int j = 0; j < CAS_QK_TILE; j++) {
                 const lt_nl *k = tile + j * nb + b;
-                __m256i is = _mm256_madd_epi16(maddubs_signed(bcast32(k->v), xv[0]), ones);
+                __m256i is;
+                if (t == CAS_T_IQ4_NL) {
+                    is = _mm256_madd_epi16(maddubs_signed(bcast32(k->v), xv[0]), ones);
 #pragma GCC unroll 8
-                for (int e = 1; e < 8; e++)
-                    is = _mm256_add_epi32(is, _mm256_madd_epi16(maddubs_signed(bcast32(k->v + 4 * e), xv[e]), ones));
+                    for (int e = 1; e < 8; e++)
+                        is = _mm256_add_epi32(is, _mm256_madd_epi16(maddubs_signed(bcast32(k->v + 4 * e), xv[e]), ones));
+                } else {
+                    const uint8_t *c = (const uint8_t *)k->v;
+                    is = _mm256_add_epi32(_mm256_madd_epi16(msum(4, c, xv), ones), _mm256_madd_epi16(msum(4, c + 16, xv + 4), ones));
+                    if (t == CAS_T_Q5_0) is = _mm256_sub_epi32(is, _mm256_slli_epi32(xs, 4));
+                }
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_set1_ps(k->d), dx), acc[j]);
+                if (t == CAS_T_Q5_1)
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(xs), _mm256_mul_ps(_mm256_set1_ps(k->m), dx), acc[j]);
             }
         }
         const int64_t nt = m - 8 * g < 8 ? m - 8 * g : 8;
@@ -663,7 +713,9 @@ void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64
     for (int64_t r = r0; r < r1; r += CAS_QK_TILE) {
         const int64_t nr = r1 - r < CAS_QK_TILE ? r1 - r : CAS_QK_TILE;
         switch (t) {
-        case CAS_T_IQ4_NL: lanes_nl(w, rb, n, r, nr, rows, x8v, m, y, tile); break;
+        case CAS_T_IQ4_NL: lanes_b32(CAS_T_IQ4_NL, w, rb, n, r, nr, rows, x8v, m, y, tile); break;
+        case CAS_T_Q5_0: lanes_b32(CAS_T_Q5_0, w, rb, n, r, nr, rows, x8v, m, y, tile); break;
+        case CAS_T_Q5_1: lanes_b32(CAS_T_Q5_1, w, rb, n, r, nr, rows, x8v, m, y, tile); break;
         case CAS_T_Q2_K: lanes_t(CAS_T_Q2_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
         case CAS_T_Q3_K: lanes_t(CAS_T_Q3_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;
         case CAS_T_Q4_K: lanes_t(CAS_T_Q4_K, w, rb, n, r, nr, rows, x8, m, y, tile); break;

@@ -1,5 +1,5 @@
 /*
- * quant_k_avx512vnni.c: batched kernels of the K-quant and IQ4 types on
+ * quant_k_avx512vnni.c: batched kernels of the K-quant, IQ4 and Q5 types on
  * AVX-512 with VNNI (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq
  * -mavx512vnni -mfma -mf16c; quant_k.c calls them only after checking the
  * CPU).
@@ -10,7 +10,8 @@
  * the 16-bit intermediate, so no code range needs early widening; one
  * vpmulld per sub-block applies its scale. The IQ4 tables' signed values are
  * stored plus 128 (unsigned, as vpdpbusd wants) and 128 times the sub-block's
- * x sum is taken off again. The integer sums are the exact ones and each
+ * x sum is taken off again; Q5_0's codes are its values plus 16, taken off
+ * the same way. The integer sums are the exact ones and each
  * lane's f32 chain is the canonical one (quant_k.h), so a token's results
  * are the bits of the other kernels. The tile of decoded rows comes from the
  * AVX2 decoder (every CPU with AVX-512 has AVX2).
@@ -124,13 +125,16 @@ static inline __attribute__((always_inline)) void lanes16_t(const int t, const u
     }
 }
 
-static void lanes16_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_t nr, int64_t rows,
-                       const cas_q8b16_block *x16, int64_t m, float *y, cas_qk_tblk_nl *tile) {
+static inline __attribute__((always_inline)) void lanes16_b32(const int t, const uint8_t *w, size_t rb, int64_t n,
+                                                              int64_t r, int64_t nr, int64_t rows,
+                                                              const cas_q8b16_block *x16, int64_t m, float *y,
+                                                              cas_qk_tblk_nl *tile) {
     const int64_t nb = n / 32;
+    const size_t bb = (size_t)cas_ttype_block_bytes(t);
     const __m512i zero = _mm512_setzero_si512();
     for (int64_t j = 0; j < CAS_QK_TILE; j++)
         for (int64_t b = 0; b < nb; b++)
-            cas_qk_avx2_decode_nl(w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * 18, tile + j * nb + b, 1);
+            cas_qk_avx2_decode_nl(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b, 1);
     for (int64_t g = 0; g < (m + 15) / 16; g++) {
         const cas_q8b16_block *xg = x16 + g * nb;
         __m512 acc[CAS_QK_TILE];
@@ -140,7 +144,9 @@ static void lanes16_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_
             __m512i xv[8];
 #pragma GCC unroll 8
             for (int e = 0; e < 8; e++) xv[e] = LD512(xg[b].q[e]);
-            const __m512i xs128 = _mm512_slli_epi32(LD512(xg[b].xs), 7);
+            const __m512i xs = LD512(xg[b].xs);
+            /* the offset of the stored codes: 128 (IQ4_NL), 16 (Q5_0), none (Q5_1) */
+            const __m512i off = t == CAS_T_IQ4_NL ? _mm512_slli_epi32(xs, 7) : t == CAS_T_Q5_0 ? _mm512_slli_epi32(xs, 4) : zero;
             const __m512 dx = _mm512_load_ps(xg[b].d);
 #pragma GCC unroll 4
             for (int j = 0; j < CAS_QK_TILE; j++) {
@@ -148,8 +154,10 @@ static void lanes16_nl(const uint8_t *w, size_t rb, int64_t n, int64_t r, int64_
                 __m512i a = _mm512_dpbusd_epi32(zero, bc32(k->v), xv[0]);
 #pragma GCC unroll 8
                 for (int e = 1; e < 8; e++) a = _mm512_dpbusd_epi32(a, bc32(k->v + 4 * e), xv[e]);
-                a = _mm512_sub_epi32(a, xs128);
+                if (t != CAS_T_Q5_1) a = _mm512_sub_epi32(a, off);
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(_mm512_set1_ps(k->d), dx), acc[j]);
+                if (t == CAS_T_Q5_1)
+                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(xs), _mm512_mul_ps(_mm512_set1_ps(k->m), dx), acc[j]);
             }
         }
         store16(acc, nr, m - 16 * g < 16 ? m - 16 * g : 16, g, rows, r, y);
@@ -161,7 +169,9 @@ void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int
     for (int64_t r = r0; r < r1; r += CAS_QK_TILE) {
         const int64_t nr = r1 - r < CAS_QK_TILE ? r1 - r : CAS_QK_TILE;
         switch (t) {
-        case CAS_T_IQ4_NL: lanes16_nl(w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_IQ4_NL: lanes16_b32(CAS_T_IQ4_NL, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q5_0: lanes16_b32(CAS_T_Q5_0, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q5_1: lanes16_b32(CAS_T_Q5_1, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q2_K: lanes16_t(CAS_T_Q2_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q3_K: lanes16_t(CAS_T_Q3_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q4_K: lanes16_t(CAS_T_Q4_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
