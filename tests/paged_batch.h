@@ -55,4 +55,14 @@ static inline cas_model_batch paged_batch(pager_t *pg, seq_t **seqs, const int32
     return b;
 }
 
+/* One sequence's forward on the CPU model: n tokens of toks added to s; logits
+ * of its last token (all: of every token). */
+static inline cas_status paged_forward1(cas_model *m, cas_model_kv *kv, pager_t *pg, seq_t *s,
+                                        const int32_t *toks, int32_t n, int all, float *logits) {
+    seq_t *sp = s;
+    const int32_t *tp = toks;
+    const cas_model_batch b = paged_batch(pg, &sp, &tp, &n, 1, all);
+    return cas_model_forward(m, kv, &b, logits);
+}
+
 #endif

@@ -57,13 +57,6 @@
 
 static int verbose(void) { return getenv("CAS_TEST_VERBOSE") != NULL; }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static int ids_of(json_t *arr, int32_t *out, int cap) {
     int n = (int)json_array_size(arr);
     if (n > cap) return -1;
@@ -86,14 +79,6 @@ static float cmp_top(const float *ours, json_t *top, int32_t *best, float *margi
     *margin = (float)(json_real_value(json_array_get(json_array_get(top, 0), 1)) -
                       json_real_value(json_array_get(json_array_get(top, 1), 1)));
     return worst;
-}
-
-static cas_status forward(cas_model *m, cas_model_kv *kv, pager_t *pg, seq_t *s, const int32_t *toks, int32_t n,
-                          int all, float *logits) {
-    seq_t *sp = s;
-    const int32_t *tp = toks;
-    const cas_model_batch b = paged_batch(pg, &sp, &tp, &n, 1, all);
-    return cas_model_forward(m, kv, &b, logits);
 }
 
 static json_t *g_manifest;
@@ -171,7 +156,7 @@ static void check_model(json_t *entry) {
 
         pager_t pg = {0};
         seq_t s = {{0}, 0, 0};
-        REQUIRE(forward(m, kv, &pg, &s, ids, n, 1, logits) == CAS_OK);
+        REQUIRE(paged_forward1(m, kv, &pg, &s, ids, n, 1, logits) == CAS_OK);
         json_t *ptop = json_object_get(p, "prompt_top");
         REQUIRE((int32_t)json_array_size(ptop) == n);
         for (int32_t i = 0; i < n && i < window; i++) {
@@ -182,7 +167,7 @@ static void check_model(json_t *entry) {
             compared++;
             if (margin > MARGIN) {
                 greedy_n++;
-                greedy_ok += argmax(logits + (size_t)i * V, V) == best;
+                greedy_ok += check_argmax(logits + (size_t)i * V, V) == best;
             }
         }
         /* the same tokens one at a time: bitwise the batch's rows */
@@ -190,17 +175,17 @@ static void check_model(json_t *entry) {
         seq_t s1 = {{0}, 0, 0};
         int same = 1;
         for (int32_t i = 0; i < n; i++) {
-            REQUIRE(forward(m, kv, &pg1, &s1, ids + i, 1, 0, one) == CAS_OK);
+            REQUIRE(paged_forward1(m, kv, &pg1, &s1, ids + i, 1, 0, one) == CAS_OK);
             same &= !memcmp(one, logits + (size_t)i * V, sizeof(float) * (size_t)V);
         }
         CHECKF(same, "%s: prompt %zu: decoding one token at a time differs from the batch", name, pi);
         /* greedy continuation, teacher-forced on llama.cpp's tokens */
         json_t *greedy = json_object_get(p, "greedy"), *gtop = json_object_get(p, "gen_top");
-        int32_t next = argmax(logits + (size_t)(n - 1) * V, V);
+        int32_t next = check_argmax(logits + (size_t)(n - 1) * V, V);
         for (size_t g = 0; g < json_array_size(greedy); g++) {
             int32_t want = (int32_t)json_integer_value(json_array_get(greedy, g));
             (void)next;
-            REQUIRE(forward(m, kv, &pg, &s, &want, 1, 0, one) == CAS_OK);
+            REQUIRE(paged_forward1(m, kv, &pg, &s, &want, 1, 0, one) == CAS_OK);
             if (n + (int32_t)g >= window) continue;
             int32_t best;
             float margin, d = cmp_top(one, json_array_get(gtop, g), &best, &margin);
@@ -209,9 +194,9 @@ static void check_model(json_t *entry) {
             compared++;
             if (margin > MARGIN) {
                 greedy_n++;
-                greedy_ok += argmax(one, V) == best;
+                greedy_ok += check_argmax(one, V) == best;
             }
-            next = argmax(one, V);
+            next = check_argmax(one, V);
         }
     }
     /* the first and last prompts in one batch: each row bitwise its sequence's alone */
@@ -225,8 +210,8 @@ static void check_model(json_t *entry) {
         REQUIRE(alone);
         pager_t pa = {0};
         seq_t sa = {{0}, 0, 0}, sb = {{0}, 0, 0};
-        REQUIRE(forward(m, kv, &pa, &sa, a, na, 1, alone) == CAS_OK);
-        REQUIRE(forward(m, kv, &pa, &sb, bb, nb, 1, alone + (size_t)na * V) == CAS_OK);
+        REQUIRE(paged_forward1(m, kv, &pa, &sa, a, na, 1, alone) == CAS_OK);
+        REQUIRE(paged_forward1(m, kv, &pa, &sb, bb, nb, 1, alone + (size_t)na * V) == CAS_OK);
         pager_t pab = {0};
         seq_t s2a = {{0}, 0, 0}, s2b = {{0}, 0, 0};
         seq_t *seqs[2] = {&s2a, &s2b};
@@ -424,7 +409,7 @@ static void test_sliding_window(void) {
     REQUIRE(all && alone);
     pager_t pg = {0};
     seq_t s = {{0}, 0, 0};
-    REQUIRE(forward(m, kv, &pg, &s, ids, N, 1, all) == CAS_OK);
+    REQUIRE(paged_forward1(m, kv, &pg, &s, ids, N, 1, all) == CAS_OK);
     float worst = 0, unwindowed = 0;
     size_t nb = 0;
     void *bytes = patched("tests/fixtures/arch/tiny-mistral.gguf", "sliding_window", "sliding_windoX", &nb);
@@ -437,7 +422,7 @@ static void test_sliding_window(void) {
     REQUIRE(cas_model_kv_create(full, 32, PAGED_BATCH_PAGE, CAS_F32, &kvf) == CAS_OK);
     pager_t pgf = {0};
     seq_t sf = {{0}, 0, 0};
-    REQUIRE(forward(full, kvf, &pgf, &sf, ids, N, 1, nowin) == CAS_OK);
+    REQUIRE(paged_forward1(full, kvf, &pgf, &sf, ids, N, 1, nowin) == CAS_OK);
     for (int32_t p = 0; p < N; p++) {
         double mean;
         float e = check_max_abs_diff(all + (size_t)p * V, nowin + (size_t)p * V, (size_t)V, &mean);
@@ -452,7 +437,7 @@ static void test_sliding_window(void) {
     for (int32_t p = W; p < N; p++) {
         pager_t pg1 = {pg.next_page};
         seq_t s1 = {{0}, 0, 0};
-        REQUIRE(forward(m, kv, &pg1, &s1, ids + p - W + 1, W, 0, alone) == CAS_OK);
+        REQUIRE(paged_forward1(m, kv, &pg1, &s1, ids + p - W + 1, W, 0, alone) == CAS_OK);
         double mean;
         float d = check_max_abs_diff(all + (size_t)p * V, alone, (size_t)V, &mean);
         if (d > worst) worst = d;

@@ -196,13 +196,6 @@ static int32_t enc(const char *s, int32_t *ids) {
     return (int32_t)n;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 /* Logits of every position of one prompt, alone, into lg[n][vocab]. */
 static cas_status prompt_logits(cas_model *m, const int32_t *ids, int32_t n, float *lg) {
     cas_model_kv *kv = NULL;
@@ -251,7 +244,7 @@ static double agreement(cas_model *a, cas_model *b, double *mean_diff) {
         for (size_t i = 0; i < k; i++) finite &= isfinite(lb[i]) != 0;
         CHECK(finite);
         for (int32_t t = 0; t < n; t++) {
-            agree += argmax(la + (size_t)t * g_vocab, g_vocab) == argmax(lb + (size_t)t * g_vocab, g_vocab);
+            agree += check_argmax(la + (size_t)t * g_vocab, g_vocab) == check_argmax(lb + (size_t)t * g_vocab, g_vocab);
             total++;
         }
         double mean;

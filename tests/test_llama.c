@@ -54,13 +54,6 @@ static cas_status step(cas_model_kv *kv, pager_t *pg, seq_t **seqs, const int32_
     return cas_model_forward(g_model, kv, &b, logits);
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static double g_last_mean; /* mean |a - b| of the last max_abs_diff call */
 
 static float max_abs_diff(const float *a, const float *b, size_t n) { return check_max_abs_diff(a, b, n, &g_last_mean); }
@@ -71,7 +64,7 @@ static void check_same_tol(const float *a, const float *b, int rows, const char 
     float d = max_abs_diff(a, b, (size_t)rows * g_vocab);
     CHECKF(d <= tol && g_last_mean <= mean_tol, "%s: max %.4f mean %.5f", what, (double)d, g_last_mean);
     for (int r = 0; r < rows; r++)
-        CHECKF(argmax(a + (size_t)r * g_vocab, g_vocab) == argmax(b + (size_t)r * g_vocab, g_vocab), "%s: row %d argmax", what, r);
+        CHECKF(check_argmax(a + (size_t)r * g_vocab, g_vocab) == check_argmax(b + (size_t)r * g_vocab, g_vocab), "%s: row %d argmax", what, r);
     if (getenv("CAS_TEST_VERBOSE")) printf("  %s: max %.4f mean %.5f\n", what, (double)d, g_last_mean);
 }
 
@@ -196,12 +189,12 @@ static void test_reference_logits(void) {
             float margin;
             float d = cmp_top(logits + (size_t)i * g_vocab, json_array_get(ptop, (size_t)i), &best, &margin);
             CHECKF(d <= LOGIT_TOL, "prompt %zu position %d: logit difference %.4f", pi, i, d);
-            if (margin > 2 * LOGIT_TOL) CHECK(argmax(logits + (size_t)i * g_vocab, g_vocab) == best);
+            if (margin > 2 * LOGIT_TOL) CHECK(check_argmax(logits + (size_t)i * g_vocab, g_vocab) == best);
             if (d > worst_all) worst_all = d;
         }
         /* greedy continuation, one token per step */
         json_t *greedy = json_object_get(p, "greedy"), *gtop = json_object_get(p, "gen_top");
-        int32_t next = argmax(logits + (size_t)(n - 1) * g_vocab, g_vocab), one = 1;
+        int32_t next = check_argmax(logits + (size_t)(n - 1) * g_vocab, g_vocab), one = 1;
         for (size_t g = 0; g < json_array_size(greedy); g++) {
             int32_t want = (int32_t)json_integer_value(json_array_get(greedy, g));
             greedy_n++;
@@ -225,7 +218,7 @@ static void test_reference_logits(void) {
             float d = cmp_top(logits, json_array_get(gtop, g), &best, &margin);
             CHECKF(d <= LOGIT_TOL, "prompt %zu generated %zu: logit difference %.4f", pi, g, d);
             if (d > worst_all) worst_all = d;
-            next = argmax(logits, g_vocab);
+            next = check_argmax(logits, g_vocab);
         }
     }
     CHECK(g_sum_diff / (double)g_n_diff <= LOGIT_MEAN_TOL);

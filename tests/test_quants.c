@@ -73,26 +73,11 @@ static const char *g_json_out;
 
 static int verbose(void) { return getenv("CAS_TEST_VERBOSE") != NULL; }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static int ids_of(json_t *arr, int32_t *out, int cap) {
     int n = (int)json_array_size(arr);
     if (n > cap) return -1;
     for (int i = 0; i < n; i++) out[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
     return n;
-}
-
-static cas_status forward(cas_model *m, cas_model_kv *kv, pager_t *pg, seq_t *s, const int32_t *toks, int32_t n,
-                          int all, float *logits) {
-    seq_t *sp = s;
-    const int32_t *tp = toks;
-    const cas_model_batch b = paged_batch(pg, &sp, &tp, &n, 1, all);
-    return cas_model_forward(m, kv, &b, logits);
 }
 
 /* The comparison of one file with its reference. */
@@ -129,7 +114,7 @@ static void cmp_row(const float *ours, int32_t V, json_t *top, float margin_req,
                                  json_real_value(json_array_get(json_array_get(top, 1), 1)));
     if (margin > margin_req) {
         c->argmax_n++;
-        c->argmax_ok += argmax(ours, V) == best;
+        c->argmax_ok += check_argmax(ours, V) == best;
     }
 }
 
@@ -159,9 +144,9 @@ static void compare(cas_model *m, json_t *ref, float margin_req, cmp_t *c) {
         }
         pager_t pg = {0};
         seq_t s = {{0}, 0, 0};
-        CHECK(forward(m, kv, &pg, &s, ids, n, 1, logits) == CAS_OK);
+        CHECK(paged_forward1(m, kv, &pg, &s, ids, n, 1, logits) == CAS_OK);
         for (int32_t i = 0; i < n; i++) cmp_row(logits + (size_t)i * V, V, json_array_get(ptop, (size_t)i), margin_req, c);
-        int32_t next = argmax(logits + (size_t)(n - 1) * V, V);
+        int32_t next = check_argmax(logits + (size_t)(n - 1) * V, V);
         json_t *prev = json_array_get(ptop, (size_t)n - 1);
         for (size_t g = 0; g < json_array_size(greedy); g++) {
             int32_t want = (int32_t)json_integer_value(json_array_get(greedy, g));
@@ -170,17 +155,17 @@ static void compare(cas_model *m, json_t *ref, float margin_req, cmp_t *c) {
             c->greedy_n++;
             if (next == want) c->greedy_same++;
             else if (gap > c->miss_margin) c->miss_margin = gap;
-            CHECK(forward(m, kv, &pg, &s, &want, 1, 0, one) == CAS_OK);
+            CHECK(paged_forward1(m, kv, &pg, &s, &want, 1, 0, one) == CAS_OK);
             prev = json_array_get(gtop, g);
             cmp_row(one, V, prev, margin_req, c);
-            next = argmax(one, V);
+            next = check_argmax(one, V);
         }
         /* the same tokens one at a time: bitwise the batch's rows */
         pager_t pg1 = {pg.next_page};
         seq_t s1 = {{0}, 0, 0};
         int same = 1;
         for (int32_t i = 0; i < n && same; i++) {
-            CHECK(forward(m, kv, &pg1, &s1, ids + i, 1, 0, one) == CAS_OK);
+            CHECK(paged_forward1(m, kv, &pg1, &s1, ids + i, 1, 0, one) == CAS_OK);
             same = !memcmp(one, logits + (size_t)i * V, sizeof(float) * (size_t)V);
         }
         c->batch_same += same;
@@ -513,10 +498,10 @@ static void test_mixed_layers(void) {
     REQUIRE(all && one && cas_model_kv_create(m, 16, PAGED_BATCH_PAGE, CAS_F32, &kv) == CAS_OK);
     pager_t pg = {0};
     seq_t s = {{0}, 0, 0}, s1 = {{0}, 0, 0};
-    CHECK(forward(m, kv, &pg, &s, ids, N, 1, all) == CAS_OK);
+    CHECK(paged_forward1(m, kv, &pg, &s, ids, N, 1, all) == CAS_OK);
     float worst = 0;
     for (int32_t i = 0; i < N; i++) {
-        CHECK(forward(m, kv, &pg, &s1, ids + i, 1, 0, one) == CAS_OK);
+        CHECK(paged_forward1(m, kv, &pg, &s1, ids + i, 1, 0, one) == CAS_OK);
         double mean;
         const float d = check_max_abs_diff(one, all + (size_t)i * V, (size_t)V, &mean);
         if (!(d <= worst)) worst = d;
