@@ -401,8 +401,8 @@ static void test_workspace_and_env(void) {
  * multiple of the 8-row matrix-vector group or the 4-row tile, for every
  * token count 1..33 and 1, 2 or 3 threads, each token's outputs are bitwise
  * the same as in a 33-token call (so the same as alone, m = 1), and for the
- * quantized types the portable and AVX2 kernels give the same bits. Each
- * result is also checked against the float64 reference. */
+ * quantized types the portable, AVX2 and AVX-512 VNNI kernels give the same
+ * bits. Each result is also checked against the float64 reference. */
 static void test_all_token_counts(void) {
     cas_rng rng;
     cas_rng_seed(&rng, 11);
@@ -421,21 +421,25 @@ static void test_all_token_counts(void) {
         uint8_t *wq = NULL;
         make_matrix(t, w, rows, n, &wq, wd);
         reference(t, wd, rows, n, x, M, yref, tol, ftol);
-        for (int path = CAS_Q_SIMD_GENERIC; path <= CAS_Q_SIMD_AVX2; path++) {
-            if (path == CAS_Q_SIMD_AVX2 && !avx2) continue;
+        /* AVX-512 (VNNI): the quantized types' 16-token kernel takes calls of 12 tokens or more */
+        const int paths[] = {CAS_Q_SIMD_GENERIC, CAS_Q_SIMD_AVX2, CAS_Q_SIMD_AVX512};
+        for (int pi = 0; pi < 3; pi++) {
+            const int path = paths[pi];
+            if (path != CAS_Q_SIMD_GENERIC && !avx2) continue;
+            if (path == CAS_Q_SIMD_AVX512 && !(is_q(t) && cas_qk_avx512_available())) continue;
             cas_q_opts o = {2, (cas_q_simd)path, NULL, 0, NULL, NULL, NULL};
-            if (path == CAS_Q_SIMD_AVX2 && is_q(t)) { /* the generic call's bits, kept in yall */
+            if (path != CAS_Q_SIMD_GENERIC && is_q(t)) { /* the generic call's bits, kept in yall */
                 poison(y, M * rows);
                 CHECK(cas_q_matmul(t, wq, rows, n, x, M, y, &o) == CAS_OK);
-                CHECKF(!memcmp(y, yall, (size_t)(M * rows) * 4), "%s: avx2 and generic differ",
-                       cas_tensor_type_name(t));
+                CHECKF(!memcmp(y, yall, (size_t)(M * rows) * 4), "%s: %s and generic differ",
+                       cas_tensor_type_name(t), path == CAS_Q_SIMD_AVX2 ? "avx2" : "avx512");
             }
             CHECK(cas_q_matmul(t, wq, rows, n, x, M, yall, &o) == CAS_OK);
             for (int64_t m = 1; m <= M; m++) {
                 o.nthreads = 1 + (int)(m % 3);
                 poison(y, m * rows);
                 CHECK(cas_q_matmul(t, wq, rows, n, x, m, y, &o) == CAS_OK);
-                check_result(path == CAS_Q_SIMD_AVX2 ? "avx2 m-sweep" : "generic m-sweep", t, rows, n, m, y,
+                check_result(path == CAS_Q_SIMD_AVX512 ? "avx512 m-sweep" : path == CAS_Q_SIMD_AVX2 ? "avx2 m-sweep" : "generic m-sweep", t, rows, n, m, y,
                              yref, tol);
                 CHECKF(!memcmp(y, yall, (size_t)(m * rows) * 4), "%s path %d: first %lld tokens of 33 differ",
                        cas_tensor_type_name(t), path, (long long)m);

@@ -408,6 +408,21 @@ static void quantize_x16_slot(const float *x, int64_t n, int64_t nb, int64_t m, 
     }
 }
 
+/* Block b of tokens [16 g, 16 g + 16) of xq[m][nb] in the layout of the
+ * AVX-512 token-lane kernel: q[e] holds elements 4e .. 4e+3 of each token, xs
+ * each token's integer sum, d its scale; zero past the m tokens. */
+static void pack_x16(const cas_q8x_block *xq, int64_t nb, int64_t m, int64_t g, int64_t b, cas_q8b16_block *o) {
+    memset(o, 0, sizeof *o);
+    for (int64_t i = 0; i < 16 && 16 * g + i < m; i++) {
+        const cas_q8x_block *x = xq + (16 * g + i) * nb + b;
+        int32_t s = 0;
+        for (int e = 0; e < 32; e++) s += x->q[e];
+        for (int e = 0; e < 8; e++) memcpy(o->q[e] + 4 * i, x->q + 4 * e, 4);
+        o->xs[i] = s;
+        o->d[i] = x->d;
+    }
+}
+
 static cas_status check_args(const char *what, int t, const void *w, const void *packed, int64_t rows,
                              int64_t n, const float *x, int64_t m, float *y, size_t *rb) {
     if ((!w && !packed) || !x || !y) return cas_error(CAS_ERR_INVALID, "%s: NULL pointer", what);
@@ -490,10 +505,15 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
     }
-    const int lanes = !amx && avx2 && quant && m > 1;
+    /* AVX-512 VNNI: sixteen tokens in the lanes (quant_k_avx512vnni.c's 32-element kernel) */
+    const int best = opt->simd == CAS_Q_SIMD_AUTO || opt->simd == CAS_Q_SIMD_AMX || opt->simd == CAS_Q_SIMD_AVX512;
+    const int v16 = !amx && avx2 && quant && best && m >= CAS_QK_LANE16_MIN_M && cas_qk_avx512_available();
+    const int lanes = !amx && !v16 && avx2 && quant && m > 1;
     const uint8_t *wb = w;
     uint8_t *amx_base = tiles + (m > 1 ? (size_t)nt * tile_bytes(n) : 0);
     cas_q8x16_block *x16 = (cas_q8x16_block *)(void *)amx_base;
+    cas_q8b16_block *xv16 = (cas_q8b16_block *)(void *)amx_base; /* the same bytes, for the VNNI kernel */
+    _Static_assert(sizeof(cas_q8b16_block) == sizeof(cas_q8x16_block), "x16_bytes serves both layouts");
     uint8_t *amx_scratch = amx_base + (amx ? x16_bytes(m, nb) : 0);
     const int64_t panels = (rows + CAS_Q_PANEL - 1) / CAS_Q_PANEL;
 
@@ -540,6 +560,12 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                 cas_q_amx_matmul_panels(t, opt->packed, p0, p1, rows, n, x16, m, y, scr);
             }
             cas_q_amx_end();
+        } else if (v16) {
+            /* each token quantized as for the other kernels, then moved into the 16-lane layout */
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < m; i++) cas_q_avx2_quantize_x(x + i * n, nb, xq + i * nb, sx + i * nb);
+#pragma omp for schedule(static)
+            for (int64_t gb = 0; gb < (m + 15) / 16 * nb; gb++) pack_x16(xq, nb, m, gb / nb, gb % nb, xv16 + gb);
         } else if (quant && lanes) {
             /* straight into the token-lane layout, one (group, block) at a time */
 #pragma omp for schedule(static)
@@ -568,6 +594,8 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                 cas_q_avx2_matvec_rows(t, wb, rb, r0, r1, n, x, xq, sx, y);
             else
                 for (int64_t r = r0; r < r1; r++) y[r] = dot_row_generic(t, wb + (size_t)r * rb, n, x, xq);
+        } else if (v16) {
+            cas_qk_avx512_rows_lanes(t, wb, rb, n, r0, r1, rows, xv16, m, y, tiles + (size_t)tid * tile_bytes(n));
         } else if (avx2) {
             void *tile = tiles + (size_t)tid * tile_bytes(n);
             for (int64_t r = r0; r < r1; r += CAS_Q_TILE_ROWS) {

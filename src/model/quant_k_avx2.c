@@ -642,6 +642,18 @@ static inline __attribute__((always_inline)) void lanes_t(const int t, const uin
 }
 
 void cas_qk_avx2_decode_nl(int t, const uint8_t *blk, cas_qk_tblk_nl *o, int iq4_offset) {
+    if (t == CAS_T_Q8_0) { /* codes plus 128, unsigned */
+        st32((uint8_t *)o->v, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)),
+                                               _mm256_set1_epi8(-128)));
+        o->d = f16_at(blk), o->m = 0;
+        return;
+    }
+    if (t == CAS_T_Q4_0 || t == CAS_T_Q4_1) { /* the nibbles 0..15; m as quant.c's kernels take it */
+        const size_t qo = t == CAS_T_Q4_1 ? 4 : 2;
+        st32((uint8_t *)o->v, nibbles16(blk + qo));
+        o->d = f16_at(blk), o->m = t == CAS_T_Q4_1 ? f16_at(blk + 2) : -8.0f * o->d;
+        return;
+    }
     if (t == CAS_T_IQ4_NL) {
         const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
         const __m256i v = _mm256_shuffle_epi8(table, nibbles16(blk + 2));

@@ -13,7 +13,10 @@
  * x sum is taken off again; Q5_0's codes are its values plus 16, taken off
  * the same way. The integer sums are the exact ones and each
  * lane's f32 chain is the canonical one (quant_k.h), so a token's results
- * are the bits of the other kernels. The tile of decoded rows comes from the
+ * are the bits of the other kernels. quant.c's 32-element types take the
+ * 32-element kernel too, with their own chain (quant_impl.h): Q8_0's codes
+ * stored plus 128 and that offset taken off as for IQ4_NL; Q4_0's and Q4_1's
+ * nibbles as they are, then their minimum times the block's x sum. The tile of decoded rows comes from the
  * AVX2 decoder (every CPU with AVX-512 has AVX2).
  */
 #include "quant_k.h"
@@ -145,19 +148,24 @@ static inline __attribute__((always_inline)) void lanes16_b32(const int t, const
 #pragma GCC unroll 8
             for (int e = 0; e < 8; e++) xv[e] = LD512(xg[b].q[e]);
             const __m512i xs = LD512(xg[b].xs);
-            /* the offset of the stored codes: 128 (IQ4_NL), 16 (Q5_0), none (Q5_1) */
-            const __m512i off = t == CAS_T_IQ4_NL ? _mm512_slli_epi32(xs, 7) : t == CAS_T_Q5_0 ? _mm512_slli_epi32(xs, 4) : zero;
+            /* the offset of the stored codes: 128 (IQ4_NL, Q8_0), 16 (Q5_0), none (Q5_1, Q4_0, Q4_1) */
+            const __m512i off = t == CAS_T_IQ4_NL || t == CAS_T_Q8_0 ? _mm512_slli_epi32(xs, 7)
+                                : t == CAS_T_Q5_0                   ? _mm512_slli_epi32(xs, 4)
+                                                                    : zero;
             const __m512 dx = _mm512_load_ps(xg[b].d);
+            /* Q4_0 and Q4_1: the block sum of x times d_x, as quant.c's quantizer makes it */
+            const __m512 sx = t == CAS_T_Q4_0 || t == CAS_T_Q4_1 ? _mm512_mul_ps(dx, _mm512_cvtepi32_ps(xs)) : dx;
 #pragma GCC unroll 4
             for (int j = 0; j < CAS_QK_TILE; j++) {
                 const cas_qk_tblk_nl *k = tile + j * nb + b;
                 __m512i a = _mm512_dpbusd_epi32(zero, bc32(k->v), xv[0]);
 #pragma GCC unroll 8
                 for (int e = 1; e < 8; e++) a = _mm512_dpbusd_epi32(a, bc32(k->v + 4 * e), xv[e]);
-                if (t != CAS_T_Q5_1) a = _mm512_sub_epi32(a, off);
+                if (t == CAS_T_IQ4_NL || t == CAS_T_Q8_0 || t == CAS_T_Q5_0) a = _mm512_sub_epi32(a, off);
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(_mm512_set1_ps(k->d), dx), acc[j]);
                 if (t == CAS_T_Q5_1)
                     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(xs), _mm512_mul_ps(_mm512_set1_ps(k->m), dx), acc[j]);
+                if (t == CAS_T_Q4_0 || t == CAS_T_Q4_1) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(k->m), sx, acc[j]);
             }
         }
         store16(acc, nr, m - 16 * g < 16 ? m - 16 * g : 16, g, rows, r, y);
@@ -172,6 +180,9 @@ void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int
         case CAS_T_IQ4_NL: lanes16_b32(CAS_T_IQ4_NL, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q5_0: lanes16_b32(CAS_T_Q5_0, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q5_1: lanes16_b32(CAS_T_Q5_1, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q8_0: lanes16_b32(CAS_T_Q8_0, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q4_0: lanes16_b32(CAS_T_Q4_0, w, rb, n, r, nr, rows, x16, m, y, tile); break;
+        case CAS_T_Q4_1: lanes16_b32(CAS_T_Q4_1, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q2_K: lanes16_t(CAS_T_Q2_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q3_K: lanes16_t(CAS_T_Q3_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;
         case CAS_T_Q4_K: lanes16_t(CAS_T_Q4_K, w, rb, n, r, nr, rows, x16, m, y, tile); break;

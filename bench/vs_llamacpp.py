@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Collects bench/vs_llamacpp.sh's runs into one JSON and a plot.
+
+For each file: cascade's bench/model_bench numbers and llama.cpp's (llama-bench
+pp256 and tg64 at depth 256, llama-batched-bench 32 x (64 + 64)), each the best
+over the rounds (llama.cpp: its best repetition of its better flash-attention
+setting), the ratios against the issue's targets, and the ceilings measured in
+the same runs (read bandwidth, and the single-stream decode roofline it gives).
+"""
+import argparse
+import collections
+import json
+import os
+import platform
+import subprocess
+
+TARGETS = {"prefill": 1.5, "decode": 1.5, "decode_32": 4.0}
+
+
+def cpu_facts():
+    model, flags = "", set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name") and not model:
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+    wanted = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_tile"]
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "kernel": platform.release(),
+            "isa": [f for f in wanted if f in flags]}
+
+
+def tensor_types(path):
+    try:
+        import gguf
+    except ImportError:
+        return None
+    r = gguf.GGUFReader(path)
+    return dict(sorted(collections.Counter(t.tensor_type.name.lower() for t in r.tensors).items()))
+
+
+def llama_bench_best(paths, key):
+    """best sample (tokens/s) per flash-attention setting over every round's run"""
+    best = {}
+    for p in paths:
+        for e in json.load(open(p)):
+            if (key == "pp" and e["n_prompt"] > 0) or (key == "tg" and e["n_gen"] > 0):
+                fa = "on" if e["flash_attn"] in (1, True, "1", "on") else "off"
+                best[fa] = max(best.get(fa, 0.0), max(e.get("samples_ts") or [e["avg_ts"]]))
+    return best
+
+
+def batched_best(paths_by_fa):
+    best = {}
+    for fa, paths in paths_by_fa.items():
+        for p in paths:
+            for line in open(p):
+                e = json.loads(line)
+                best.setdefault(fa, {"decode": 0.0, "prefill": 0.0})
+                best[fa]["decode"] = max(best[fa]["decode"], e["speed_tg"])
+                best[fa]["prefill"] = max(best[fa]["prefill"], e["speed_pp"])
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--types", required=True)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--llama-commit", required=True)
+    ap.add_argument("--sdist", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    d, R = a.dir, range(1, a.rounds + 1)
+    rows = []
+    for t in a.types.split():
+        cas = [json.load(open(f"{d}/cascade-{t}-{r}.json")) for r in R]
+        pp = llama_bench_best([f"{d}/lb-pp-{t}-{r}.json" for r in R], "pp")
+        tg = llama_bench_best([f"{d}/lb-tg-{t}-{r}.json" for r in R], "tg")
+        bb = batched_best({fa: [f"{d}/bb-{fa}-{t}-{r}.jsonl" for r in R] for fa in ("off", "on")})
+        c = {"prefill": max(x["single"]["prefill_tokens_per_s"] for x in cas),
+             "decode": max(x["single"]["decode_tokens_per_s"] for x in cas),
+             "prefill_32": max(x["batch"]["prefill_tokens_per_s"] for x in cas),
+             "decode_32": max(x["batch"]["decode_tokens_per_s"] for x in cas)}
+        lc = {"prefill": max(pp.values()), "decode": max(tg.values()),
+              "prefill_32": max(v["prefill"] for v in bb.values()),
+              "decode_32": max(v["decode"] for v in bb.values())}
+        bw = [x["read_bandwidth_gbs"] for x in cas] + [x["read_bandwidth_after_gbs"] for x in cas]
+        wb = cas[0]["weight_bytes_per_token"]
+        ratio = {k: round(c[k] / lc[k], 2) for k in c}
+        rows.append({
+            "type": t, "file": cas[0]["model"], "file_bytes": os.path.getsize(cas[0]["model"]),
+            "tensor_types": tensor_types(cas[0]["model"]),
+            "cascade": {k: round(v, 1) for k, v in c.items()},
+            "llama_cpp": {k: round(v, 1) for k, v in lc.items()},
+            "llama_cpp_by_flash_attn": {"prefill": pp, "decode": tg, "batched": bb},
+            "ratio": ratio,
+            "targets_met": {k: ratio[k] >= v for k, v in TARGETS.items()},
+            "ceiling": {"read_bandwidth_gbs_min": min(bw), "read_bandwidth_gbs_max": max(bw),
+                        "weight_bytes_per_token": wb,
+                        "decode_roofline_tokens_per_s": round(max(bw) * 1e9 / wb, 1),
+                        "cascade_decode_fraction": round(c["decode"] / (max(bw) * 1e9 / wb), 3),
+                        "llama_cpp_decode_fraction": round(lc["decode"] / (max(bw) * 1e9 / wb), 3)},
+            "cascade_simd": {"matvec": cas[0]["simd"], "batched": cas[0]["batch_simd"]},
+        })
+    out = {
+        "what": "cascade (bench/model_bench.c) beside llama.cpp's llama-bench and llama-batched-bench on the same "
+                "GGUF files, threads and machine; best of each side's runs",
+        "machine": cpu_facts(), "threads": a.threads, "rounds": a.rounds,
+        "llama_cpp": {"commit": a.llama_commit, "source": a.sdist + " (vendor/llama.cpp)",
+                      "build": "cmake -DCMAKE_BUILD_TYPE=Release (GGML_NATIVE on, OpenMP)",
+                      "prefill": "llama-bench -p 256 -n 0 -fa 0,1 -r 3", "decode": "llama-bench -p 0 -n 64 -d 256 -fa 0,1 -r 3",
+                      "batched": "llama-batched-bench -c 4096 -b 2048 -ub 512 -npp 64 -ntg 64 -npl 32 -fa off|on"},
+        "cascade": {"prefill": "256-token prompt, one sequence", "decode": "64 steps after the 256-token prompt",
+                    "batched": "32 sequences of 64 prompt tokens, 64 decode steps", "kv": "f16"},
+        "targets": {"prefill_ratio": TARGETS["prefill"], "decode_ratio": TARGETS["decode"],
+                    "decode_32_ratio": TARGETS["decode_32"]},
+        "files": rows,
+    }
+    with open(a.out + ".json", "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    for r in rows:
+        print(f"{r['type']:7s} prefill {r['cascade']['prefill']:7.0f} vs {r['llama_cpp']['prefill']:7.0f} "
+              f"({r['ratio']['prefill']:.2f}x)  decode {r['cascade']['decode']:6.1f} vs {r['llama_cpp']['decode']:6.1f} "
+              f"({r['ratio']['decode']:.2f}x)  32-seq decode {r['cascade']['decode_32']:7.0f} vs "
+              f"{r['llama_cpp']['decode_32']:6.0f} ({r['ratio']['decode_32']:.2f}x)")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axs = plt.subplots(1, 3, figsize=(13, 4))
+    names = [r["type"] for r in rows]
+    for ax, key, title in zip(axs, ("prefill", "decode", "decode_32"),
+                              ("prompt processing (256 tokens)", "single-stream decode", "32 sequences' decode")):
+        xs = range(len(rows))
+        ax.bar([x - 0.2 for x in xs], [r["cascade"][key] for r in rows], 0.4, label="cascade")
+        ax.bar([x + 0.2 for x in xs], [r["llama_cpp"][key] for r in rows], 0.4, label="llama.cpp")
+        for x, r in zip(xs, rows):
+            ax.text(x, max(r["cascade"][key], r["llama_cpp"][key]) * 1.02, f"{r['ratio'][key]:.2f}x",
+                    ha="center", fontsize=8)
+        if key == "decode":
+            roof = [r["ceiling"]["decode_roofline_tokens_per_s"] for r in rows]
+            ax.scatter(list(xs), roof, marker="_", s=400, color="k", label="roofline (read bandwidth)")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names)
+        ax.set_title(f"{title}, target {TARGETS[key]}x", fontsize=9)
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=7)
+    m = out["machine"]
+    fig.suptitle(f"SmolLM2-135M, {a.threads} threads, {m['cpu']} ({m['logical_cpus']} vCPU); "
+                 f"llama.cpp {a.llama_commit[:7]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(a.out + ".png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
