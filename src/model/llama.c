@@ -120,6 +120,7 @@ struct cas_model {
     int nt;          /* threads of every parallel region */
     cas_simd_level simd; /* opts.simd resolved on this CPU (attention and matrix kernels) */
     int avx2;        /* kernels' instruction set (1 AVX2, 0 portable) */
+    int qlevel;      /* the single-token kernels' level (cas_q_level) */
     int avx512;      /* batched SwiGLU on AVX-512; only with avx2 */
     int amx;         /* batched products on AMX-INT8, from packed copies of the weights */
     float *tx;       /* [nt][tx_stride] */
@@ -813,6 +814,7 @@ cas_status cas_model_create(const cas_gguf *g, const cas_model_opts *opts_in, ca
     m->avx2 = cas_q_resolve_avx2(o.portable_kernels || simd == CAS_SIMD_GENERIC ? CAS_Q_SIMD_GENERIC
                                                                                 : CAS_Q_SIMD_AUTO);
     m->avx512 = m->avx2 && simd == CAS_SIMD_AVX512;
+    m->qlevel = cas_q_level(m->avx2, m->avx512);
     {
         int64_t mx = E > QD ? E : QD;
         if (F > mx) mx = F;
@@ -1132,7 +1134,7 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv
     const cas_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
-    const int avx2 = m->avx2;
+    const int avx2 = m->avx2, ql = m->qlevel;
     const size_t rb_q = L->wq.bytes / (size_t)QD, rb_k = L->wk.bytes / (size_t)KD, rb_o = L->wo.bytes / (size_t)E,
                  rb_g = L->w_gate.bytes / (size_t)F, rb_d = L->w_down.bytes / (size_t)E;
     uint8_t *kpool = (uint8_t *)kv->k + (size_t)l * kv->layer_bytes;
@@ -1146,12 +1148,12 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv
         int64_t r0, r1;
         norm_row(m, xf, m->x, L->attn_norm);
         /* q, k and v rows of this thread (x quantized once: the three share a type) */
-        cas_q_xvec_quantize(L->wq.type, xf, E, xq, avx2);
+        cas_q_xvec_quantize(L->wq.type, xf, E, xq, ql);
         cas_q_thread_rows(QD, tid, nth, &r0, &r1);
-        cas_q_matvec_range(L->wq.type, L->wq.data, rb_q, E, r0, r1, xf, xq, qkv, avx2);
+        cas_q_matvec_range(L->wq.type, L->wq.data, rb_q, E, r0, r1, xf, xq, qkv, ql);
         cas_q_thread_rows(KD, tid, nth, &r0, &r1);
-        cas_q_matvec_range(L->wk.type, L->wk.data, rb_k, E, r0, r1, xf, xq, qkv + QD, avx2);
-        cas_q_matvec_range(L->wv.type, L->wv.data, rb_k, E, r0, r1, xf, xq, qkv + QD + KD, avx2);
+        cas_q_matvec_range(L->wk.type, L->wk.data, rb_k, E, r0, r1, xf, xq, qkv + QD, ql);
+        cas_q_matvec_range(L->wv.type, L->wv.data, rb_k, E, r0, r1, xf, xq, qkv + QD + KD, ql);
 #pragma omp barrier
 #pragma omp single nowait
         {
@@ -1170,23 +1172,23 @@ static cas_status layer_one_token(cas_model *m, const cas_layer *L, cas_model_kv
         uint8_t *xq = m->tq + (size_t)tid * m->tq_stride;
         int64_t r0, r1;
         /* attention output projection and residual, own rows */
-        cas_q_xvec_quantize(L->wo.type, m->att, QD, xq, avx2);
+        cas_q_xvec_quantize(L->wo.type, m->att, QD, xq, ql);
         cas_q_thread_rows(E, tid, nth, &r0, &r1);
-        cas_q_matvec_range(L->wo.type, L->wo.data, rb_o, QD, r0, r1, m->att, xq, m->proj, avx2);
+        cas_q_matvec_range(L->wo.type, L->wo.data, rb_o, QD, r0, r1, m->att, xq, m->proj, ql);
         for (int64_t i = r0; i < r1; i++) m->x[i] += m->proj[i];
 #pragma omp barrier
         /* gate and up rows [r0, r1) of this thread, then SwiGLU on them */
         norm_row(m, xf, m->x, L->ffn_norm);
-        cas_q_xvec_quantize(L->w_gate.type, xf, E, xq, avx2);
+        cas_q_xvec_quantize(L->w_gate.type, xf, E, xq, ql);
         cas_q_thread_rows(F, tid, nth, &r0, &r1);
-        cas_q_matvec_range(L->w_gate.type, L->w_gate.data, rb_g, E, r0, r1, xf, xq, m->fout, avx2);
-        cas_q_matvec_range(L->w_up.type, L->w_up.data, rb_g, E, r0, r1, xf, xq, m->fout + F, avx2);
+        cas_q_matvec_range(L->w_gate.type, L->w_gate.data, rb_g, E, r0, r1, xf, xq, m->fout, ql);
+        cas_q_matvec_range(L->w_up.type, L->w_up.data, rb_g, E, r0, r1, xf, xq, m->fout + F, ql);
         silu_mul(m, m->fout + r0, m->fout + F + r0, m->gate + r0, r1 - r0, 0);
 #pragma omp barrier
         /* down projection and residual, own rows */
-        cas_q_xvec_quantize(L->w_down.type, m->gate, F, xq, avx2);
+        cas_q_xvec_quantize(L->w_down.type, m->gate, F, xq, ql);
         cas_q_thread_rows(E, tid, nth, &r0, &r1);
-        cas_q_matvec_range(L->w_down.type, L->w_down.data, rb_d, F, r0, r1, m->gate, xq, m->proj, avx2);
+        cas_q_matvec_range(L->w_down.type, L->w_down.data, rb_d, F, r0, r1, m->gate, xq, m->proj, ql);
         for (int64_t i = r0; i < r1; i++) m->x[i] += m->proj[i];
     }
     return CAS_OK;

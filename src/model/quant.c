@@ -675,6 +675,8 @@ size_t cas_q_xvec_bytes(int64_t n) {
 
 int cas_q_resolve_avx2(cas_q_simd s) { return pick_avx2(s); }
 
+int cas_q_level(int avx2, int avx512) { return !avx2 ? 0 : avx512 && cas_qk_avx512_available() ? 2 : 1; }
+
 void cas_q_xvec_quantize(int t, const float *x, int64_t n, void *buf, int avx2) {
     if (cas_qk_type(t)) {
         cas_qk_quantize_x(t, x, n, buf, avx2);

@@ -239,12 +239,19 @@ size_t cas_q_xvec_bytes(int64_t n);
  * recorded) when AVX2 is asked for but missing. */
 int cas_q_resolve_avx2(cas_q_simd s);
 
+/* The kernel level of cas_q_xvec_quantize and cas_q_matvec_range: 0
+ * portable, 1 AVX2, 2 AVX2 with the AVX-512VL VNNI row kernels where a type
+ * has them (the same bits). avx2 as cas_q_resolve_avx2 gives it; avx512: the
+ * caller allows AVX-512. */
+int cas_q_level(int avx2, int avx512);
+
 /* x[n] quantized for weights of type t into buf (cas_q_xvec_bytes(n), 64-byte
- * aligned); nothing for float types. */
+ * aligned); nothing for float types. avx2: a level of cas_q_level. */
 void cas_q_xvec_quantize(int t, const float *x, int64_t n, void *buf, int avx2);
 
 /* y[r] = W[r] . x for r in [r0, r1), with x given both as floats (for float
- * types) and quantized in buf by cas_q_xvec_quantize. rb = row bytes of W. */
+ * types) and quantized in buf by cas_q_xvec_quantize. rb = row bytes of W;
+ * avx2: a level of cas_q_level. */
 void cas_q_matvec_range(int t, const void *w, size_t rb, int64_t n, int64_t r0, int64_t r1,
                         const float *x, const void *buf, float *y, int avx2);
 

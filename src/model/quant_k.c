@@ -530,6 +530,10 @@ static void rows_generic(int t, const uint8_t *w, size_t rb, int64_t n, int64_t 
 void cas_qk_matvec_range(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1,
                          const void *buf, float *y, int level) {
     if (r1 <= r0) return;
+    if (level >= 2) {
+        cas_qk_avx512_rows(t, w, rb, n, r0, r1, r1, buf, 0, 1, y);
+        return;
+    }
     if (level >= 1) {
         cas_qk_avx2_rows(t, w, rb, n, r0, r1, r1, buf, 0, 1, y);
         return;
@@ -673,6 +677,8 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
                 cas_qk_avx512_rows_lanes(t, w, rb, n, r0, r1, rows, xl, m, y, tile);
             } else if (lanes) {
                 cas_qk_avx2_rows_lanes(t, w, rb, n, r0, r1, rows, xl, m, y, tile);
+            } else if (level >= 2) {
+                cas_qk_avx512_rows(t, w, rb, n, r0, r1, rows, xq, xs, m, y);
             } else if (level >= 1) {
                 cas_qk_avx2_rows(t, w, rb, n, r0, r1, rows, xq, xs, m, y);
             } else {

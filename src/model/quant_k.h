@@ -201,6 +201,11 @@ void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64
 
 /* As cas_qk_avx2_rows_lanes with sixteen tokens in the lanes, from
  * x16[ceil(m / 16)][blocks] (cas_q8k16_block, cas_q8b16_block for cas_qk_b32). */
+/* As cas_qk_avx2_rows (the same bits), Q5_0 and Q5_1 on AVX-512VL with VNNI
+ * in 256-bit vectors; the other types go to cas_qk_avx2_rows. */
+void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                        const uint8_t *xq, size_t xstride, int64_t m, float *y);
+
 void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                               const void *x16, int64_t m, float *y, void *tile);
 

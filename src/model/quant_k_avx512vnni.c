@@ -193,3 +193,86 @@ void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int
         }
     }
 }
+
+/* ---- Q5_0 and Q5_1, one token at a time: eight rows in 256-bit lanes -------
+ * The AVX2 row kernel's (quant_k_avx2.c group8) computation with two
+ * AVX-512VL instructions in place of eight: the fifth bits become a byte mask
+ * that adds 16 to the nibbles (one masked add instead of a shuffle, two ands
+ * and a compare), and vpdpbusd takes the codes (0..31, unsigned) times x into
+ * int32 without maddubs' 16-bit step. The integer sums are the same exact
+ * ones and the f32 chain the same operations in the same order, so the bits
+ * are group8's. 256-bit vectors only, as the other single-token kernels. */
+
+static inline __m256i q5_codes_vl(const uint8_t *p) {
+    uint32_t qh;
+    memcpy(&qh, p, 4);
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + 4)));
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
+    return _mm256_mask_add_epi8(nib, (__mmask32)qh, nib, _mm256_set1_epi8(16));
+}
+
+static inline __m256i hsum8_rows(const __m256i a[8]) {
+    __m256i c0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+    __m256i c1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(c0, c1, 0x20), _mm256_permute2x128_si256(c0, c1, 0x31));
+}
+
+
+static inline __attribute__((always_inline)) void q5_group8(const int t, const uint8_t *const *p, int64_t n,
+                                                            const cas_q8b_block *xb, const uint8_t *pf, float *out) {
+    const size_t bb = (size_t)cas_ttype_block_bytes(t), qho = t == CAS_T_Q5_1 ? 4 : 2;
+    const size_t pfl = (4 * 8 * bb + 63) / 64; /* cache lines of the next group per 4 blocks */
+    const __m256i zero = _mm256_setzero_si256();
+    /* the eight rows' block starts as offsets from the first: d (and Q5_1's m)
+     * come by one gather (eight 16-bit stores read back as one vector would
+     * stall on store forwarding every block) */
+    const __m256i idx = _mm256_setr_epi32(0, (int)(p[1] - p[0]), (int)(p[2] - p[0]), (int)(p[3] - p[0]),
+                                          (int)(p[4] - p[0]), (int)(p[5] - p[0]), (int)(p[6] - p[0]), (int)(p[7] - p[0]));
+    __m256 acc = _mm256_setzero_ps();
+    const uint8_t *q[8];
+    for (int r = 0; r < 8; r++) q[r] = p[r];
+    for (int64_t b = 0; b < n / 32; b++) {
+        if (pf && (b & 3) == 0)
+            for (size_t k = 0; k < pfl; k++) _mm_prefetch((const char *)pf + (size_t)b * 8 * bb + 64 * k, _MM_HINT_T0);
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)xb[b].q);
+        const __m256 dx = _mm256_set1_ps(xb[b].d);
+        __m256i s[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) s[r] = _mm256_dpbusd_epi32(zero, q5_codes_vl(q[r] + qho), x);
+        __m256i is = hsum8_rows(s);
+        const __m256i dm = _mm256_i32gather_epi32((const int *)(const void *)q[0], idx, 1);
+        if (t == CAS_T_Q5_0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * xb[b].s));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)), dx), acc);
+        if (t == CAS_T_Q5_1)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps((float)xb[b].s),
+                                  _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))), dx), acc);
+        for (int r = 0; r < 8; r++) q[r] += bb;
+    }
+    _mm256_storeu_ps(out, acc);
+}
+
+static inline __attribute__((always_inline)) void q5_rows_t(const int t, const uint8_t *w, size_t rb, int64_t n,
+                                                            int64_t r0, int64_t r1, int64_t rows, const uint8_t *xq,
+                                                            size_t xstride, int64_t m, float *y) {
+    for (int64_t r = r0; r < r1; r += 8) {
+        const int64_t nr = r1 - r < 8 ? r1 - r : 8;
+        const uint8_t *p[8];
+        for (int64_t k = 0; k < 8; k++) p[k] = w + (size_t)(r + (k < nr ? k : 0)) * rb;
+        const uint8_t *pf = nr == 8 && r + 16 <= r1 ? w + (size_t)(r + 8) * rb : NULL;
+        for (int64_t i = 0; i < m; i++) {
+            float out[8];
+            q5_group8(t, p, n, (const cas_q8b_block *)(const void *)(xq + (size_t)i * xstride), i == 0 ? pf : NULL, out);
+            for (int64_t k = 0; k < nr; k++) y[i * rows + r + k] = out[k];
+        }
+    }
+}
+
+void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                        const uint8_t *xq, size_t xstride, int64_t m, float *y) {
+    if (t == CAS_T_Q5_0)
+        q5_rows_t(CAS_T_Q5_0, w, rb, n, r0, r1, rows, xq, xstride, m, y);
+    else if (t == CAS_T_Q5_1)
+        q5_rows_t(CAS_T_Q5_1, w, rb, n, r0, r1, rows, xq, xstride, m, y);
+    else
+        cas_qk_avx2_rows(t, w, rb, n, r0, r1, rows, xq, xstride, m, y);
+}
