@@ -128,6 +128,26 @@ static inline __attribute__((always_inline)) void lanes16_t(const int t, const u
     }
 }
 
+/* The fifth bits as a byte mask adding 16 to the nibbles: the 32 codes 0..31
+ * of the Q5 block whose qh is at p and qs at p + 4 (quant_k_avx2.c's
+ * q5_codes in two AVX-512VL instructions instead of six). */
+static inline __m256i q5_codes_vl(const uint8_t *p) {
+    uint32_t qh;
+    memcpy(&qh, p, 4);
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + 4)));
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
+    return _mm256_mask_add_epi8(nib, (__mmask32)qh, nib, _mm256_set1_epi8(16));
+}
+
+/* A Q5 block decoded as cas_qk_avx2_decode_nl does, inlined here: the
+ * 16-token kernel decodes each row's blocks once per call. */
+static inline void decode_q5(const int t, const uint8_t *blk, cas_qk_tblk_nl *o) {
+    uint16_t h[2];
+    memcpy(h, blk, 4);
+    _mm256_storeu_si256((__m256i *)(void *)o->v, q5_codes_vl(blk + (t == CAS_T_Q5_1 ? 4 : 2)));
+    o->d = _cvtsh_ss(h[0]), o->m = t == CAS_T_Q5_1 ? _cvtsh_ss(h[1]) : 0;
+}
+
 static inline __attribute__((always_inline)) void lanes16_b32(const int t, const uint8_t *w, size_t rb, int64_t n,
                                                               int64_t r, int64_t nr, int64_t rows,
                                                               const cas_q8b16_block *x16, int64_t m, float *y,
@@ -137,7 +157,10 @@ static inline __attribute__((always_inline)) void lanes16_b32(const int t, const
     const __m512i zero = _mm512_setzero_si512();
     for (int64_t j = 0; j < CAS_QK_TILE; j++)
         for (int64_t b = 0; b < nb; b++)
-            cas_qk_avx2_decode_nl(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b, 1);
+            if (t == CAS_T_Q5_0 || t == CAS_T_Q5_1)
+                decode_q5(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b);
+            else
+                cas_qk_avx2_decode_nl(t, w + (size_t)(r + (j < nr ? j : 0)) * rb + (size_t)b * bb, tile + j * nb + b, 1);
     for (int64_t g = 0; g < (m + 15) / 16; g++) {
         const cas_q8b16_block *xg = x16 + g * nb;
         __m512 acc[CAS_QK_TILE];
@@ -202,14 +225,6 @@ void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int
  * int32 without maddubs' 16-bit step. The integer sums are the same exact
  * ones and the f32 chain the same operations in the same order, so the bits
  * are group8's. 256-bit vectors only, as the other single-token kernels. */
-
-static inline __m256i q5_codes_vl(const uint8_t *p) {
-    uint32_t qh;
-    memcpy(&qh, p, 4);
-    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + 4)));
-    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
-    return _mm256_mask_add_epi8(nib, (__mmask32)qh, nib, _mm256_set1_epi8(16));
-}
 
 static inline __m256i hsum8_rows(const __m256i a[8]) {
     __m256i c0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
