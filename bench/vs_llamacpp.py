@@ -12,7 +12,7 @@ import collections
 import json
 import os
 import platform
-import subprocess
+import statistics
 
 TARGETS = {"prefill": 1.5, "decode": 1.5, "decode_32": 4.0}
 
@@ -38,27 +38,28 @@ def tensor_types(path):
     return dict(sorted(collections.Counter(t.tensor_type.name.lower() for t in r.tensors).items()))
 
 
-def llama_bench_best(paths, key):
-    """best sample (tokens/s) per flash-attention setting over every round's run"""
-    best = {}
+def llama_bench_rounds(paths, key):
+    """per round and flash-attention setting: the best repetition (tokens/s)"""
+    out = []
     for p in paths:
+        best = {}
         for e in json.load(open(p)):
             if (key == "pp" and e["n_prompt"] > 0) or (key == "tg" and e["n_gen"] > 0):
                 fa = "on" if e["flash_attn"] in (1, True, "1", "on") else "off"
                 best[fa] = max(best.get(fa, 0.0), max(e.get("samples_ts") or [e["avg_ts"]]))
-    return best
+        out.append(best)
+    return out
 
 
-def batched_best(paths_by_fa):
-    best = {}
+def batched_rounds(paths_by_fa, key):
+    """per round and flash-attention setting: llama-batched-bench's tokens/s"""
+    rounds = len(next(iter(paths_by_fa.values())))
+    out = [{} for _ in range(rounds)]
     for fa, paths in paths_by_fa.items():
-        for p in paths:
+        for r, p in enumerate(paths):
             for line in open(p):
-                e = json.loads(line)
-                best.setdefault(fa, {"decode": 0.0, "prefill": 0.0})
-                best[fa]["decode"] = max(best[fa]["decode"], e["speed_tg"])
-                best[fa]["prefill"] = max(best[fa]["prefill"], e["speed_pp"])
-    return best
+                out[r][fa] = json.loads(line)["speed_tg" if key == "decode" else "speed_pp"]
+    return out
 
 
 def main():
@@ -75,16 +76,19 @@ def main():
     rows = []
     for t in a.types.split():
         cas = [json.load(open(f"{d}/cascade-{t}-{r}.json")) for r in R]
-        pp = llama_bench_best([f"{d}/lb-pp-{t}-{r}.json" for r in R], "pp")
-        tg = llama_bench_best([f"{d}/lb-tg-{t}-{r}.json" for r in R], "tg")
-        bb = batched_best({fa: [f"{d}/bb-{fa}-{t}-{r}.jsonl" for r in R] for fa in ("off", "on")})
-        c = {"prefill": max(x["single"]["prefill_tokens_per_s"] for x in cas),
-             "decode": max(x["single"]["decode_tokens_per_s"] for x in cas),
-             "prefill_32": max(x["batch"]["prefill_tokens_per_s"] for x in cas),
-             "decode_32": max(x["batch"]["decode_tokens_per_s"] for x in cas)}
-        lc = {"prefill": max(pp.values()), "decode": max(tg.values()),
-              "prefill_32": max(v["prefill"] for v in bb.values()),
-              "decode_32": max(v["decode"] for v in bb.values())}
+        bb_paths = {fa: [f"{d}/bb-{fa}-{t}-{r}.jsonl" for r in R] for fa in ("off", "on")}
+        # per round: cascade's number, and llama.cpp's under its better flash-attention setting
+        lfa = {"prefill": llama_bench_rounds([f"{d}/lb-pp-{t}-{r}.json" for r in R], "pp"),
+               "decode": llama_bench_rounds([f"{d}/lb-tg-{t}-{r}.json" for r in R], "tg"),
+               "prefill_32": batched_rounds(bb_paths, "prefill"), "decode_32": batched_rounds(bb_paths, "decode")}
+        per = {"cascade": {"prefill": [x["single"]["prefill_tokens_per_s"] for x in cas],
+                           "decode": [x["single"]["decode_tokens_per_s"] for x in cas],
+                           "prefill_32": [x["batch"]["prefill_tokens_per_s"] for x in cas],
+                           "decode_32": [x["batch"]["decode_tokens_per_s"] for x in cas]},
+               "llama_cpp": {k: [max(v.values()) for v in lfa[k]] for k in lfa}}
+        c = {k: max(v) for k, v in per["cascade"].items()}
+        lc = {k: max(v) for k, v in per["llama_cpp"].items()}
+        med = {k: round(statistics.median(per["cascade"][k]) / statistics.median(per["llama_cpp"][k]), 2) for k in c}
         bw = [x["read_bandwidth_gbs"] for x in cas] + [x["read_bandwidth_after_gbs"] for x in cas]
         wb = cas[0]["weight_bytes_per_token"]
         ratio = {k: round(c[k] / lc[k], 2) for k in c}
@@ -93,8 +97,11 @@ def main():
             "tensor_types": tensor_types(cas[0]["model"]),
             "cascade": {k: round(v, 1) for k, v in c.items()},
             "llama_cpp": {k: round(v, 1) for k, v in lc.items()},
-            "llama_cpp_by_flash_attn": {"prefill": pp, "decode": tg, "batched": bb},
             "ratio": ratio,
+            "ratio_of_medians": med,
+            "per_round": {side: {k: [round(x, 1) for x in v] for k, v in d2.items()} for side, d2 in per.items()},
+            "llama_cpp_by_flash_attn_per_round": {k: [{fa: round(x, 1) for fa, x in v.items()} for v in lfa[k]]
+                                                  for k in lfa},
             "targets_met": {k: ratio[k] >= v for k, v in TARGETS.items()},
             "ceiling": {"read_bandwidth_gbs_min": min(bw), "read_bandwidth_gbs_max": max(bw),
                         "weight_bytes_per_token": wb,
@@ -105,7 +112,9 @@ def main():
         })
     out = {
         "what": "cascade (bench/model_bench.c) beside llama.cpp's llama-bench and llama-batched-bench on the same "
-                "GGUF files, threads and machine; best of each side's runs",
+                "GGUF files, threads and machine, alternating, ROUNDS rounds; cascade/llama_cpp/ratio: the best "
+                "round of each side (a neighbour on the shared VM only slows a run down), ratio_of_medians: the "
+                "median rounds'",
         "machine": cpu_facts(), "threads": a.threads, "rounds": a.rounds,
         "llama_cpp": {"commit": a.llama_commit, "source": a.sdist + " (vendor/llama.cpp)",
                       "build": "cmake -DCMAKE_BUILD_TYPE=Release (GGML_NATIVE on, OpenMP)",

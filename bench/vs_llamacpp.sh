@@ -15,7 +15,7 @@
 # says (cmake Release, native, its OpenMP threads) in a directory of its own.
 # The files are the default model requantized by llama.cpp's llama-quantize
 # (WHAT=quants-default of that script, run when they are missing).
-#   usage: bash bench/vs_llamacpp.sh [THREADS]   (env: TYPES, ROUNDS, REF_DIR)
+#   usage: bash bench/vs_llamacpp.sh [THREADS]   (env: TYPES, ROUNDS, REF_DIR, RAW_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-2}
@@ -43,8 +43,8 @@ make -s BUILD="$BUILD" -j"$(nproc)" "$BUILD/libcascade.a"
 LIBS=$(pkg-config --libs libpcre2-8 libxxhash jansson libmicrohttpd 2>/dev/null || true)
 cc -std=c11 -O2 -fopenmp -D_GNU_SOURCE -o "$BUILD/model_bench" bench/model_bench.c "$BUILD/libcascade.a" \
   $LIBS -lm -lpthread
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
+# the raw outputs of every run (kept where RAW_DIR names a directory)
+if [ -n "${RAW_DIR:-}" ]; then W=$RAW_DIR; mkdir -p "$W"; else W=$(mktemp -d); trap 'rm -rf "$W"' EXIT; fi
 for r in $(seq "$ROUNDS"); do
   for t in $TYPES; do
     f=$(file_of "$t")
