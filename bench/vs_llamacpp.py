@@ -133,7 +133,9 @@ def main():
         print(f"{r['type']:7s} prefill {r['cascade']['prefill']:7.0f} vs {r['llama_cpp']['prefill']:7.0f} "
               f"({r['ratio']['prefill']:.2f}x)  decode {r['cascade']['decode']:6.1f} vs {r['llama_cpp']['decode']:6.1f} "
               f"({r['ratio']['decode']:.2f}x)  32-seq decode {r['cascade']['decode_32']:7.0f} vs "
-              f"{r['llama_cpp']['decode_32']:6.0f} ({r['ratio']['decode_32']:.2f}x)")
+              f"{r['llama_cpp']['decode_32']:6.0f} ({r['ratio']['decode_32']:.2f}x)  medians: "
+              f"{r['ratio_of_medians']['prefill']:.2f}x {r['ratio_of_medians']['decode']:.2f}x "
+              f"{r['ratio_of_medians']['decode_32']:.2f}x")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -155,13 +157,16 @@ def main():
             ax.scatter(list(xs), roof, marker="_", s=400, color="k", label="roofline (read bandwidth)")
         ax.set_xticks(list(xs))
         ax.set_xticklabels(names)
+        ax.set_ylim(0, 1.12 * max(max(r["cascade"][key], r["llama_cpp"][key], r["ceiling"]["decode_roofline_tokens_per_s"]
+                                      if key == "decode" else 0) for r in rows))
         ax.set_title(f"{title}, target {TARGETS[key]}x", fontsize=9)
         ax.set_ylabel("tokens/s")
-        ax.legend(fontsize=7)
+    handles, labels = axs[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
     m = out["machine"]
     fig.suptitle(f"SmolLM2-135M, {a.threads} threads, {m['cpu']} ({m['logical_cpus']} vCPU); "
                  f"llama.cpp {a.llama_commit[:7]}", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(a.out + ".png", dpi=110)
 
 
