@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -240,18 +241,37 @@ static void test_open_file(void) {
     REQUIRE(fd >= 0);
     CHECK(write(fd, b.p, b.n) == (ssize_t)b.n);
     close(fd);
-    cas_gguf *g = NULL;
-    CHECK(cas_gguf_open(path, &g) == CAS_OK);
-    if (g) check_good(g, (spec){3, 0});
-    cas_gguf_close(g);
-    /* a truncated copy on disk fails with the path in the message */
-    CHECK(truncate(path, (off_t)b.n - 1) == 0);
-    g = NULL;
-    CHECK(cas_gguf_open(path, &g) == CAS_ERR_FORMAT && g == NULL);
-    CHECK(strstr(cas_last_error(), path) != NULL);
+    /* mapped (cas_gguf_open) and read into memory (cas_gguf_open_read): the
+     * same checks, the same bytes */
+    for (int read_in = 0; read_in < 2; read_in++) {
+        cas_status (*open_fn)(const char *, cas_gguf **) = read_in ? cas_gguf_open_read : cas_gguf_open;
+        int wfd = open(path, O_WRONLY | O_TRUNC);
+        REQUIRE(wfd >= 0);
+        CHECK(write(wfd, b.p, b.n) == (ssize_t)b.n);
+        close(wfd);
+        cas_gguf *g = NULL;
+        CHECK(open_fn(path, &g) == CAS_OK);
+        if (g) {
+            check_good(g, (spec){3, 0});
+            CHECK(cas_gguf_file_size(g) == b.n);
+            for (int64_t i = 0; i < cas_gguf_n_tensors(g); i++) {
+                const cas_gguf_tensor *t = cas_gguf_tensor_at(g, i);
+                CHECKF(!memcmp(t->data, (const uint8_t *)b.p + cas_gguf_data_offset(g) + t->offset, t->nbytes),
+                       "tensor %lld's bytes (read_in %d)", (long long)i, read_in);
+            }
+        }
+        cas_gguf_close(g);
+        /* a truncated copy on disk fails with the path in the message */
+        CHECK(truncate(path, (off_t)b.n - 1) == 0);
+        g = NULL;
+        CHECK(open_fn(path, &g) == CAS_ERR_FORMAT && g == NULL);
+        CHECK(strstr(cas_last_error(), path) != NULL);
+        CHECK(open_fn("/tmp", &g) == CAS_ERR_IO && g == NULL);
+        CHECK(open_fn("/nonexistent/cas.gguf", &g) == CAS_ERR_IO && g == NULL);
+    }
     unlink(path);
+    cas_gguf *g = NULL;
     CHECK(cas_gguf_open(path, &g) == CAS_ERR_IO && g == NULL);
-    CHECK(cas_gguf_open("/tmp", &g) == CAS_ERR_IO);
     free(b.p);
 }
 

@@ -303,6 +303,35 @@ static void test_amx_vs_avx2(void) {
     free(lg[1]);
 }
 
+/* The weights read into memory (the default, cas_gguf_open_read) against the
+ * file's mapping (mmap_weights): two copies of the same bytes, so a prefill
+ * and a decode step give the same logits bit for bit. */
+static void test_mmap_weights(void) {
+    cas_model_opts o = *cas_model_opts_of(g_fast);
+    CHECK(o.mmap_weights == 0);
+    o.mmap_weights = 1;
+    cas_model *mapped = NULL;
+    REQUIRE(cas_model_load(MODEL_PATH, &o, &mapped) == CAS_OK);
+    const cas_gguf *ga = cas_model_gguf(g_fast), *gb = cas_model_gguf(mapped);
+    CHECK(cas_gguf_n_tensors(ga) == cas_gguf_n_tensors(gb));
+    for (int64_t i = 0; i < cas_gguf_n_tensors(ga); i++) {
+        const cas_gguf_tensor *ta = cas_gguf_tensor_at(ga, i), *tb = cas_gguf_tensor_at(gb, i);
+        CHECK(ta->data != tb->data && ta->nbytes == tb->nbytes && !memcmp(ta->data, tb->data, ta->nbytes));
+    }
+    int32_t ids[NP][200], n[NP];
+    for (int i = 0; i < NP; i++) n[i] = enc(k_prompts[i], ids[i]);
+    float *lg[2];
+    for (int v = 0; v < 2; v++) {
+        REQUIRE((lg[v] = malloc(sizeof(float) * (size_t)g_vocab * 2 * NP)));
+        prefill_decode(v == 0 ? g_fast : mapped, ids, n, lg[v]);
+    }
+    g_model = g_fast;
+    cas_model_destroy(mapped);
+    CHECK(!memcmp(lg[0], lg[1], sizeof(float) * (size_t)g_vocab * 2 * NP));
+    free(lg[0]);
+    free(lg[1]);
+}
+
 /* The fast model against the same model with its kernels lowered to each
  * SIMD level this CPU has (cas_model_opts.simd): the same function, so the
  * logits of a batched prefill and a decode step agree up to f32 rounding as
@@ -609,6 +638,7 @@ int main(void) {
     RUN(test_kv_dtypes);
     g_model = g_fast;
     RUN(test_amx_vs_avx2);
+    RUN(test_mmap_weights);
     RUN(test_simd_levels);
     RUN(test_bad_batches);
     cas_tok_destroy(g_tok);

@@ -355,6 +355,7 @@ static cas_status cpu_open(cas_engine *e, int32_t *pages_out, int32_t *per_seq_o
     mo.cascade = cascade_mode(o->cascade);
     mo.simd = o->simd;
     mo.amx_off = o->amx_off;
+    mo.mmap_weights = o->mmap_weights;
     mo.batch_invariant = !o->no_batch_invariance;
     load_job job = {.path = o->model_path, .mo = &mo, .model = &e->model, .st = CAS_OK, .err = ""};
     pthread_t loader;

@@ -76,6 +76,9 @@ typedef struct {
                                  level the CPU lacks fails create with CAS_ERR_UNSUPPORTED */
     int32_t amx_off;          /* 1: never the AMX tile unit (cas_model_opts.amx_off); 0: where
                                  the CPU and OS allow it */
+    int32_t mmap_weights;     /* CPU: 1: the weights stay in the file's shared read-only mapping;
+                                 0 (default): the file is read into huge pages, private to this
+                                 process (cas_model_opts.mmap_weights: faster decode) */
     int32_t debug_checks;     /* 1: the KV block pool and the scheduler check every invariant
                                  after each change (cas_kv_opts / cas_sched_opts.debug_checks;
                                  O(pool) per call: for tests and debugging); 0: off */

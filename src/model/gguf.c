@@ -44,7 +44,9 @@ typedef struct {
 struct cas_gguf {
     const uint8_t *base; /* the file's bytes */
     size_t size;
-    int mapped;          /* 1: base is our mmap; 0: borrowed memory */
+    int mapped;          /* 1: base is our mmap (of the file, or anonymous memory the file was
+                            read into) of map_bytes; 0: borrowed memory */
+    size_t map_bytes;
     uint32_t version;
     uint32_t alignment;
     uint64_t data_off;
@@ -475,7 +477,32 @@ cas_status cas_gguf_open_memory(const void *data, size_t size, cas_gguf **out) {
     return open_common(g, out);
 }
 
-cas_status cas_gguf_open(const char *path, cas_gguf **out) {
+/* The file read into anonymous memory on 2 MiB boundaries, advised as huge
+ * pages: NULL (errno set) on failure. */
+static void *read_whole(int fd, size_t size, size_t *map_bytes) {
+    const size_t huge = (size_t)2 << 20, r = (size + huge - 1) & ~(huge - 1);
+    void *p = mmap(NULL, r, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, r, MADV_HUGEPAGE);
+#endif
+    for (size_t done = 0; done < size;) {
+        ssize_t k = pread(fd, (uint8_t *)p + done, size - done, (off_t)done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = k < 0 ? errno : EIO; /* the file shrank under us */
+            munmap(p, r);
+            errno = e;
+            return NULL;
+        }
+        done += (size_t)k;
+    }
+    (void)mprotect(p, r, PROT_READ);
+    *map_bytes = r;
+    return p;
+}
+
+static cas_status open_file(const char *path, int read_in, cas_gguf **out) {
     if (!out || !path) return cas_error(CAS_ERR_INVALID, "gguf: path or out is NULL");
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -495,20 +522,22 @@ cas_status cas_gguf_open(const char *path, cas_gguf **out) {
         return cas_error(CAS_ERR_FORMAT, "gguf: %s is %lld bytes, too short for a GGUF header", path,
                          (long long)sb.st_size);
     }
-    size_t size = (size_t)sb.st_size;
-    void *p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    size_t size = (size_t)sb.st_size, map_bytes = size;
+    void *p = read_in ? read_whole(fd, size, &map_bytes) : mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (p == MAP_FAILED) return cas_error(CAS_ERR_IO, "gguf: cannot map %s: %s", path, strerror(e));
+    if (!p || p == MAP_FAILED)
+        return cas_error(CAS_ERR_IO, "gguf: cannot %s %s: %s", read_in ? "read" : "map", path, strerror(e));
     cas_gguf *g = cas_alloc(sizeof *g);
     if (!g) {
-        munmap(p, size);
+        munmap(p, map_bytes);
         return cas_error(CAS_ERR_NOMEM, "gguf: no memory");
     }
     memset(g, 0, sizeof *g);
     g->base = p;
     g->size = size;
     g->mapped = 1;
+    g->map_bytes = map_bytes;
     cas_status st = open_common(g, out);
     if (st) {
         /* keep the message but say which file */
@@ -519,6 +548,10 @@ cas_status cas_gguf_open(const char *path, cas_gguf **out) {
     return CAS_OK;
 }
 
+cas_status cas_gguf_open(const char *path, cas_gguf **out) { return open_file(path, 0, out); }
+
+cas_status cas_gguf_open_read(const char *path, cas_gguf **out) { return open_file(path, 1, out); }
+
 void cas_gguf_close(cas_gguf *g) {
     if (!g) return;
     if (g->kv)
@@ -528,7 +561,7 @@ void cas_gguf_close(cas_gguf *g) {
     cas_free(g->arena);
     cas_free(g->kv_hash);
     cas_free(g->t_hash);
-    if (g->mapped) munmap((void *)g->base, g->size);
+    if (g->mapped) munmap((void *)g->base, g->map_bytes);
     cas_free(g);
 }
 

@@ -837,7 +837,7 @@ fail:
 cas_status cas_model_load(const char *path, const cas_model_opts *opts, cas_model **out) {
     *out = NULL;
     cas_gguf *g = NULL;
-    cas_status st = cas_gguf_open(path, &g);
+    cas_status st = opts && opts->mmap_weights ? cas_gguf_open(path, &g) : cas_gguf_open_read(path, &g);
     if (st) return st;
     st = cas_model_create(g, opts, out);
     if (st) {

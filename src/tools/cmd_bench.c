@@ -390,7 +390,7 @@ static void usage(void) {
            "                     [--max-batch-tokens N] [--max-itl-ms X] [--max-context N] [--seed N]\n"
            "                     [--json] [--label S]\n"
            "                     [--copy-gbps X] [--measure-copy] [--steps-json FILE] [--latency-json FILE]\n"
-           "                     [--simd LEVEL] [--no-amx] [--debug-checks]\n"
+           "                     [--simd LEVEL] [--no-amx] [--mmap] [--debug-checks]\n"
            "                     [--device auto|cpu|cuda] [--gpu-memory-fraction X] [--enforce-eager]\n"
            "                     [--tensor-parallel N]\n"
            "                     [--no-batch-invariance]\n"
@@ -430,6 +430,8 @@ static void usage(void) {
            "  --no-batch-invariance cpu: the fastest attention plans, not batch-invariant\n"
            "  --simd LEVEL    kernels' instruction set: auto (default), generic, avx2, avx512\n"
            "  --no-amx        never the AMX tile unit\n"
+           "  --mmap          cpu: keep the weights in the file's shared mapping (default: read into\n"
+           "                  huge pages, faster decode)\n"
            "  --debug-checks  check the KV pool's and scheduler's invariants after every change\n"
            "A decode step is a step that computed no prompt token. Its byte roofline reads every\n"
            "weight matrix once and the step's distinct KV tokens once, at the copy bandwidth.\n");
@@ -503,6 +505,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-prefix-cache")) eo.prefix_cache = 0;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--no-amx")) eo.amx_off = 1;
+        else if (!strcmp(a, "--mmap")) eo.mmap_weights = 1;
         else if (!strcmp(a, "--debug-checks")) eo.debug_checks = 1;
         else if (!strcmp(a, "--measure-copy")) measure_copy = 1;
         else if (!strcmp(a, "--label")) label = v;

@@ -49,6 +49,8 @@ static void usage(FILE *f) {
             "  --no-prefix-cache    compute every prompt in full\n"
             "  --simd LEVEL         kernels' instruction set: auto (default), generic, avx2, avx512\n"
             "  --no-amx             never the AMX tile unit\n"
+            "  --mmap               cpu: keep the weights in the file's shared mapping (default: read\n"
+            "                       into huge pages, faster decode)\n"
             "  --debug-checks       check the KV pool's and scheduler's invariants after every change\n"
             "  -q, --quiet          print only the generated text\n",
             DEFAULT_MODEL, MAX_STOPS);
@@ -156,7 +158,8 @@ int cmd_generate(int argc, char **argv) {
         const char *a = argv[i];
         int takes = strcmp(a, "--chat") && strcmp(a, "--no-cascade") && strcmp(a, "--no-prefix-cache") &&
                     strcmp(a, "--no-share") && strcmp(a, "-q") && strcmp(a, "--quiet") && strcmp(a, "-h") &&
-                    strcmp(a, "--help") && strcmp(a, "--no-amx") && strcmp(a, "--debug-checks");
+                    strcmp(a, "--help") && strcmp(a, "--no-amx") && strcmp(a, "--debug-checks") &&
+                    strcmp(a, "--no-batch-invariance") && strcmp(a, "--enforce-eager") && strcmp(a, "--mmap");
         if (takes && i + 1 >= argc) {
             fprintf(stderr, "generate: %s needs a value\n", a);
             goto usage_fail;
@@ -206,6 +209,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--simd")) ok = cas_simd_parse(v, &eo.simd) == 0;
         else if (!strcmp(a, "--no-amx")) eo.amx_off = 1;
+        else if (!strcmp(a, "--mmap")) eo.mmap_weights = 1;
         else if (!strcmp(a, "--debug-checks")) eo.debug_checks = 1;
         else {
             fprintf(stderr, "generate: unknown option '%s'\n", a);

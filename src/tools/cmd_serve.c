@@ -81,6 +81,8 @@ static void usage(FILE *f) {
             "  --no-prefix-cache       no automatic prefix caching\n"
             "  --simd LEVEL            kernels' instruction set: auto (default), generic, avx2, avx512\n"
             "  --no-amx                never the AMX tile unit\n"
+            "  --mmap                  cpu: keep the weights in the file's shared mapping, e.g. for\n"
+            "                          replicas on one machine (default: read into huge pages)\n"
             "  --debug-checks          check the KV pool's and scheduler's invariants after every\n"
             "                          change (slow: for debugging)\n");
 }
@@ -256,6 +258,10 @@ int cmd_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-amx")) {
             eo.amx_off = 1;
+            continue;
+        }
+        if (!strcmp(a, "--mmap")) {
+            eo.mmap_weights = 1;
             continue;
         }
         if (!strcmp(a, "--debug-checks")) {
