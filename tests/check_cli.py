@@ -13,17 +13,7 @@ BUILD = os.environ.get("BUILD", "build")
 CASCADE = os.path.join(BUILD, "cascade")
 PROMPT = "The capital of France is"
 
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok {what}")
-    else:
-        failed += 1
-        print(f"FAIL {what}")
+from checklib import check, summary
 
 
 def run(*args, timeout=300):
@@ -53,5 +43,4 @@ check(bad.returncode != 0 and "unknown option" in bad.stderr, "generate: an unkn
 b = run("bench", "--requests", "4", "--prefix", "32", "--suffix", "8", "--output", "4", "--mmap")
 check(b.returncode == 0, f"bench --mmap runs: {b.stderr[-300:]!r}")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(summary())

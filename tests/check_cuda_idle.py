@@ -50,17 +50,7 @@ PERIODS = [1.0, 1.5, 0.5, 1.0]  # ms
 BUSY = [0.65, 0.8, 0.48, 0.2]  # ms
 IDLE = [1 - b / p for b, p in zip(BUSY, PERIODS)]  # 0.35, 0.4667, 0.04, 0.8
 
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok {what}")
-    else:
-        failed += 1
-        print(f"FAIL {what}")
+from checklib import check, summary
 
 
 def close(a, b):
@@ -100,8 +90,7 @@ def main():
         s = run(tmp, trace)
         check(s is not None, "cuda_idle.py runs and writes --json")
         if s is None:
-            print(f"{passed} passed, {failed} failed")
-            return 1
+            return summary()
         check(s["steps"] == 4, f"4 steps between 5 rope_table kernels (got {s['steps']})")
         check(close(s["periods_ms"], PERIODS), f"periods {s['periods_ms']} == {PERIODS}")
         check(close(s["busy_ms"], BUSY), f"busy {s['busy_ms']} == {BUSY} (overlaps once, boundary split)")
@@ -127,8 +116,7 @@ def main():
         s = run(tmp, trace, "--skip", "1", "--min-period-ms", "0.9", "--last", "1")
         check(s is not None and close(s["periods_ms"], [1.0]) and close(s["idle_shares"], [IDLE[3]]),
               "--skip, then --min-period-ms, then --last")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

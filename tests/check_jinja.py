@@ -20,17 +20,7 @@ BUILD = os.environ.get("BUILD", "build")
 CASCADE = os.path.join(BUILD, "cascade")
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "jinja")
 
-passed = failed = 0
-
-
-def check(cond, what, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok {what}")
-    else:
-        failed += 1
-        print(f"FAIL {what}{': ' + detail if detail else ''}")
+from checklib import check, summary
 
 
 TOOL = {"type": "function", "function": {"name": "lookup", "description": "Looks a word up.",
@@ -153,8 +143,7 @@ def main():
         check(not jok, f"error {name}: jinja2 refuses", "jinja2 rendered it")
         check(not cok and msg.startswith("template: ") and want in msg and "line " in msg,
               f"error {name}: cascade refuses with a clear message", msg or repr(cout))
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

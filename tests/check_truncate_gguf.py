@@ -16,17 +16,7 @@ BUILD = os.environ.get("BUILD", "build")
 CASCADE = os.path.join(BUILD, "cascade")
 MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-        print(f"ok {what}")
-    else:
-        failed += 1
-        print(f"FAIL {what}")
+from checklib import check, summary
 
 
 def main():
@@ -43,8 +33,7 @@ def main():
                            capture_output=True, text=True)
         check(r.returncode == 0, f"truncate_gguf.py ran ({r.stderr.strip()[-200:]})")
         if r.returncode:
-            print(f"{passed} passed, {failed} failed")
-            return 1
+            return summary()
         src, cut = gguf.GGUFReader(MODEL), gguf.GGUFReader(out)
         check(cut.fields["llama.block_count"].contents() == 2, "block_count is 2")
         names = {t.name for t in cut.tensors}
@@ -72,8 +61,7 @@ def main():
         r = subprocess.run([sys.executable, "tools/truncate_gguf.py", MODEL, out, "--layers", "31"],
                            capture_output=True, text=True)
         check(r.returncode != 0 and "layers" in r.stderr, "more layers than the source: refused")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
