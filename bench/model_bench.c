@@ -11,9 +11,10 @@
  * single-sequence rate would need. Built and run by bench/model_bench.sh, which writes
  * bench/results/cpu-model.json.
  *
- * usage: model_bench MODEL THREADS [SEQS] [--no-batch-invariance] > result.json
- * (the flag: the fastest attention plans instead of the batch-invariant ones,
- * cas_model_opts.batch_invariant = 0)
+ * usage: model_bench MODEL THREADS [SEQS] [--no-batch-invariance] [--mmap] > result.json
+ * (--no-batch-invariance: the fastest attention plans instead of the
+ * batch-invariant ones, cas_model_opts.batch_invariant = 0; --mmap: the
+ * weights in the file's mapping, cas_model_opts.mmap_weights = 1)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,15 +102,19 @@ static void run(cas_model *m, int nseq, int plen, int reps, double *pre_tps, dou
 }
 
 int main(int argc, char **argv) {
-    int inv = 1;
-    if (argc > 3 && !strcmp(argv[argc - 1], "--no-batch-invariance")) inv = 0, argc--;
+    int inv = 1, mmap_w = 0;
+    for (int k = 0; k < 2; k++) {
+        if (argc > 3 && !strcmp(argv[argc - 1], "--no-batch-invariance")) inv = 0, argc--;
+        if (argc > 3 && !strcmp(argv[argc - 1], "--mmap")) mmap_w = 1, argc--;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: model_bench MODEL THREADS [SEQS] [--no-batch-invariance]\n");
+        fprintf(stderr, "usage: model_bench MODEL THREADS [SEQS] [--no-batch-invariance] [--mmap]\n");
         return 2;
     }
     int threads = atoi(argv[2]), many = argc > 3 ? atoi(argv[3]) : 32;
     cas_model_opts o = cas_model_opts_default();
     o.batch_invariant = inv;
+    o.mmap_weights = mmap_w;
     o.threads = threads;
     o.max_batch_tokens = 512;
     o.max_seqs = many;
@@ -141,6 +146,7 @@ int main(int argc, char **argv) {
     printf("{\n  \"model\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n  \"batch_simd\": \"%s\",\n",
            argv[1], threads, cas_q_simd_name(), cas_q_batch_simd_name());
     printf("  \"batch_invariant\": %s,\n", inv ? "true" : "false");
+    printf("  \"mmap_weights\": %s,\n", mmap_w ? "true" : "false");
     printf("  \"weight_bytes_per_token\": %lld,\n", (long long)c->weight_bytes_per_token);
     printf("  \"read_bandwidth_gbs\": %.2f,\n  \"read_bandwidth_after_gbs\": %.2f,\n", bw, bw2);
     printf("  \"decode_roofline_tokens_per_s\": %.1f,\n", roof);

@@ -105,7 +105,8 @@ cas_status cas_gguf_open(const char *path, cas_gguf **out);
 /* Same, the file read into memory instead of mapped: anonymous memory on
  * 2 MiB boundaries, advised as transparent huge pages (the file's mapping
  * has 4 KiB pages, and the matrix kernels stream the weights: one stream's
- * decode 182-186 -> 198-209 tok/s on the AMD EPYC development VM, Q8_0 file).
+ * decode of the Q8_0 file 1.18x on the AMD EPYC development VM, where the
+ * kernels wait on memory; bench/results/cpu-weights-hugepages.json).
  * Costs the file's size in private memory instead of a shared mapping. */
 cas_status cas_gguf_open_read(const char *path, cas_gguf **out);
 

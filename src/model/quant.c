@@ -458,6 +458,8 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                          need);
     }
     work = (uint8_t *)align64((size_t)work);
+    /* the widest vector kernels allowed (AMX, where it has no kernel, asks for them too) */
+    const int best = opt->simd == CAS_Q_SIMD_AUTO || opt->simd == CAS_Q_SIMD_AMX || opt->simd == CAS_Q_SIMD_AVX512;
     if (cas_qk_type(t)) { /* no AMX kernels: AMX asks for the best vector path */
         if (!w) {
             cas_free(owned);
@@ -468,7 +470,6 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
 #pragma omp parallel for num_threads(nt) schedule(static)
             for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
         }
-        const int best = opt->simd == CAS_Q_SIMD_AUTO || opt->simd == CAS_Q_SIMD_AMX || opt->simd == CAS_Q_SIMD_AVX512;
         cas_qk_matmul(t, w, rb, rows, n, x, m, y, avx2 && best && cas_qk_avx512_available() ? 2 : avx2, nt, work);
         cas_free(owned);
         return CAS_OK;
@@ -506,7 +507,6 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
         for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
     }
     /* AVX-512 VNNI: sixteen tokens in the lanes (quant_k_avx512vnni.c's 32-element kernel) */
-    const int best = opt->simd == CAS_Q_SIMD_AUTO || opt->simd == CAS_Q_SIMD_AMX || opt->simd == CAS_Q_SIMD_AVX512;
     const int v16 = !amx && avx2 && quant && best && m >= CAS_QK_LANE16_MIN_M && cas_qk_avx512_available();
     const int lanes = !amx && !v16 && avx2 && quant && m > 1;
     const uint8_t *wb = w;

@@ -131,7 +131,8 @@ size_t cas_qk_x_bytes(int t, int64_t n);
 size_t cas_qk_work_bytes(int t, int64_t n, int64_t m, int nt);
 
 /* Kernel level: 0 portable, 1 AVX2+FMA+F16C, 2 the same and the AVX-512 VNNI
- * batched kernels (the caller has checked the CPU: cas_qk_avx512_available). */
+ * kernels (batched; Q5's one-token rows) (the caller has checked the CPU:
+ * cas_qk_avx512_available). */
 
 /* 1 when the AVX-512 VNNI kernels can run: AVX-512 F/BW/VL/DQ (src/core's
  * check, which includes the OS's state saving), AVX2 and AVX512-VNNI. */
@@ -199,13 +200,14 @@ void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64
  * (sixteen tokens in the lanes) where they may run. */
 #define CAS_QK_LANE16_MIN_M 12
 
-/* As cas_qk_avx2_rows_lanes with sixteen tokens in the lanes, from
- * x16[ceil(m / 16)][blocks] (cas_q8k16_block, cas_q8b16_block for cas_qk_b32). */
 /* As cas_qk_avx2_rows (the same bits), Q5_0 and Q5_1 on AVX-512VL with VNNI
  * in 256-bit vectors; the other types go to cas_qk_avx2_rows. */
 void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                         const uint8_t *xq, size_t xstride, int64_t m, float *y);
 
+/* As cas_qk_avx2_rows_lanes with sixteen tokens in the lanes, from
+ * x16[ceil(m / 16)][blocks] (cas_q8k16_block, cas_q8b16_block for cas_qk_b32);
+ * also quant.c's Q8_0, Q4_0 and Q4_1 (their 16-lane x in cas_q8b16_block). */
 void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                               const void *x16, int64_t m, float *y, void *tile);
 

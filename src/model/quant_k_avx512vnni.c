@@ -1,8 +1,9 @@
 /*
- * quant_k_avx512vnni.c: batched kernels of the K-quant, IQ4 and Q5 types on
- * AVX-512 with VNNI (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq
- * -mavx512vnni -mfma -mf16c; quant_k.c calls them only after checking the
- * CPU).
+ * quant_k_avx512vnni.c: kernels of the K-quant, IQ4 and Q5 types on AVX-512
+ * with VNNI (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq
+ * -mavx512vnni -mfma -mf16c; quant_k.c and quant.c call them only after
+ * checking the CPU): the batched ones, quant.c's Q8_0/Q4_0/Q4_1 batched calls
+ * too, and Q5_0/Q5_1 one token at a time (at the end).
  *
  * The AVX2 token-lane kernel with sixteen tokens per 512-bit vector, and
  * vpdpbusd in place of maddubs: four codes of a row, broadcast, times the
@@ -11,13 +12,14 @@
  * vpmulld per sub-block applies its scale. The IQ4 tables' signed values are
  * stored plus 128 (unsigned, as vpdpbusd wants) and 128 times the sub-block's
  * x sum is taken off again; Q5_0's codes are its values plus 16, taken off
- * the same way. The integer sums are the exact ones and each
- * lane's f32 chain is the canonical one (quant_k.h), so a token's results
- * are the bits of the other kernels. quant.c's 32-element types take the
- * 32-element kernel too, with their own chain (quant_impl.h): Q8_0's codes
- * stored plus 128 and that offset taken off as for IQ4_NL; Q4_0's and Q4_1's
- * nibbles as they are, then their minimum times the block's x sum. The tile of decoded rows comes from the
- * AVX2 decoder (every CPU with AVX-512 has AVX2).
+ * the same way. The integer sums are the exact ones and each lane's f32
+ * chain is the canonical one (quant_k.h), so a token's results are the bits
+ * of the other kernels. quant.c's 32-element types take the 32-element kernel
+ * with their own chain (quant_impl.h): Q8_0's codes stored plus 128 and that
+ * offset taken off as for IQ4_NL; Q4_0's and Q4_1's nibbles as they are, then
+ * their minimum times the block's x sum. Q5's tile is decoded here
+ * (decode_q5); every other tile of decoded rows comes from the AVX2 decoder
+ * (every CPU with AVX-512 has AVX2).
  */
 #include "quant_k.h"
 
@@ -231,7 +233,6 @@ static inline __m256i hsum8_rows(const __m256i a[8]) {
     __m256i c1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(c0, c1, 0x20), _mm256_permute2x128_si256(c0, c1, 0x31));
 }
-
 
 static inline __attribute__((always_inline)) void q5_group8(const int t, const uint8_t *const *p, int64_t n,
                                                             const cas_q8b_block *xb, const uint8_t *pf, float *out) {
