@@ -218,7 +218,34 @@ static void test_threads(void) {
     cas_jinja_destroy(t);
 }
 
+/* cas_jinja_reads: a variable named anywhere in the tree (deep in an
+ * expression, a filter's argument, a macro's default, a later statement),
+ * never a string, an attribute or a filter that happens to share the name. */
+static int reads(const char *src, const char *name) {
+    cas_jinja *t = NULL;
+    if (cas_jinja_compile(src, strlen(src), &t) != CAS_OK) return -1;
+    int r = cas_jinja_reads(t, name);
+    cas_jinja_destroy(t);
+    return r;
+}
+
+static void test_reads(void) {
+    CHECK(reads("{% if tools %}x{% endif %}", "tools") == 1);
+    CHECK(reads("a{{ 1 }}b\n{% for m in messages %}{{ m.content }}{% endfor %}{{ (tools or [])|length }}", "tools") == 1);
+    CHECK(reads("{{ x|default(tools) }}", "tools") == 1);
+    CHECK(reads("{% macro f(a=tools) %}{% endmacro %}", "tools") == 1);
+    CHECK(reads("{% for t in [1] %}{% if loop.first %}{% set ns = namespace(v=[t, {'k': tools}]) %}{% endif %}{% endfor %}",
+                "tools") == 1);
+    CHECK(reads("{% if enable_thinking is defined and enable_thinking is false %}x{% endif %}", "enable_thinking") == 1);
+    CHECK(reads("{{ 'tools' }}{{ message.tools }}{{ m['tools'] }}", "tools") == 0);
+    CHECK(reads("{% for message in messages %}{{ message.content }}{% endfor %}", "tools") == 0);
+    CHECK(reads("{{ toolsx }}{{ xtools }}", "tools") == 0);
+    CHECK(reads("", "tools") == 0);
+    CHECK(cas_jinja_reads(NULL, "tools") == 0);
+}
+
 int main(void) {
+    RUN(test_reads);
     RUN(test_basics);
     RUN(test_errors);
     RUN(test_limits);

@@ -508,7 +508,13 @@ cas_status cas_engine_create(cas_engine **out, const cas_engine_opts *opts) {
     }
     e->fwd = e->device == CAS_DEVICE_CPU ? &cpu_fwd : &gpu_fwd;
     if ((st = cas_tok_create(g, &e->tok))) goto fail;
-    e->has_chat = cas_chat_template_from_gguf(g, &e->chat) == CAS_OK;
+    if (o->chat_template) {
+        /* asked for by name: a template that does not compile is an error, not a fallback */
+        if ((st = cas_chat_template_from_gguf_with(g, o->chat_template, &e->chat))) goto fail;
+        e->has_chat = 1;
+    } else {
+        e->has_chat = cas_chat_template_from_gguf(g, &e->chat) == CAS_OK;
+    }
     {
         const char *name = NULL;
         size_t nlen = 0;
@@ -1243,6 +1249,20 @@ cas_status cas_engine_apply_chat(const cas_engine *e, const cas_engine_msg *msgs
     cas_status st = cas_chat_apply(&e->chat, m, (size_t)n, 1, out);
     free(m);
     return st;
+}
+
+cas_status cas_engine_apply_chat_json(const cas_engine *e, const char *context_json, char **out) {
+    *out = NULL;
+    if (!e->has_chat) return cas_error(CAS_ERR_UNSUPPORTED, "this model has no chat template cascade knows");
+    if (!e->chat.jinja)
+        return cas_error(CAS_ERR_UNSUPPORTED, "this model's chat template is rendered by cascade's built-in %s routine "
+                                              "(the Jinja interpreter cannot run it), which takes roles and texts only",
+                         cas_chat_kind_name(e->chat.kind));
+    return cas_chat_apply_json(&e->chat, context_json, NULL, out);
+}
+
+int cas_engine_chat_reads(const cas_engine *e, const char *name) {
+    return e->has_chat ? cas_chat_template_reads(&e->chat, name) : -1;
 }
 
 cas_status cas_engine_count_tokens(const cas_engine *e, const char *text, int32_t *n) {

@@ -82,6 +82,9 @@ typedef struct {
     int32_t debug_checks;     /* 1: the KV block pool and the scheduler check every invariant
                                  after each change (cas_kv_opts / cas_sched_opts.debug_checks;
                                  O(pool) per call: for tests and debugging); 0: off */
+    const char *chat_template; /* Jinja source of the chat template, used instead of the file's
+                                 own (with the file's BOS and EOS texts; copied at create, which
+                                 fails if it does not compile); NULL (default): the file's */
     /* Optional: called on the creating thread while cas_engine_create reads the
      * model's weights into memory (every page of the mapped file is touched once,
      * so the first requests do not pay the page faults), with bytes read so far
@@ -243,6 +246,20 @@ typedef struct {
     const char *content;
 } cas_engine_msg;
 cas_status cas_engine_apply_chat(const cas_engine *e, const cas_engine_msg *msgs, int32_t n, char **out);
+
+/* Chat with a caller-made JSON context object for the model's Jinja template
+ * (cas_chat_apply_json: messages with tool_calls, role "tool", tools,
+ * add_generation_prompt, the template's own variables such as
+ * enable_thinking); bos_token and eos_token are added unless the context
+ * sets them. CAS_ERR_UNSUPPORTED when the model has no template or the
+ * interpreter does not run it; CAS_ERR_INVALID when the template refuses
+ * the conversation. *out is malloc'd; the caller frees it. Thread-safe. */
+cas_status cas_engine_apply_chat_json(const cas_engine *e, const char *context_json, char **out);
+
+/* Whether the model's chat template names the variable (e.g. "tools"): 1
+ * yes, 0 no, -1 the template is not run by the interpreter or there is none
+ * (cas_chat_template_reads). Thread-safe. */
+int cas_engine_chat_reads(const cas_engine *e, const char *name);
 
 /* Token count of a text as a prompt (for errors and usage before submit). */
 cas_status cas_engine_count_tokens(const cas_engine *e, const char *text, int32_t *n);

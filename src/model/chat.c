@@ -175,20 +175,31 @@ static char *token_text(const cas_gguf *g, const char *key) {
     return s;
 }
 
-cas_status cas_chat_template_from_gguf(const cas_gguf *g, cas_chat_template *out) {
+cas_status cas_chat_template_from_gguf_with(const cas_gguf *g, const char *jinja, cas_chat_template *out) {
     if (!g || !out) return cas_error(CAS_ERR_INVALID, "chat: NULL argument");
     memset(out, 0, sizeof *out);
-    const char *s;
-    if (cas_gguf_find_kv(g, "tokenizer.chat_template") < 0)
-        return cas_error(CAS_ERR_FORMAT, "chat: the model file has no tokenizer.chat_template");
-    cas_status st = cas_gguf_get_str(g, "tokenizer.chat_template", &s, NULL);
-    if (st) return st;
+    const char *s = jinja;
+    cas_status st;
+    if (!s) {
+        if (cas_gguf_find_kv(g, "tokenizer.chat_template") < 0)
+            return cas_error(CAS_ERR_FORMAT, "chat: the model file has no tokenizer.chat_template");
+        if ((st = cas_gguf_get_str(g, "tokenizer.chat_template", &s, NULL))) return st;
+    }
     char *bos = token_text(g, "tokenizer.ggml.bos_token_id"), *eos = token_text(g, "tokenizer.ggml.eos_token_id");
     if (!bos || !eos) st = cas_error(CAS_ERR_NOMEM, "chat: out of memory");
     else st = cas_chat_template_create(s, bos, eos, out);
     free(bos);
     free(eos);
     return st;
+}
+
+cas_status cas_chat_template_from_gguf(const cas_gguf *g, cas_chat_template *out) {
+    return cas_chat_template_from_gguf_with(g, NULL, out);
+}
+
+int cas_chat_template_reads(const cas_chat_template *tpl, const char *name) {
+    if (!tpl || !tpl->jinja) return -1;
+    return cas_jinja_reads(tpl->jinja, name);
 }
 
 void cas_chat_template_free(cas_chat_template *tpl) {

@@ -1701,6 +1701,26 @@ void cas_jinja_destroy(cas_jinja *t) {
     free(t);
 }
 
+/* Any N_NAME of the tree: a variable read, or a name a set, for or macro
+ * binds (which only makes the answer err on the side of "reads"). Statement
+ * lists are walked by their next links in a loop; the recursion follows the
+ * source's nesting, bounded by MAX_NEST. */
+static int names(const node *n, const char *name, size_t len) {
+    for (; n; n = n->next) {
+        if (n->t == N_NAME && n->s.n == len && !memcmp(n->s.p, name, len)) return 1;
+        if (names(n->a, name, len) || names(n->b, name, len) || names(n->c, name, len) ||
+            names(n->d, name, len) || names(n->body, name, len) || names(n->alt, name, len))
+            return 1;
+        for (int i = 0; i < n->nk; i++)
+            if ((n->kid && names(n->kid[i], name, len)) || (n->kid2 && names(n->kid2[i], name, len))) return 1;
+    }
+    return 0;
+}
+
+int cas_jinja_reads(const cas_jinja *t, const char *name) {
+    return t && name && names(t->root, name, strlen(name));
+}
+
 /* ---- rendering: state, errors, allocation --------------------------------- */
 
 typedef struct scope {

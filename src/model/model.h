@@ -308,6 +308,11 @@ void cas_jinja_destroy(cas_jinja *t);
 cas_status cas_jinja_render(const cas_jinja *t, const char *context_json, size_t len, const cas_jinja_limits *lim,
                             char **out, size_t *out_len);
 
+/* 1 if the template names the variable anywhere (reads it, or binds it with
+ * set, for or a macro parameter), else 0: a template that never names
+ * `tools` cannot show a request's tools to the model. Thread-safe. */
+int cas_jinja_reads(const cas_jinja *t, const char *name);
+
 /* ======================================================================
  * Chat templates (chat.c)
  *
@@ -358,6 +363,10 @@ cas_status cas_chat_template_parse(const char *jinja, cas_chat_template *out);
 /* From a file's tokenizer.chat_template, with its BOS and EOS tokens' texts;
  * CAS_ERR_FORMAT if it has none. */
 cas_status cas_chat_template_from_gguf(const cas_gguf *g, cas_chat_template *out);
+/* The same with another template's source (jinja; NULL: the file's own),
+ * rendered with the file's BOS and EOS tokens' texts (cascade serve
+ * --chat-template: a file whose own template is wrong or lacks tools). */
+cas_status cas_chat_template_from_gguf_with(const cas_gguf *g, const char *jinja, cas_chat_template *out);
 void cas_chat_template_free(cas_chat_template *tpl);
 const char *cas_chat_kind_name(cas_chat_kind kind);
 
@@ -376,6 +385,11 @@ cas_status cas_chat_apply(const cas_chat_template *tpl, const cas_chat_msg *msgs
  * may be NULL. */
 cas_status cas_chat_apply_json(const cas_chat_template *tpl, const char *context_json,
                                const cas_jinja_limits *lim, char **out);
+
+/* 1 if the interpreter renders the template and it names the variable
+ * (cas_jinja_reads), 0 if it renders it and never names it, -1 if the
+ * interpreter does not render it (a family's routine does: no variables). */
+int cas_chat_template_reads(const cas_chat_template *tpl, const char *name);
 
 /* ======================================================================
  * Llama-family forward pass on the CPU (llama.c)

@@ -57,6 +57,8 @@ static void usage(FILE *f) {
             "  --shutdown-timeout S    on SIGTERM/SIGINT, let running requests finish for up to S\n"
             "                          seconds, then abort them (default 30); a second signal aborts\n"
             "                          at once\n"
+            "  --chat-template FILE    a Jinja chat template used instead of the model file's own\n"
+            "                          (e.g. one that renders tools and tool calls); it must compile\n"
             "engine options:\n"
             "  --device D              auto (default: the GPU where this build has CUDA and the machine\n"
             "                          a GPU, else the CPU), cpu or cuda\n"
@@ -190,11 +192,39 @@ static char *file_stem(const char *path) {
     return s;
 }
 
+/* A whole file as a NUL-terminated string (malloc'd), or NULL. */
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t n = 0, cap = 4096;
+    char *s = malloc(cap);
+    while (s) {
+        n += fread(s + n, 1, cap - n - 1, f);
+        if (n + 1 < cap) break;
+        char *p = realloc(s, cap * 2);
+        if (!p) {
+            free(s);
+            s = NULL;
+        } else {
+            s = p;
+            cap *= 2;
+        }
+    }
+    if (s && ferror(f)) {
+        free(s);
+        s = NULL;
+    }
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
 int cmd_serve(int argc, char **argv) {
     cas_engine_opts eo = cas_engine_opts_default();
     cas_server_opts so = cas_server_opts_default();
     eo.model_path = DEFAULT_MODEL;
     so.api_key = getenv("CASCADE_API_KEY");
+    const char *chat_template_file = NULL;
     double shutdown_timeout = 30.0;
     long v;
     double sec;
@@ -234,6 +264,7 @@ int cmd_serve(int argc, char **argv) {
         STR_OPT("--api-key", so.api_key)
         STR_OPT("--served-model-name", so.model_name)
         STR_OPT("--replica-name", so.replica_name)
+        STR_OPT("--chat-template", chat_template_file)
         INT_OPT("--port", 0, 65535, so.port)
         INT_OPT("--max-body-mb", 1, 4096, so.max_body_bytes)
         INT_OPT("--max-connections", 1, 1L << 20, so.max_connections)
@@ -347,6 +378,14 @@ int cmd_serve(int argc, char **argv) {
     cas_server *s = NULL;
     cas_tok *tok = NULL;
     char *alias = file_stem(eo.model_path);
+    char *chat_template = NULL;
+    if (chat_template_file) {
+        if (!(chat_template = read_file(chat_template_file))) {
+            fprintf(stderr, "serve: cannot read the chat template %s\n", chat_template_file);
+            goto done;
+        }
+        eo.chat_template = chat_template;
+    }
     fprintf(stderr, "serve: loading %s\n", eo.model_path);
     if (isatty(STDERR_FILENO)) eo.load_progress = load_bar;
     if (cas_engine_create(&e, &eo) != CAS_OK) {
@@ -415,6 +454,7 @@ stop:
 done:
     if (e) cas_engine_destroy(e);
     if (tok) cas_tok_destroy(tok);
+    free(chat_template);
     free(alias);
     return rc;
 }
