@@ -31,6 +31,11 @@ typedef struct {
     const char *(*model_name)(void *ctx);
     int32_t (*context_length)(void *ctx);
     cas_status (*apply_chat)(void *ctx, const cas_engine_msg *msgs, int32_t n, char **out);
+    /* optional (NULL: such requests get a 400): the chat template over a JSON
+     * context (cas_engine_apply_chat_json), and whether the template names a
+     * variable: 1, 0, or -1 when it is not run by the Jinja interpreter */
+    cas_status (*apply_chat_json)(void *ctx, const char *context_json, char **out);
+    int (*chat_reads)(void *ctx, const char *name);
     cas_status (*count_tokens)(void *ctx, const char *text, int32_t *n);
     /* optional (NULL): the text of one token, for logprobs' alternatives */
     const char *(*token_text)(void *ctx, int32_t id, size_t *len);
@@ -135,6 +140,15 @@ typedef struct {
     int stream, include_usage;
     int logprobs;             /* 1: report log-probabilities */
     int32_t top_logprobs;     /* alternatives per token when logprobs */
+    /* chat: the template's context as JSON text ({"messages", "add_generation_prompt",
+     * "tools", and chat_template_kwargs' keys}), made when the request needs more than
+     * roles and texts: tools given to the template, tool calls or tool results in the
+     * messages, or chat_template_kwargs. NULL: msgs render as plain chat. */
+    char *chat_json;
+    const char *chat_json_param; /* the field that needs it, for a template that cannot (static) */
+    int tools_rendered;       /* tools are in chat_json (given, and tool_choice is not "none") */
+    int parse_tool_calls;     /* the output is read for tool calls (tools_rendered) */
+    int parallel_tool_calls;  /* 0: a response reports its first call only */
 } cas_srv_parsed;
 
 typedef struct {
@@ -152,6 +166,43 @@ cas_srv_route cas_srv_parse(const cas_srv_limits *lim, const char *method, const
                             const char *authorization, const char *body, size_t body_len,
                             cas_srv_parsed *out, cas_srv_error *err);
 void cas_srv_parsed_free(cas_srv_parsed *p);
+
+/* ---- tool calls in generated text (server_tools.c) ------------------------ */
+
+/* A call the model wrote as <tool_call>{"name": ..., "arguments": {...}}</tool_call>. */
+typedef struct {
+    char *name;      /* NUL-terminated, malloc'd */
+    char *arguments; /* the arguments object's JSON text as the model wrote it ("{}" when it gave
+                        none), NUL-terminated, malloc'd: OpenAI's function.arguments */
+} cas_srv_tool_call;
+
+/* An incremental reader of Hermes-style tool calls (rules in server_tools.c).
+ * A zeroed struct is an empty reader. Feed the text in pieces of any size,
+ * then finish; at any moment content[0, content_len) and calls[0, n_calls)
+ * are what is decided so far, and they only grow, so a stream sends what is
+ * new after each feed. The result does not depend on where the text was cut.
+ * Not thread-safe (one per choice). */
+typedef struct {
+    char *content;            /* [content_len] text outside the calls, NUL-terminated; NULL while empty */
+    size_t content_len;
+    cas_srv_tool_call *calls; /* [n_calls] */
+    int32_t n_calls;
+    int failed;               /* out of memory: content or calls are incomplete */
+    int finished;             /* cas_srv_tools_finish was called */
+    /* private */
+    size_t content_cap;
+    int32_t calls_cap;
+    char *pend;               /* [pend_len] text not decided yet */
+    size_t pend_len, pend_cap;
+    int in_block, seg_text, phase, depth, in_str, esc; /* seg_text: text since the start or the last call */
+    size_t ws, pos, json_start, json_end, close_at; /* offsets in pend */
+} cas_srv_tools;
+
+void cas_srv_tools_feed(cas_srv_tools *t, const char *text, size_t n);
+/* The text has ended: everything still held back is decided. */
+void cas_srv_tools_finish(cas_srv_tools *t);
+/* Frees what the reader holds and zeroes it; NULL is a no-op. */
+void cas_srv_tools_free(cas_srv_tools *t);
 
 /* ---- metrics ------------------------------------------------------------ */
 
