@@ -12,7 +12,12 @@
  * streamed, SSE framing, [DONE] last, usage chunk), n and prompt lists,
  * logprobs, the metrics text, disconnects mid-stream and while queued, 32
  * concurrent streams, shutdown with requests in flight, and the replica's
- * name in every response's headers. The client is a
+ * name in every response's headers; tool calling: the tool fields'
+ * validation (every refusal names its field), the template context they
+ * become, and, with the double "generating" a script of text and
+ * <tool_call> blocks a few bytes per event, the tool_calls of whole and
+ * streamed answers, parallel_tool_calls, tool_choice "none", and the 400s
+ * for a template that cannot take tools. The client is a
  * minimal HTTP/1.0 socket client (requests only go to 127.0.0.1); response
  * bodies are parsed with jansson.
  */
@@ -50,6 +55,8 @@ typedef struct {
     size_t text_len;
     int abort_req;
     int delay_start; /* steps to wait before the first token (a queued request) */
+    const char *script; /* text to "generate" 7 bytes per step, then stop; NULL: words */
+    size_t script_pos;
 } fake_req;
 
 typedef struct {
@@ -60,7 +67,15 @@ typedef struct {
     fake_req reqs[FAKE_MAX];
     int64_t submitted, aborted, finished;
     int queue_delay;
+    int template_reads;     /* what chat_reads answers: 1, 0, or -1 (no interpreter) */
+    char last_context[4096]; /* the last JSON context rendered */
 } fake_engine;
+
+/* The scripts a prompt naming them gets (the prompt is the rendered chat). */
+#define SCRIPT_CALLS                                                                                         \
+    "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n" \
+    "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}\n</tool_call>"
+#define SCRIPT_PLAIN "Hello <b>world</b>, no <tool_call here.\n"
 
 static fake_engine fake;
 
@@ -102,6 +117,8 @@ static cas_status fake_submit(void *ctx, const cas_engine_request *req, uint64_t
     f->temperature = req->sampling.temperature;
     f->k = req->sampling.logprobs;
     f->delay_start = fake.queue_delay;
+    if (req->prompt && strstr(req->prompt, "SCRIPT_CALLS")) f->script = SCRIPT_CALLS;
+    if (req->prompt && strstr(req->prompt, "SCRIPT_PLAIN")) f->script = SCRIPT_PLAIN;
     for (int i = 0; i < req->sampling.n_stop && i < 4; i++)
         snprintf(f->stops[f->n_stops++], sizeof f->stops[0], "%s", req->sampling.stop[i]);
     fake.submitted++;
@@ -149,6 +166,23 @@ static cas_status fake_chat(void *ctx, const cas_engine_msg *m, int32_t n, char 
     return CAS_OK;
 }
 
+static cas_status fake_chat_json(void *ctx, const char *context, char **out) {
+    pthread_mutex_lock(&fake.mu);
+    int reads = fake.template_reads;
+    snprintf(fake.last_context, sizeof fake.last_context, "%s", context);
+    pthread_mutex_unlock(&fake.mu);
+    if (reads < 0) return cas_error(CAS_ERR_UNSUPPORTED, "fake: a built-in routine renders this template");
+    *out = strdup(context);
+    return *out ? CAS_OK : CAS_ERR_NOMEM;
+}
+
+static int fake_chat_reads(void *ctx, const char *name) {
+    pthread_mutex_lock(&fake.mu);
+    int r = fake.template_reads;
+    pthread_mutex_unlock(&fake.mu);
+    return strcmp(name, "tools") ? 0 : r;
+}
+
 static cas_status fake_count(void *ctx, const char *text, int32_t *n) {
     *n = words(text);
     return CAS_OK;
@@ -186,8 +220,16 @@ static void *fake_loop(void *arg) {
                 f->delay_start--;
                 continue;
             } else {
-                if (f->temperature > 0) snprintf(texts[n], sizeof texts[n], " s%d", (int)(f->seed % 1000));
-                else snprintf(texts[n], sizeof texts[n], " w%d", (int)f->generated);
+                if (f->script) {
+                    size_t left = strlen(f->script + f->script_pos), k = left < 7 ? left : 7;
+                    memcpy(texts[n], f->script + f->script_pos, k);
+                    texts[n][k] = 0;
+                    f->script_pos += k;
+                } else if (f->temperature > 0) {
+                    snprintf(texts[n], sizeof texts[n], " s%d", (int)(f->seed % 1000));
+                } else {
+                    snprintf(texts[n], sizeof texts[n], " w%d", (int)f->generated);
+                }
                 size_t tl = strlen(texts[n]);
                 toks[n] = 100 + f->generated;
                 lps[n] = -0.25f;
@@ -218,6 +260,7 @@ static void *fake_loop(void *arg) {
                         e->finish = CAS_FINISH_STOP;
                     }
                 }
+                if (!e->finish && f->script && !f->script[f->script_pos]) e->finish = CAS_FINISH_STOP;
                 if (!e->finish && f->generated >= f->max_tokens) e->finish = CAS_FINISH_LENGTH;
                 if (!e->finish && f->prompt_len + f->generated >= FAKE_CTX) e->finish = CAS_FINISH_LENGTH;
                 if (e->finish) fake.finished++;
@@ -243,6 +286,8 @@ static cas_srv_engine_ops fake_ops(void) {
                             .model_name = fake_name,
                             .context_length = fake_ctx,
                             .apply_chat = fake_chat,
+                            .apply_chat_json = fake_chat_json,
+                            .chat_reads = fake_chat_reads,
                             .count_tokens = fake_count,
                             .token_text = NULL};
     return o;
@@ -626,6 +671,131 @@ static void test_parse_chat(void) {
     }
 }
 
+
+/* Tool calling's fields: what becomes the template's context, and every
+ * refusal with the field it names. */
+#define TOOL_F "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather.\"," \
+               "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}"
+#define MSGS_TOOLS                                                                                             \
+    "\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\","              \
+    "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"        \
+    "\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":" \
+    "\"call_1\",\"content\":\"22 C\"}]"
+
+static void test_parse_tools(void) {
+    cas_srv_parsed p;
+    cas_srv_error err;
+    const char *chat = "/v1/chat/completions";
+    /* tools, tool calls and results: all in the context, the arguments decoded */
+    const char *b = "{" MSGS_TOOLS ",\"tools\":[" TOOL_F "],\"chat_template_kwargs\":{\"enable_thinking\":false}}";
+    REQUIRE(cas_srv_parse(&lim_default, "POST", chat, NULL, b, strlen(b), &p, &err) == CAS_SRV_ROUTE_CHAT);
+    CHECK(p.chat_json && p.tools_rendered && p.parse_tool_calls && p.parallel_tool_calls);
+    CHECK(p.chat_json_param && !strcmp(p.chat_json_param, "tools"));
+    json_t *ctx = p.chat_json ? json_loads(p.chat_json, 0, NULL) : NULL;
+    json_t *ms = json_object_get(ctx, "messages");
+    CHECK(json_array_size(ms) == 3 && json_is_true(json_object_get(ctx, "add_generation_prompt")));
+    CHECK(json_is_false(json_object_get(ctx, "enable_thinking")));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(ctx, "tools"), 0),
+                                                                    "function"), "name")), "get_weather"));
+    json_t *call = json_array_get(json_object_get(json_array_get(ms, 1), "tool_calls"), 0);
+    json_t *args = json_object_get(json_object_get(call, "function"), "arguments");
+    CHECK(json_is_object(args) && !strcmp(json_string_value(json_object_get(args, "city")), "Paris"));
+    CHECK(!strcmp(json_string_value(json_object_get(call, "id")), "call_1"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(ms, 1), "content")), "")); /* null: "" */
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(ms, 2), "role")), "tool"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(ms, 2), "tool_call_id")), "call_1"));
+    CHECK(p.n_msgs == 3 && !strcmp(p.msgs[2].role, "tool") && !strcmp(p.msgs[2].content, "22 C"));
+    json_decref(ctx);
+    cas_srv_parsed_free(&p);
+
+    /* tool_choice "none": the tools stay out of the prompt and the output is not read for calls */
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[" TOOL_F "],\"tool_choice\":\"none\","
+        "\"parallel_tool_calls\":false}";
+    REQUIRE(cas_srv_parse(&lim_default, "POST", chat, NULL, b, strlen(b), &p, &err) == CAS_SRV_ROUTE_CHAT);
+    CHECK(!p.chat_json && !p.tools_rendered && !p.parse_tool_calls && !p.parallel_tool_calls);
+    cas_srv_parsed_free(&p);
+    /* empty tools and kwargs are none; a plain chat has no context */
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],\"chat_template_kwargs\":{},"
+        "\"tool_choice\":\"auto\"}";
+    REQUIRE(cas_srv_parse(&lim_default, "POST", chat, NULL, b, strlen(b), &p, &err) == CAS_SRV_ROUTE_CHAT);
+    CHECK(!p.chat_json && !p.parse_tool_calls);
+    cas_srv_parsed_free(&p);
+    /* kwargs alone, and tool results alone, need the context too */
+    b = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":true}}";
+    REQUIRE(cas_srv_parse(&lim_default, "POST", chat, NULL, b, strlen(b), &p, &err) == CAS_SRV_ROUTE_CHAT);
+    CHECK(p.chat_json && strstr(p.chat_json, "\"enable_thinking\":true") && strstr(p.chat_json, "\"tools\":null"));
+    CHECK(p.chat_json_param && !strcmp(p.chat_json_param, "chat_template_kwargs") && !p.parse_tool_calls);
+    cas_srv_parsed_free(&p);
+    b = "{" MSGS_TOOLS "}";
+    REQUIRE(cas_srv_parse(&lim_default, "POST", chat, NULL, b, strlen(b), &p, &err) == CAS_SRV_ROUTE_CHAT);
+    CHECK(p.chat_json && p.chat_json_param && !strcmp(p.chat_json_param, "messages") && !p.parse_tool_calls);
+    cas_srv_parsed_free(&p);
+
+    static const struct {
+        const char *body, *param;
+    } bads[] = {
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", "tools"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[5]}", "tools[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"code\",\"function\":{\"name\":\"f\"}}]}",
+         "tools[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", "tools[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[" TOOL_F ",{\"type\":\"function\","
+         "\"function\":{\"name\":\"\"}}]}", "tools[1]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+         "{\"name\":\"f\",\"parameters\":[]}}]}", "tools[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+         "{\"name\":\"f\",\"description\":1}}]}", "tools[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+         "{\"name\":\"f\",\"strict\":\"yes\"}}]}", "tools[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[" TOOL_F "],\"tool_choice\":\"required\"}",
+         "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[" TOOL_F "],\"tool_choice\":{\"type\":"
+         "\"function\",\"function\":{\"name\":\"get_weather\"}}}", "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}", "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":5}", "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"parallel_tool_calls\":\"yes\"}", "parallel_tool_calls"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[1]}", "chat_template_kwargs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"messages\":[]}}",
+         "chat_template_kwargs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"add_generation_prompt\":false}}",
+         "chat_template_kwargs"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"content\":\"1\"}]}",
+         "messages[1].tool_call_id"},
+        {"{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":null}]}", "messages[0].content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", "messages[0].tool_calls"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":{}}]}", "messages[0].tool_calls"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":\"function\",\"function\":"
+         "{\"name\":\"f\",\"arguments\":\"{not json\"}}]}]}", "messages[0].tool_calls[0]"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":\"function\",\"function\":"
+         "{\"name\":\"f\",\"arguments\":\"[1]\"}}]}]}", "messages[0].tool_calls[0]"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":\"function\",\"function\":"
+         "{\"arguments\":\"{}\"}}]}]}", "messages[0].tool_calls[0]"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":\"code\",\"function\":"
+         "{\"name\":\"f\"}}]}]}", "messages[0].tool_calls[0]"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":5,\"function\":"
+         "{\"name\":\"f\"}}]}]}", "messages[0].tool_calls[0]"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[\"f\"]}]}", "messages[0].tool_calls[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":5}]}", "messages[0].name"},
+        {"{\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", "messages"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{\"name\":\"f\"}]}", "functions"},
+    };
+    for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+        cas_srv_route r = cas_srv_parse(&lim_default, "POST", chat, NULL, bads[i].body, strlen(bads[i].body), &p, &err);
+        CHECKF(r == CAS_SRV_ROUTE_NONE && err.status == 400 && !strcmp(err.param, bads[i].param),
+               "%s -> %d param '%s' (want '%s'): %s", bads[i].body, err.status, err.param, bads[i].param, err.message);
+        cas_srv_parsed_free(&p);
+    }
+    /* the chat-only fields on completions */
+    b = "{\"prompt\":\"x\",\"tools\":[" TOOL_F "]}";
+    CHECK(cas_srv_parse(&lim_default, "POST", "/v1/completions", NULL, b, strlen(b), &p, &err) == CAS_SRV_ROUTE_NONE &&
+          !strcmp(err.param, "tools"));
+    cas_srv_parsed_free(&p);
+    b = "{\"prompt\":\"x\",\"chat_template_kwargs\":{\"a\":1}}";
+    CHECK(cas_srv_parse(&lim_default, "POST", "/v1/completions", NULL, b, strlen(b), &p, &err) == CAS_SRV_ROUTE_NONE &&
+          !strcmp(err.param, "chat_template_kwargs"));
+    cas_srv_parsed_free(&p);
+}
+
 /* ---- HTTP tests -------------------------------------------------------------------- */
 
 static cas_server *srv;
@@ -839,6 +1009,150 @@ static void test_http_stream(void) {
     CHECK(fake_drained());
 }
 
+
+/* Tool calls end to end through the HTTP layer, the double "generating" a
+ * script 7 bytes per event. */
+static json_t *tool_calls_of(json_t *msg) { return json_object_get(msg, "tool_calls"); }
+
+static int call_is(json_t *call, const char *name, const char *args) {
+    json_t *fn = json_object_get(call, "function");
+    const char *id = json_string_value(json_object_get(call, "id"));
+    return id && !strncmp(id, "call_", 5) && strlen(id) > 20 &&
+           !strcmp(json_string_value(json_object_get(call, "type")), "function") &&
+           !strcmp(json_string_value(json_object_get(fn, "name")), name) &&
+           !strcmp(json_string_value(json_object_get(fn, "arguments")), args);
+}
+
+#define TOOLS_BODY(extra)                                                                                      \
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"SCRIPT_CALLS\"}], \"tools\": [" TOOL_F "], "           \
+    "\"max_tokens\": 40, \"temperature\": 0" extra "}"
+
+static void test_http_tools(void) {
+    pthread_mutex_lock(&fake.mu);
+    fake.template_reads = 1;
+    pthread_mutex_unlock(&fake.mu);
+    /* whole: content outside the calls, the calls, finish_reason tool_calls */
+    resp r = post("/v1/chat/completions", TOOLS_BODY(""));
+    CHECKF(r.status == 200, "%d %s", r.status, r.body ? r.body : "");
+    json_t *j = body_json(&r);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(c, "message");
+    CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "tool_calls"));
+    CHECK(json_is_string(json_object_get(msg, "content")) &&
+          !strcmp(json_string_value(json_object_get(msg, "content")), "Let me check.\n"));
+    json_t *calls = tool_calls_of(msg);
+    CHECK(json_array_size(calls) == 2);
+    CHECK(call_is(json_array_get(calls, 0), "get_weather", "{\"city\": \"Paris\"}"));
+    CHECK(call_is(json_array_get(calls, 1), "get_time", "{\"tz\": \"CET\"}"));
+    CHECK(strcmp(json_string_value(json_object_get(json_array_get(calls, 0), "id")),
+                 json_string_value(json_object_get(json_array_get(calls, 1), "id"))) != 0);
+    json_decref(j);
+    resp_free(&r);
+    /* the template got the tools */
+    pthread_mutex_lock(&fake.mu);
+    CHECK(strstr(fake.last_context, "\"tools\":[{\"type\":\"function\"") != NULL);
+    pthread_mutex_unlock(&fake.mu);
+
+    /* parallel_tool_calls false: the first call only */
+    r = post("/v1/chat/completions", TOOLS_BODY(", \"parallel_tool_calls\": false"));
+    j = body_json(&r);
+    msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    CHECK(json_array_size(tool_calls_of(msg)) == 1 && call_is(json_array_get(tool_calls_of(msg), 0), "get_weather",
+                                                              "{\"city\": \"Paris\"}"));
+    json_decref(j);
+    resp_free(&r);
+
+    /* tool_choice "none": the text as it came, no calls read */
+    r = post("/v1/chat/completions", TOOLS_BODY(", \"tool_choice\": \"none\""));
+    j = body_json(&r);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    msg = json_object_get(c, "message");
+    CHECK(!tool_calls_of(msg) && !strcmp(json_string_value(json_object_get(msg, "content")), SCRIPT_CALLS));
+    CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "stop"));
+    json_decref(j);
+    resp_free(&r);
+
+    /* tools, and a text without calls: content exactly the text, finish_reason the engine's */
+    r = post("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"SCRIPT_PLAIN\"}], "
+                                     "\"tools\": [" TOOL_F "], \"max_tokens\": 40}");
+    j = body_json(&r);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    msg = json_object_get(c, "message");
+    CHECK(!tool_calls_of(msg) && !strcmp(json_string_value(json_object_get(msg, "content")), SCRIPT_PLAIN));
+    CHECK(!strcmp(json_string_value(json_object_get(c, "finish_reason")), "stop"));
+    json_decref(j);
+    resp_free(&r);
+
+    /* streamed, two choices: content deltas never show a tag; each call one delta.tool_calls chunk */
+    json_t *ev[128];
+    int done, framing;
+    r = post("/v1/chat/completions", TOOLS_BODY(", \"stream\": true, \"n\": 2, \"stream_options\": {\"include_usage\": true}"));
+    CHECK(r.status == 200);
+    int n = r.body ? sse_events(r.body, ev, 128, &done, &framing) : 0;
+    CHECK(done && framing);
+    char texts[2][256] = {"", ""};
+    int ncalls[2] = {0, 0}, finishes[2] = {0, 0}, bad_calls = 0, after_finish = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *ch = json_array_get(json_object_get(ev[i], "choices"), 0);
+        if (!ch) continue; /* the usage chunk */
+        int idx = (int)json_integer_value(json_object_get(ch, "index"));
+        REQUIRE(idx == 0 || idx == 1);
+        json_t *delta = json_object_get(ch, "delta");
+        if (finishes[idx]) after_finish++;
+        if (json_is_string(json_object_get(delta, "content")))
+            strncat(texts[idx], json_string_value(json_object_get(delta, "content")), 255 - strlen(texts[idx]));
+        json_t *tc = json_object_get(delta, "tool_calls");
+        for (size_t k = 0; k < json_array_size(tc); k++) {
+            json_t *call = json_array_get(tc, k);
+            int want = ncalls[idx]++;
+            if (json_integer_value(json_object_get(call, "index")) != want ||
+                !call_is(call, want ? "get_time" : "get_weather", want ? "{\"tz\": \"CET\"}" : "{\"city\": \"Paris\"}"))
+                bad_calls++;
+        }
+        if (json_is_string(json_object_get(ch, "finish_reason"))) {
+            finishes[idx]++;
+            CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "tool_calls"));
+        }
+    }
+    for (int i = 0; i < n; i++) json_decref(ev[i]);
+    for (int k = 0; k < 2; k++) {
+        CHECKF(!strcmp(texts[k], "Let me check.\n"), "choice %d content '%s'", k, texts[k]);
+        CHECK(ncalls[k] == 2 && finishes[k] == 1);
+    }
+    CHECK(bad_calls == 0 && after_finish == 0);
+    resp_free(&r);
+
+    /* a template that never names tools, one the interpreter does not run: 400s naming the field */
+    pthread_mutex_lock(&fake.mu);
+    fake.template_reads = 0;
+    pthread_mutex_unlock(&fake.mu);
+    r = post("/v1/chat/completions", TOOLS_BODY(""));
+    j = body_json(&r);
+    CHECK(is_error(&r, 400) && !strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "param")), "tools"));
+    json_decref(j);
+    resp_free(&r);
+    r = post("/v1/chat/completions", TOOLS_BODY(", \"tool_choice\": \"none\"")); /* not shown: fine */
+    CHECK(r.status == 200);
+    resp_free(&r);
+    pthread_mutex_lock(&fake.mu);
+    fake.template_reads = -1;
+    pthread_mutex_unlock(&fake.mu);
+    r = post("/v1/chat/completions", TOOLS_BODY(""));
+    j = body_json(&r);
+    CHECK(is_error(&r, 400) && !strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "param")), "tools"));
+    json_decref(j);
+    resp_free(&r);
+    r = post("/v1/chat/completions", "{" MSGS_TOOLS ", \"max_tokens\": 2}");
+    j = body_json(&r);
+    CHECK(is_error(&r, 400) && !strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "param")), "messages"));
+    json_decref(j);
+    resp_free(&r);
+    pthread_mutex_lock(&fake.mu);
+    fake.template_reads = 1;
+    pthread_mutex_unlock(&fake.mu);
+    CHECK(fake_drained());
+}
+
 /* A client that reads a little of its stream and hangs up: its request is aborted. */
 static void test_http_disconnect(void) {
     pthread_mutex_lock(&fake.mu);
@@ -1042,6 +1356,7 @@ int main(void) {
     RUN(test_parse_routes);
     RUN(test_parse_completions);
     RUN(test_parse_chat);
+    RUN(test_parse_tools);
 
     pthread_mutex_init(&fake.mu, NULL);
     pthread_create(&fake.th, NULL, fake_loop, NULL);
@@ -1059,6 +1374,7 @@ int main(void) {
     RUN(test_http_completion);
     RUN(test_http_chat);
     RUN(test_http_stream);
+    RUN(test_http_tools);
     RUN(test_http_disconnect);
     RUN(test_http_concurrent);
     RUN(test_http_api_key);

@@ -49,6 +49,15 @@
  * connection waits on the engine it is off (0), and it is set again (which
  * restarts its clock) when there is something to write.
  *
+ * Tool calls. A chat request whose tools reach the template (tool_choice
+ * "auto") has its output read for Hermes-style <tool_call> blocks
+ * (server_tools.c): a whole answer gets message.tool_calls, content null
+ * when nothing is left outside the calls, and finish_reason "tool_calls"; a
+ * stream runs the same reader per choice as the text comes, sends content
+ * deltas as soon as they cannot belong to a call, and each call, once its
+ * block has closed, as one delta.tool_calls chunk. render_chat refuses
+ * (400) tools for a template that never names them rather than drop them.
+ *
  * Drain. cas_server_drain makes new requests 503 and /health 503 while the
  * admitted requests (a list, under s->mu) run to their end; cas_server_abort_all
  * aborts their engine requests so that streams end at once, cleanly.
@@ -164,6 +173,10 @@ typedef struct {
     size_t len, cap;
     json_t *lp;           /* non-stream: accumulated logprobs (shape per route) */
     size_t text_offset;
+    /* stream with tools: the reader of the text so far, and what of it was sent */
+    cas_srv_tools tools;
+    size_t content_sent;
+    int32_t calls_sent;
 } srv_choice;
 
 typedef struct srv_req {
@@ -222,6 +235,7 @@ static void req_free(srv_req *r) {
     for (int32_t i = 0; i < r->n_choices; i++) {
         free(r->choices[i].text);
         json_decref(r->choices[i].lp);
+        cas_srv_tools_free(&r->choices[i].tools);
     }
     free(r->choices);
     cas_srv_parsed_free(&r->p);
@@ -512,7 +526,7 @@ static void sse(srv_req *r, json_t *j) {
 }
 
 static void stream_chunk(srv_req *r, srv_choice *c, const char *text, size_t len, json_t *lp, int with_role,
-                         cas_finish_reason finish) {
+                         const char *finish) {
     int chat = r->p.route == CAS_SRV_ROUTE_CHAT;
     json_t *j = envelope(r, chat ? "chat.completion.chunk" : "text_completion");
     json_t *ch = json_pack("{s:i}", "index", (int)c->index);
@@ -525,11 +539,57 @@ static void stream_chunk(srv_req *r, srv_choice *c, const char *text, size_t len
         json_object_set_new(ch, "text", jstr(text ? text : "", text ? len : 0));
     }
     json_object_set_new(ch, "logprobs", lp ? lp : json_null());
-    const char *f = finish_str(finish);
-    json_object_set_new(ch, "finish_reason", f ? json_string(f) : json_null());
+    json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
     json_object_set_new(j, "choices", json_pack("[o]", ch));
     if (r->p.include_usage) json_object_set_new(j, "usage", json_null());
     sse(r, j);
+}
+
+/* One call as OpenAI gives it, with a fresh id; index >= 0 adds "index"
+ * (a stream's delta.tool_calls entries). */
+static json_t *tool_call_json(const cas_srv_tool_call *tc, int32_t index) {
+    char id[48];
+    cas_server_make_id(id, sizeof id, "call_");
+    json_t *o = index >= 0 ? json_pack("{s:i}", "index", (int)index) : json_object();
+    json_object_set_new(o, "id", json_string(id));
+    json_object_set_new(o, "type", json_string("function"));
+    json_object_set_new(o, "function", json_pack("{s:o,s:o}", "name", jstr(tc->name, strlen(tc->name)), "arguments",
+                                                 jstr(tc->arguments, strlen(tc->arguments))));
+    return o;
+}
+
+/* The calls a response reports: all, or the first with parallel_tool_calls false. */
+static int32_t calls_reported(const srv_req *r, const cas_srv_tools *t) {
+    return !r->p.parallel_tool_calls && t->n_calls > 1 ? 1 : t->n_calls;
+}
+
+/* A choice's finish_reason: "tool_calls" when it called a tool and ended by
+ * itself or at its length (as vLLM), else the engine's. */
+static const char *choice_finish(const srv_req *r, cas_finish_reason f, const cas_srv_tools *t) {
+    if (r->p.parse_tool_calls && calls_reported(r, t) > 0 && (f == CAS_FINISH_STOP || f == CAS_FINISH_LENGTH))
+        return "tool_calls";
+    return finish_str(f);
+}
+
+/* A stream with tools: what the reader decided since the last event goes
+ * out, content as content deltas (with the event's logprobs), each call as
+ * one delta.tool_calls chunk (the arguments whole). */
+static void stream_tools(srv_req *r, srv_choice *c, const srv_ev *e, json_t *lp) {
+    cas_srv_tools *t = &c->tools;
+    cas_srv_tools_feed(t, e->text, e->text_len);
+    if (e->finish != CAS_FINISH_NONE) cas_srv_tools_finish(t);
+    size_t n = t->content_len - c->content_sent;
+    if (n || lp) stream_chunk(r, c, n ? t->content + c->content_sent : NULL, n, lp, 0, NULL);
+    c->content_sent = t->content_len;
+    for (int32_t k = c->calls_sent; k < calls_reported(r, t); k++) {
+        json_t *j = envelope(r, "chat.completion.chunk");
+        json_t *ch = json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", (int)c->index, "delta", "tool_calls",
+                               tool_call_json(&t->calls[k], k), "logprobs", "finish_reason");
+        json_object_set_new(j, "choices", json_pack("[o]", ch));
+        if (r->p.include_usage) json_object_set_new(j, "usage", json_null());
+        sse(r, j);
+    }
+    c->calls_sent = calls_reported(r, t);
 }
 
 static void observe_finish(srv_req *r, srv_choice *c) {
@@ -575,10 +635,11 @@ static void consume(srv_req *r, srv_ev *e, int stream) {
         }
     } else {
         if (chat && !c->role_sent) {
-            stream_chunk(r, c, "", 0, NULL, 1, CAS_FINISH_NONE);
+            stream_chunk(r, c, "", 0, NULL, 1, NULL);
             c->role_sent = 1;
         }
-        if (e->text_len || lp) stream_chunk(r, c, e->text, e->text_len, lp, 0, CAS_FINISH_NONE);
+        if (chat && r->p.parse_tool_calls) stream_tools(r, c, e, lp);
+        else if (e->text_len || lp) stream_chunk(r, c, e->text, e->text_len, lp, 0, NULL);
         if (e->finish == CAS_FINISH_ERROR) {
             cas_srv_error err;
             cas_srv_error_set(&err, 500, "server_error", NULL, NULL, "the engine failed on this request");
@@ -590,7 +651,7 @@ static void consume(srv_req *r, srv_ev *e, int stream) {
                 free(js);
             }
         } else if (e->finish != CAS_FINISH_NONE) {
-            stream_chunk(r, c, chat ? NULL : "", 0, NULL, 0, e->finish);
+            stream_chunk(r, c, chat ? NULL : "", 0, NULL, 0, choice_finish(r, e->finish, &c->tools));
         }
     }
     if (e->finish != CAS_FINISH_NONE) observe_finish(r, c);
@@ -605,10 +666,27 @@ static char *final_json(srv_req *r) {
         srv_choice *c = &r->choices[i];
         json_t *ch = json_pack("{s:i}", "index", (int)i);
         json_t *text = jstr(c->text ? c->text : "", c->len);
-        if (chat) json_object_set_new(ch, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
-        else json_object_set_new(ch, "text", text);
+        if (chat && r->p.parse_tool_calls) {
+            /* the same reader as a stream's, over the whole text */
+            cas_srv_tools_feed(&c->tools, c->text ? c->text : "", c->len);
+            cas_srv_tools_finish(&c->tools);
+        }
+        int32_t ncalls = chat && r->p.parse_tool_calls ? calls_reported(r, &c->tools) : 0;
+        if (ncalls) {
+            /* content: the text outside the calls, null when there is none (OpenAI's shape) */
+            json_decref(text);
+            json_t *calls = json_array();
+            for (int32_t k = 0; k < ncalls; k++) json_array_append_new(calls, tool_call_json(&c->tools.calls[k], -1));
+            json_t *content = c->tools.content_len ? jstr(c->tools.content, c->tools.content_len) : json_null();
+            json_object_set_new(ch, "message", json_pack("{s:s,s:o,s:o}", "role", "assistant", "content", content,
+                                                         "tool_calls", calls));
+        } else if (chat) {
+            json_object_set_new(ch, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+        } else {
+            json_object_set_new(ch, "text", text);
+        }
         json_object_set_new(ch, "logprobs", c->lp ? json_incref(c->lp) : json_null());
-        const char *f = finish_str(c->finish);
+        const char *f = choice_finish(r, c->finish, &c->tools);
         json_object_set_new(ch, "finish_reason", json_string(f ? f : "stop"));
         json_array_append_new(choices, ch);
     }
@@ -800,6 +878,44 @@ int cas_server_make_id(char *buf, size_t cap, const char *prefix) {
     return rc;
 }
 
+/* The prompt of a chat request: the model's template over roles and texts
+ * (apply_chat), or, when the request has tools, tool calls or results, or
+ * chat_template_kwargs, over its JSON context (apply_chat_json), refused
+ * with a 400 naming the field when the template cannot take it: one not run
+ * by the Jinja interpreter, or tools for a template that never names
+ * `tools` (the model would not see them). 0 with *text (malloc'd), or -1
+ * with err. */
+static int render_chat(cas_server *s, const cas_srv_parsed *p, char **text, cas_srv_error *err) {
+    *text = NULL;
+    if (!p->chat_json) {
+        if (s->ops.apply_chat(s->ops.ctx, p->msgs, p->n_msgs, text) == CAS_OK) return 0;
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, "messages", "chat template: %s", cas_last_error());
+        return -1;
+    }
+    const char *param = p->chat_json_param ? p->chat_json_param : "messages";
+    if (!s->ops.apply_chat_json) {
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, param,
+                          "'%s' is not supported by this server: it renders chats from roles and texts only", param);
+        return -1;
+    }
+    if (p->tools_rendered && s->ops.chat_reads && s->ops.chat_reads(s->ops.ctx, "tools") == 0) {
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, "tools",
+                          "This model's chat template never uses 'tools', so the model would not see them: send "
+                          "no tools (or tool_choice \"none\"), or serve the model with a template that renders "
+                          "them (cascade serve --chat-template FILE)");
+        return -1;
+    }
+    cas_status st = s->ops.apply_chat_json(s->ops.ctx, p->chat_json, text);
+    if (st == CAS_OK) return 0;
+    if (st == CAS_ERR_UNSUPPORTED)
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, param, "'%s' cannot be rendered: %s", param,
+                          cas_last_error());
+    else
+        cas_srv_error_set(err, st == CAS_ERR_NOMEM ? 500 : 400, st == CAS_ERR_NOMEM ? "server_error" : "invalid_request_error",
+                          NULL, "messages", "chat template: %s", cas_last_error());
+    return -1;
+}
+
 static enum MHD_Result generate(srv_req *r) {
     cas_server *s = r->s;
     cas_srv_parsed *p = &r->p;
@@ -817,11 +933,7 @@ static enum MHD_Result generate(srv_req *r) {
         return send_error(r, &err);
     }
     if (chat) {
-        if (s->ops.apply_chat(s->ops.ctx, p->msgs, p->n_msgs, &chat_text) != CAS_OK) {
-            cas_srv_error_set(&err, 400, "invalid_request_error", NULL, "messages", "chat template: %s",
-                              cas_last_error());
-            return send_error(r, &err);
-        }
+        if (render_chat(s, p, &chat_text, &err)) return send_error(r, &err);
         /* the rendered conversation becomes the one prompt */
         cas_srv_prompt *pr = calloc(1, sizeof *pr);
         if (!pr) {
@@ -1083,7 +1195,7 @@ static enum MHD_Result tokenize(srv_req *r) {
                           "Only add_generation_prompt=true and continue_final_message=false are supported");
         goto fail;
     }
-    static const char *const refused[] = {"chat_template", "chat_template_kwargs", "tools", "mm_processor_kwargs"};
+    static const char *const refused[] = {"chat_template", "mm_processor_kwargs"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         json_t *j = json_object_get(o, refused[i]);
         if (j && !json_is_null(j)) {
@@ -1099,8 +1211,13 @@ static enum MHD_Result tokenize(srv_req *r) {
         }
         text = strdup(json_string_value(prompt));
     } else {
-        /* the chat parser validates the messages exactly as for /v1/chat/completions */
+        /* the chat parser validates the messages and the tool fields exactly as for /v1/chat/completions */
         json_t *only = json_pack("{s:O}", "messages", msgs);
+        static const char *const chat_fields[] = {"tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"};
+        for (size_t i = 0; only && i < sizeof chat_fields / sizeof chat_fields[0]; i++) {
+            json_t *f = json_object_get(o, chat_fields[i]);
+            if (f) json_object_set(only, chat_fields[i], f);
+        }
         char *body = only ? json_dumps(only, JSON_COMPACT) : NULL;
         json_decref(only);
         cas_srv_parsed p;
@@ -1113,12 +1230,9 @@ static enum MHD_Result tokenize(srv_req *r) {
         cas_srv_route rt = cas_srv_parse(&lim, "POST", "/v1/chat/completions", NULL, body, strlen(body), &p, &err);
         free(body);
         if (rt == CAS_SRV_ROUTE_NONE) goto fail;
-        cas_status st = s->ops.apply_chat(s->ops.ctx, p.msgs, p.n_msgs, &text);
+        int rc = render_chat(s, &p, &text, &err);
         cas_srv_parsed_free(&p);
-        if (st != CAS_OK) {
-            cas_srv_error_set(&err, 400, "invalid_request_error", NULL, "messages", "chat template: %s", cas_last_error());
-            goto fail;
-        }
+        if (rc) goto fail;
     }
     if (!text || s->tokenize(s->tokenize_ctx, text, add_special, &ids, &n) != CAS_OK) {
         cas_srv_error_set(&err, text ? 400 : 500, text ? "invalid_request_error" : "server_error", NULL,

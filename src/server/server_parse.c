@@ -12,8 +12,20 @@
  * stop_token_ids, min_tokens, include_stop_str_in_output, echo) or refused
  * (400) when they would change the output and we do not implement them
  * (the `unsupported` table: guided decoding, prompt_logprobs, beam search,
- * tools, suffix), and ignored when they would not (user, metadata). JSON is
- * parsed by jansson, never by hand.
+ * a per-request chat_template, suffix), and ignored when they would not
+ * (user, metadata). JSON is parsed by jansson, never by hand.
+ *
+ * Tool calling. `tools`, `tool_choice` ("auto" or "none"; "required" and a
+ * named function are refused: they need constrained decoding),
+ * `parallel_tool_calls`, `chat_template_kwargs`, assistant messages with
+ * `tool_calls` and `role: "tool"` results are validated here and put into
+ * the JSON context the model's Jinja template is rendered with
+ * (cas_srv_parsed.chat_json), in the shape transformers' apply_chat_template
+ * and vLLM give it: messages, add_generation_prompt, tools (null with
+ * tool_choice "none": the model is not shown them, and its output is not
+ * read for calls), and the kwargs' keys. A request without any of them
+ * keeps chat_json NULL and renders exactly as a plain chat. Whether the
+ * template can take them is the HTTP file's question (it has the engine).
  */
 #include <ctype.h>
 #include <float.h>
@@ -111,6 +123,7 @@ void cas_srv_parsed_free(cas_srv_parsed *p) {
         free((char *)p->msgs[i].content);
     }
     free(p->msgs);
+    free(p->chat_json);
     for (int32_t i = 0; i < p->n_stops; i++) free(p->stops[i]);
     free(p->stops);
     /* the sampling's token lists are the parse's own (parse_common) */
@@ -283,7 +296,6 @@ static const struct {
     {"return_tokens_as_token_ids", REFUSE_TRUE},
     /* vLLM's chat template controls */
     {"chat_template", REFUSE_PRESENT},
-    {"chat_template_kwargs", REFUSE_NONEMPTY},
     {"add_generation_prompt", REFUSE_FALSE},
     {"continue_final_message", REFUSE_TRUE},
     {"documents", REFUSE_NONEMPTY},
@@ -594,6 +606,14 @@ static int parse_completions(json_t *o, cas_srv_parsed *p, const cas_srv_limits 
         return -1;
     }
     p->sampling.echo = echo;
+    static const char *const chat_only[] = {"chat_template_kwargs", "tools"};
+    for (size_t i = 0; i < sizeof chat_only / sizeof chat_only[0]; i++) {
+        json_t *x = json_object_get(o, chat_only[i]);
+        if (x && !json_is_null(x) && !((json_is_array(x) || json_is_object(x)) && json_object_size(x) + json_array_size(x) == 0)) {
+            bad(err, chat_only[i], "'%s' applies to chat completions (/v1/chat/completions) only", chat_only[i]);
+            return -1;
+        }
+    }
     json_t *suffix = json_object_get(o, "suffix");
     if (suffix && !json_is_null(suffix)) {
         if (!json_is_string(suffix)) {
@@ -659,7 +679,184 @@ static char *message_content(json_t *c, size_t idx, int allow_null, cas_srv_erro
     return s;
 }
 
-static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, cas_srv_error *err) {
+/* ---- tool calling and the template's variables ------------------------------ */
+
+#define MAX_TOOLS 1024
+
+/* An assistant message's tool_calls, OpenAI's shape ({"id", "type":
+ * "function", "function": {"name", "arguments"}}), as the template gets
+ * them: copied as given, with each arguments string (a JSON object's text)
+ * decoded into the object, as vLLM and transformers pass them (Qwen2.5's
+ * template prints `arguments | tojson`; a string would come out quoted).
+ * 1 with *out a new list; 0 for none (absent, null or empty); -1 with err. */
+static int message_tool_calls(json_t *tc, size_t idx, json_t **out, cas_srv_error *err) {
+    char param[64];
+    *out = NULL;
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", idx);
+    if (!tc || json_is_null(tc)) return 0;
+    if (!json_is_array(tc)) {
+        bad(err, param, "'%s' must be a list", param);
+        return -1;
+    }
+    if (json_array_size(tc) == 0) return 0;
+    json_t *list = json_deep_copy(tc);
+    if (!list) {
+        oom(err);
+        return -1;
+    }
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        json_t *c = json_array_get(list, i), *fn = json_object_get(c, "function");
+        json_t *type = json_object_get(c, "type"), *id = json_object_get(c, "id");
+        snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu]", idx, i);
+        if (!json_is_object(c) || !json_is_object(fn)) {
+            bad(err, param, "'%s' must be an object with a 'function' object", param);
+            goto fail;
+        }
+        if (type && !json_is_null(type) && !(json_is_string(type) && !strcmp(json_string_value(type), "function"))) {
+            bad(err, param, "'%s.type' must be \"function\"", param);
+            goto fail;
+        }
+        if (id && !json_is_null(id) && !json_is_string(id)) {
+            bad(err, param, "'%s.id' must be a string", param);
+            goto fail;
+        }
+        json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        if (!json_is_string(name) || json_string_length(name) == 0) {
+            bad(err, param, "'%s.function.name' must be a non-empty string", param);
+            goto fail;
+        }
+        json_t *obj = NULL;
+        if (!args || json_is_null(args)) {
+            obj = json_object();
+        } else if (json_is_object(args)) {
+            continue; /* already an object (some clients send one) */
+        } else if (json_is_string(args)) {
+            const char *a = json_string_value(args);
+            size_t n = json_string_length(args), k = 0;
+            while (k < n && (a[k] == ' ' || a[k] == '\t' || a[k] == '\n' || a[k] == '\r')) k++;
+            obj = k == n ? json_object() : json_loadb(a, n, 0, NULL); /* "" is a call without arguments */
+        }
+        if (!json_is_object(obj)) {
+            json_decref(obj);
+            bad(err, param, "'%s.function.arguments' must be a JSON object encoded as a string", param);
+            goto fail;
+        }
+        json_object_set_new(fn, "arguments", obj);
+    }
+    *out = list;
+    return 1;
+fail:
+    json_decref(list);
+    return -1;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description"?,
+ * "parameters"?, "strict"?}}], given to the template as sent. 1 with *out a
+ * new reference; 0 for none (absent, null or empty); -1 with err. */
+static int parse_tools(json_t *o, json_t **out, cas_srv_error *err) {
+    char param[64];
+    json_t *x = json_object_get(o, "tools");
+    *out = NULL;
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_array(x)) {
+        bad(err, "tools", "'%s' must be a list of {\"type\": \"function\", \"function\": {...}} objects", "tools");
+        return -1;
+    }
+    if (json_array_size(x) == 0) return 0;
+    if (json_array_size(x) > MAX_TOOLS) {
+        bad(err, "tools", "'tools' has more than %d entries", MAX_TOOLS);
+        return -1;
+    }
+    for (size_t i = 0; i < json_array_size(x); i++) {
+        json_t *t = json_array_get(x, i), *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        if (!json_is_object(t)) {
+            bad(err, param, "'%s' must be an object", param);
+            return -1;
+        }
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function")) {
+            bad(err, param, "'%s.type' must be \"function\" (the only kind of tool this server calls)", param);
+            return -1;
+        }
+        if (!json_is_object(fn)) {
+            bad(err, param, "'%s.function' must be an object", param);
+            return -1;
+        }
+        json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description");
+        json_t *params = json_object_get(fn, "parameters"), *strict = json_object_get(fn, "strict");
+        if (!json_is_string(name) || json_string_length(name) == 0) {
+            bad(err, param, "'%s.function.name' must be a non-empty string", param);
+            return -1;
+        }
+        if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+            bad(err, param, "'%s.function.description' must be a string", param);
+            return -1;
+        }
+        if (params && !json_is_null(params) && !json_is_object(params)) {
+            bad(err, param, "'%s.function.parameters' must be an object (a JSON Schema)", param);
+            return -1;
+        }
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+            bad(err, param, "'%s.function.strict' must be a boolean", param);
+            return -1;
+        }
+    }
+    *out = json_incref(x);
+    return 1;
+}
+
+/* tool_choice: 1 when tools are offered ("auto", or absent), 0 for "none",
+ * -1 with err for what this server does not do: "required" and a named
+ * function need decoding constrained to a call's grammar. */
+static int parse_tool_choice(json_t *o, cas_srv_error *err) {
+    json_t *x = json_object_get(o, "tool_choice");
+    if (!x || json_is_null(x)) return 1;
+    const char *v = json_is_string(x) ? json_string_value(x) : NULL;
+    if (v && !strcmp(v, "auto")) return 1;
+    if (v && !strcmp(v, "none")) return 0;
+    if ((v && !strcmp(v, "required")) || json_is_object(x)) {
+        bad(err, "tool_choice",
+            "'tool_choice' %s is not supported by this server: forcing a call needs decoding constrained to the "
+            "call's grammar, which it does not do; use \"auto\" (the model may call a tool) or \"none\"",
+            v ? "\"required\"" : "naming a function");
+        return -1;
+    }
+    bad(err, "tool_choice",
+        "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    return -1;
+}
+
+/* chat_template_kwargs: an object whose keys become the template's variables
+ * (enable_thinking, ...), except those the server sets. 1 with *out a
+ * borrowed reference, 0 for none (absent, null or {}), -1 with err. */
+static int parse_template_kwargs(json_t *o, json_t **out, cas_srv_error *err) {
+    static const char *const reserved[] = {"messages", "tools", "documents", "add_generation_prompt", "bos_token",
+                                           "eos_token"};
+    json_t *x = json_object_get(o, "chat_template_kwargs");
+    *out = NULL;
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_object(x)) {
+        bad(err, "chat_template_kwargs", "'%s' must be an object of the template's variables", "chat_template_kwargs");
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
+        if (json_object_get(x, reserved[i])) {
+            bad(err, "chat_template_kwargs", "'chat_template_kwargs' may not set '%s' (the server sets it from the request)",
+                reserved[i]);
+            return -1;
+        }
+    if (json_object_size(x) == 0) return 0;
+    *out = x;
+    return 1;
+}
+
+/* ---- /v1/chat/completions (continued) ----------------------------------------- */
+
+/* The messages into p->msgs and, for the template's JSON context, into
+ * *jmsgs (a new list: role, content as text, name, tool_calls,
+ * tool_call_id); *tool_msgs is set when one has tool calls or is a tool's
+ * result (which roles and texts alone cannot carry). */
+static int parse_messages(json_t *o, cas_srv_parsed *p, json_t **jmsgs, int *tool_msgs, cas_srv_error *err) {
     json_t *ms = json_object_get(o, "messages");
     if (!ms || json_is_null(ms)) {
         bad(err, "messages", "'%s' is a required property", "messages");
@@ -674,7 +871,7 @@ static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, c
         bad(err, "messages", "'%s' has too many entries", "messages");
         return -1;
     }
-    if (!(p->msgs = calloc(n, sizeof *p->msgs))) goto nomem;
+    if (!(p->msgs = calloc(n, sizeof *p->msgs)) || !(*jmsgs = json_array())) goto nomem;
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(ms, i);
         json_t *role = json_object_get(m, "role");
@@ -686,12 +883,14 @@ static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, c
         const char *canon = !strcmp(r, "system") || !strcmp(r, "developer") ? "system"
                             : !strcmp(r, "user")                            ? "user"
                             : !strcmp(r, "assistant")                       ? "assistant"
+                            : !strcmp(r, "tool")                            ? "tool"
                                                                             : NULL;
         if (!canon) {
-            bad(err, "messages", "'%s' role must be system, developer, user or assistant", "messages");
+            bad(err, "messages", "'%s' role must be system, developer, user, assistant or tool", "messages");
             return -1;
         }
-        char *content = message_content(json_object_get(m, "content"), i, !strcmp(canon, "assistant"), err);
+        int assistant = !strcmp(canon, "assistant");
+        char *content = message_content(json_object_get(m, "content"), i, assistant, err);
         if (!content) {
             if (!err->message[0]) goto nomem;
             return -1;
@@ -699,7 +898,52 @@ static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, c
         p->msgs[i].content = content;
         p->n_msgs = (int32_t)i + 1;
         if (!(p->msgs[i].role = dup_n(canon, strlen(canon)))) goto nomem;
+
+        char param[64];
+        json_t *jm = json_pack("{s:s,s:o}", "role", canon, "content", json_stringn(content, strlen(content)));
+        if (!jm || json_array_append_new(*jmsgs, jm)) goto nomem;
+        json_t *name = json_object_get(m, "name");
+        if (name && !json_is_null(name)) {
+            if (!json_is_string(name)) {
+                snprintf(param, sizeof param, "messages[%zu].name", i);
+                bad(err, param, "'%s' must be a string", param);
+                return -1;
+            }
+            json_object_set(jm, "name", name);
+        }
+        json_t *calls = NULL, *tc = json_object_get(m, "tool_calls");
+        if (!assistant && tc && !json_is_null(tc)) {
+            snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
+            bad(err, param, "'%s': only assistant messages have tool calls", param);
+            return -1;
+        }
+        int rc = message_tool_calls(tc, i, &calls, err);
+        if (rc < 0) return -1;
+        if (rc) {
+            json_object_set_new(jm, "tool_calls", calls);
+            *tool_msgs = 1;
+        }
+        if (!strcmp(canon, "tool")) {
+            json_t *id = json_object_get(m, "tool_call_id");
+            if (!json_is_string(id)) {
+                snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
+                bad(err, param, "'%s' is required: the id of the call this message answers", param);
+                return -1;
+            }
+            json_object_set(jm, "tool_call_id", id);
+            *tool_msgs = 1;
+        }
     }
+    return 0;
+nomem:
+    oom(err);
+    return -1;
+}
+
+static int parse_chat_fields(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, json_t **jmsgs, json_t **tools,
+                             cas_srv_error *err) {
+    int tool_msgs = 0;
+    if (parse_messages(o, p, jmsgs, &tool_msgs, err) < 0) return -1;
     if (parse_common(o, p, lim, err) < 0) return -1;
     long long v;
     int r = get_int(o, "max_completion_tokens", 1, INT32_MAX, &v, err);
@@ -718,17 +962,36 @@ static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, c
         }
         p->top_logprobs = (int32_t)v;
     }
-    json_t *tools = json_object_get(o, "tools");
-    if (tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0)) {
-        bad(err, "tools", "'%s' are not supported by this server", "tools");
-        return -1;
+
+    /* tool calling: the tools go to the template unless tool_choice is "none" */
+    int have_tools = parse_tools(o, tools, err);
+    if (have_tools < 0) return -1;
+    int offer = parse_tool_choice(o, err);
+    if (offer < 0) return -1;
+    p->parallel_tool_calls = 1;
+    if (get_bool(o, "parallel_tool_calls", &p->parallel_tool_calls, err) < 0) return -1;
+    p->tools_rendered = p->parse_tool_calls = have_tools && offer;
+    json_t *kwargs = NULL;
+    int have_kwargs = parse_template_kwargs(o, &kwargs, err);
+    if (have_kwargs < 0) return -1;
+    if (p->tools_rendered || tool_msgs || have_kwargs) {
+        /* the context Hugging Face's apply_chat_template gives a template, as cas_chat_apply makes it */
+        json_t *ctx = json_pack("{s:O,s:b,s:O}", "messages", *jmsgs, "add_generation_prompt", 1, "tools",
+                                p->tools_rendered ? *tools : json_null());
+        if (!ctx || (kwargs && json_object_update(ctx, kwargs))) {
+            json_decref(ctx);
+            oom(err);
+            return -1;
+        }
+        p->chat_json = json_dumps(ctx, JSON_COMPACT);
+        json_decref(ctx);
+        if (!p->chat_json) {
+            oom(err);
+            return -1;
+        }
+        p->chat_json_param = p->tools_rendered ? "tools" : tool_msgs ? "messages" : "chat_template_kwargs";
     }
-    json_t *tc = json_object_get(o, "tool_choice");
-    if (tc && !json_is_null(tc) &&
-        !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto")))) {
-        bad(err, "tool_choice", "'%s' other than \"none\" is not supported by this server", "tool_choice");
-        return -1;
-    }
+
     json_t *fc = json_object_get(o, "function_call");
     if (fc && !json_is_null(fc) &&
         !(json_is_string(fc) && (!strcmp(json_string_value(fc), "none") || !strcmp(json_string_value(fc), "auto")))) {
@@ -755,9 +1018,14 @@ static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, c
         }
     }
     return check_min_tokens(p, err);
-nomem:
-    oom(err);
-    return -1;
+}
+
+static int parse_chat(json_t *o, cas_srv_parsed *p, const cas_srv_limits *lim, cas_srv_error *err) {
+    json_t *jmsgs = NULL, *tools = NULL;
+    int rc = parse_chat_fields(o, p, lim, &jmsgs, &tools, err);
+    json_decref(jmsgs);
+    json_decref(tools);
+    return rc;
 }
 
 /* ---- entry ------------------------------------------------------------------ */
