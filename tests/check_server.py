@@ -114,8 +114,8 @@ def check(name):
 
 
 class Server:
-    def __init__(self, extra=()):
-        args = [CASCADE, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0", "--api-key", KEY,
+    def __init__(self, extra=(), model=None):
+        args = [CASCADE, "serve", "-m", model or MODEL, "--host", "127.0.0.1", "--port", "0", "--api-key", KEY,
                 "--max-body-mb", "1", *extra]
         self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.port = None
