@@ -381,11 +381,13 @@ fuzz-jinja: build-fuzz/fuzz_jinja
 
 # ---- fuzzing the server's request handling ----------------------------------
 # `make fuzz-server` builds fuzz/fuzz_server.c (cas_srv_parse: routing, API
-# key, JSON validation; cas_srv_head_check: request heads) with libFuzzer, ASan and UBSan and fuzzes for
+# key, JSON validation; cas_srv_head_check: request heads; cas_srv_tools: tool
+# calls in generated text) with libFuzzer, ASan and UBSan and fuzzes for
 # FUZZ_TIME seconds from fuzz/server_seeds. Crashes land in
 # build-fuzz/server-crash-*.
 .PHONY: fuzz-server
-FUZZ_SERVER_SRC := fuzz/fuzz_server.c src/server/server_parse.c src/server/server_gate.c src/core/core.c
+FUZZ_SERVER_SRC := fuzz/fuzz_server.c src/server/server_parse.c src/server/server_gate.c src/server/server_tools.c \
+                   src/core/core.c
 
 build-fuzz/fuzz_server: $(FUZZ_SERVER_SRC) src/server/server_impl.h src/server/server.h src/engine/engine.h src/core/core.h
 	@mkdir -p build-fuzz

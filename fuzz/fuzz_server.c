@@ -10,7 +10,13 @@
  * Oracles beyond "no crash": every error renders as valid JSON in OpenAI's
  * shape with a 4xx/5xx status, and every accepted request satisfies the
  * invariants the HTTP layer relies on (n >= 1, a prompt or messages, stop
- * strings non-empty, counts consistent).
+ * strings non-empty, counts consistent, a tool-calling request's template
+ * context valid JSON).
+ *
+ * The body is also read as a model's output by the tool-call reader
+ * (cas_srv_tools): whole and cut in two where the input says, the content
+ * and calls must be the same; with no call the content is the text itself;
+ * every call has a name and arguments that parse as a JSON object.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -45,6 +51,32 @@ static void fuzz_head(const uint8_t *data, size_t size) {
     if (r < 0) ASSERT(err.status >= 400 && err.status < 600 && err.message[0]);
     if (r == 0) ASSERT(size < 4096);
     free(b);
+}
+
+static void tools_read(cas_srv_tools *t, const char *text, size_t n, size_t cut) {
+    memset(t, 0, sizeof *t);
+    cas_srv_tools_feed(t, text, cut);
+    cas_srv_tools_feed(t, text + cut, n - cut);
+    cas_srv_tools_finish(t);
+}
+
+static void fuzz_tools(const char *text, size_t n, size_t cut) {
+    cas_srv_tools a, b;
+    tools_read(&a, text, n, n);
+    tools_read(&b, text, n, n ? cut % (n + 1) : 0);
+    ASSERT(!a.failed && !b.failed);
+    ASSERT(a.content_len == b.content_len && (!a.content_len || !memcmp(a.content, b.content, a.content_len)));
+    ASSERT(a.n_calls == b.n_calls);
+    if (a.n_calls == 0) ASSERT(a.content_len == n && (!n || !memcmp(a.content, text, n)));
+    for (int32_t i = 0; i < a.n_calls; i++) {
+        ASSERT(a.calls[i].name[0] && !strcmp(a.calls[i].name, b.calls[i].name));
+        ASSERT(!strcmp(a.calls[i].arguments, b.calls[i].arguments));
+        json_t *args = json_loads(a.calls[i].arguments, JSON_DECODE_INT_AS_REAL, NULL);
+        ASSERT(json_is_object(args));
+        json_decref(args);
+    }
+    cas_srv_tools_free(&a);
+    cas_srv_tools_free(&b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -104,9 +136,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         } else {
             ASSERT(p.n_msgs >= 1);
             for (int32_t i = 0; i < p.n_msgs; i++) ASSERT(p.msgs[i].role && p.msgs[i].content);
+            if (p.chat_json) {
+                json_t *ctx = json_loads(p.chat_json, 0, NULL);
+                ASSERT(json_is_array(json_object_get(ctx, "messages")) && p.chat_json_param);
+                ASSERT(!p.tools_rendered || json_is_array(json_object_get(ctx, "tools")));
+                json_decref(ctx);
+            }
+            ASSERT(p.parse_tool_calls == p.tools_rendered && (!p.tools_rendered || p.chat_json));
         }
     }
     cas_srv_parsed_free(&p);
+    fuzz_tools(copy, blen, (size_t)data[1] * 7 + data[2]);
     free(copy);
     return 0;
 }

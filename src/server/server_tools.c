@@ -78,6 +78,7 @@ static void put(cas_srv_tools *t, const char *s, size_t n) {
 
 /* Drops the first n bytes of the undecided text. */
 static void drop(cas_srv_tools *t, size_t n) {
+    if (!n) return; /* pend may still be NULL */
     memmove(t->pend, t->pend + n, t->pend_len - n);
     t->pend_len -= n;
     t->pos = t->pos > n ? t->pos - n : 0;
