@@ -318,7 +318,9 @@ int cas_jinja_reads(const cas_jinja *t, const char *name);
  *
  * The file's tokenizer.chat_template is compiled by the Jinja interpreter
  * above and rendered with messages, add_generation_prompt, bos_token,
- * eos_token and tools = none. Two families are also recognised by their
+ * eos_token and tools = none (cas_chat_apply), or with a context the caller
+ * makes (cas_chat_apply_json: tools, tool calls and results, the template's
+ * own variables). Two families are also recognised by their
  * markers and have a fixed C routine each, used only when the interpreter
  * cannot compile or run the file's template: ChatML
  * (<|im_start|>role\ncontent<|im_end|>\n), including templates that insert a
