@@ -507,8 +507,11 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
         for (int64_t i = 0; i < m; i++) opt->prep(opt->prep_ctx, i);
     }
     /* AVX-512 VNNI: sixteen tokens in the lanes (quant_k_avx512vnni.c's 32-element kernel) */
-    const int v16 = !amx && avx2 && quant && best && m >= CAS_QK_LANE16_MIN_M && cas_qk_avx512_available();
-    const int lanes = !amx && !v16 && avx2 && quant && m > 1;
+    const int vnni = !amx && avx2 && quant && best && cas_qk_avx512_available();
+    /* a few tokens: eight rows in the lanes, codes decoded once for up to four tokens */
+    const int few = vnni && m > 1 && m <= CAS_Q_FEW_MAX_M;
+    const int v16 = vnni && !few && m >= CAS_QK_LANE16_MIN_M;
+    const int lanes = !amx && !v16 && !few && avx2 && quant && m > 1;
     const uint8_t *wb = w;
     uint8_t *amx_base = tiles + (m > 1 ? (size_t)nt * tile_bytes(n) : 0);
     cas_q8x16_block *x16 = (cas_q8x16_block *)(void *)amx_base;
@@ -594,6 +597,8 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
                 cas_q_avx2_matvec_rows(t, wb, rb, r0, r1, n, x, xq, sx, y);
             else
                 for (int64_t r = r0; r < r1; r++) y[r] = dot_row_generic(t, wb + (size_t)r * rb, n, x, xq);
+        } else if (few) {
+            cas_qk_avx512_rows_few(t, wb, rb, n, r0, r1, rows, xq, (size_t)nb * sizeof(cas_q8x_block), m, y);
         } else if (v16) {
             cas_qk_avx512_rows_lanes(t, wb, rb, n, r0, r1, rows, xv16, m, y, tiles + (size_t)tid * tile_bytes(n));
         } else if (avx2) {

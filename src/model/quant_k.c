@@ -560,7 +560,8 @@ int cas_qk_avx512_available(void) {
  * tile[nt]. */
 
 /* Token lanes: 16 (AVX-512), 8 (AVX2) or none (row kernels). */
-static int lanes_for(int64_t m, int level) {
+static int lanes_for(int t, int64_t m, int level) {
+    if (level >= 2 && (t == CAS_T_Q5_0 || t == CAS_T_Q5_1) && m <= CAS_Q_FEW_MAX_M) return 0; /* cas_qk_avx512_rows_few */
     return level >= 2 && m >= CAS_QK_LANE16_MIN_M ? 16 : level >= 1 && m >= CAS_QK_LANE_MIN_M ? 8 : 0;
 }
 
@@ -649,7 +650,7 @@ void cas_qk_matmul(int t, const uint8_t *w, size_t rb, int64_t rows, int64_t n, 
     const int64_t groups = (rows + 7) / 8;
     if (nt > groups) nt = (int)groups;
     if (nt < 1) nt = 1;
-    const int lanes = lanes_for(m, level);
+    const int lanes = lanes_for(t, m, level);
     const int64_t nb = n / cas_qk_block_size(t);
     const size_t xlb = lanes ? lane_block_bytes(t, lanes) : 0;
     uint8_t *xl = xq + align64((size_t)m * xs) + (size_t)nt * align64((size_t)m * sizeof(float));

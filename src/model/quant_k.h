@@ -95,8 +95,11 @@ typedef struct {
 
 /* Batched calls with at least this many tokens use the token-lane kernels:
  * they pad to multiples of eight tokens, so below this the row-lane kernel,
- * run once per token, does less work. */
-#define CAS_QK_LANE_MIN_M 4
+ * run once per token (the row group from L1 after the first), does less
+ * work. Measured with the weights streamed from memory (2 threads, AVX-512
+ * VNNI machine): 9216 x 2304 Q4_K rows-per-token faster up to 11 tokens,
+ * 2304 x 9216 Q6_K token lanes faster from 6. */
+#define CAS_QK_LANE_MIN_M 7
 
 /* Rows the token-lane kernels decode at a time, and the bytes of one row's
  * block decoded (cas_qk_tblk, cas_qk_tblk_nl). */
@@ -210,5 +213,15 @@ void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r
  * also quant.c's Q8_0, Q4_0 and Q4_1 (their 16-lane x in cas_q8b16_block). */
 void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                               const void *x16, int64_t m, float *y, void *tile);
+
+/* Calls of 2 to CAS_Q_FEW_MAX_M tokens for the 32-element block types Q8_0,
+ * Q4_0, Q4_1 (quant.c's, x as cas_q8x_block[n / 32] per token) and Q5_0,
+ * Q5_1 (x as cas_qk_quantize_x makes it): rows [r0, r1) against m tokens
+ * (token i's x at xq + i * xstride bytes) into Y[m][rows], eight rows in the
+ * lanes and each block's codes decoded once for up to four tokens; the bits
+ * of each token's matvec. */
+#define CAS_Q_FEW_MAX_M 11
+void cas_qk_avx512_rows_few(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                            const void *xq, size_t xstride, int64_t m, float *y);
 
 #endif

@@ -21,6 +21,7 @@
  * (decode_q5); every other tile of decoded rows comes from the AVX2 decoder
  * (every CPU with AVX-512 has AVX2).
  */
+#include "quant_impl.h"
 #include "quant_k.h"
 
 #include <immintrin.h>
@@ -285,10 +286,130 @@ static inline __attribute__((always_inline)) void q5_rows_t(const int t, const u
 
 void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                         const uint8_t *xq, size_t xstride, int64_t m, float *y) {
-    if (t == CAS_T_Q5_0)
+    if ((t == CAS_T_Q5_0 || t == CAS_T_Q5_1) && m > 1)
+        cas_qk_avx512_rows_few(t, w, rb, n, r0, r1, rows, xq, xstride, m, y);
+    else if (t == CAS_T_Q5_0)
         q5_rows_t(CAS_T_Q5_0, w, rb, n, r0, r1, rows, xq, xstride, m, y);
     else if (t == CAS_T_Q5_1)
         q5_rows_t(CAS_T_Q5_1, w, rb, n, r0, r1, rows, xq, xstride, m, y);
     else
         cas_qk_avx2_rows(t, w, rb, n, r0, r1, rows, xq, xstride, m, y);
+}
+
+/* ---- the 32-element block types for a few tokens: eight rows in 256-bit lanes
+ * Between one token and the token-lane kernels' threshold the lanes of those
+ * kernels go mostly unused (two tokens in eight or sixteen lanes), and the
+ * row kernels above read a row group once per token. Here a block's codes of
+ * eight rows are decoded once and used by up to four tokens: for each token
+ * one vpdpbusd per row gives the block's eight int32 partial sums, the eight
+ * rows' partial sums are reduced by the horizontal-add transpose, and the
+ * token's f32 chain goes on in its own accumulator. Q8_0's codes are taken
+ * plus 128 (unsigned, as vpdpbusd wants) and each lane starts from minus 128
+ * times its four x bytes' sum; Q5_0's offset of 16 comes off the block's sum
+ * as in q5_group8. The integer sums are the exact ones and each token's f32
+ * chain the canonical one of its type (quant_impl.h for quant.c's types,
+ * quant_k.h for Q5_0 and Q5_1), so a token's results are the bits of its
+ * matvec. x: quant.c's cas_q8x_block per block for Q8_0, Q4_0 and Q4_1,
+ * cas_qk_quantize_x's cas_q8b_block for Q5_0 and Q5_1. */
+
+/* The 32 codes of the block at blk as unsigned bytes, in element order. */
+static inline __m256i few_codes(const int t, const uint8_t *blk) {
+    if (t == CAS_T_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)), _mm256_set1_epi8(-128));
+    if (t == CAS_T_Q5_0 || t == CAS_T_Q5_1) return q5_codes_vl(blk + (t == CAS_T_Q5_1 ? 4 : 2));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + (t == CAS_T_Q4_1 ? 4 : 2)));
+    return _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(q), _mm256_set_epi64x(4, 4, 0, 0)),
+                            _mm256_set1_epi8(15));
+}
+
+/* MT tokens' f32 accumulators over the blocks of the eight rows at p[]
+ * (token i's x at xq + i * xstride), prefetching the next row group at pf. */
+static inline __attribute__((always_inline)) void few_group(const int t, const int MT, const uint8_t *const *p,
+                                                            int64_t n, const uint8_t *xq, size_t xstride,
+                                                            const uint8_t *pf, __m256 *acc) {
+    const size_t bb = (size_t)cas_ttype_block_bytes(t);
+    const size_t pfl = (4 * 8 * bb + 63) / 64; /* cache lines of the next group per 4 blocks */
+    const int q5 = t == CAS_T_Q5_0 || t == CAS_T_Q5_1;
+    const __m256i zero = _mm256_setzero_si256();
+    /* d (and m) of the eight rows' blocks by one gather, as in q5_group8 */
+    const __m256i idx = _mm256_setr_epi32(0, (int)(p[1] - p[0]), (int)(p[2] - p[0]), (int)(p[3] - p[0]),
+                                          (int)(p[4] - p[0]), (int)(p[5] - p[0]), (int)(p[6] - p[0]), (int)(p[7] - p[0]));
+#pragma GCC unroll 4
+    for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        if (pf && (b & 3) == 0)
+            for (size_t k = 0; k < pfl; k++) _mm_prefetch((const char *)pf + (size_t)b * 8 * bb + 64 * k, _MM_HINT_T0);
+        __m256i c[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) c[r] = few_codes(t, p[r] + (size_t)b * bb);
+        const __m256i dm = _mm256_i32gather_epi32((const int *)(const void *)(p[0] + (size_t)b * bb), idx, 1);
+        const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm));
+        const __m256 mh = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16)));
+#pragma GCC unroll 4
+        for (int i = 0; i < MT; i++) {
+            const uint8_t *xi = xq + (size_t)i * xstride;
+            const int8_t *xc;
+            float dxs, sxf = 0;
+            int32_t sxi = 0;
+            if (q5) {
+                const cas_q8b_block *xb = (const cas_q8b_block *)(const void *)xi + b;
+                xc = xb->q, dxs = xb->d, sxi = xb->s;
+            } else {
+                const cas_q8x_block *xb = (const cas_q8x_block *)(const void *)xi + b;
+                xc = xb->q, dxs = xb->d, sxf = xb->s;
+            }
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)xc);
+            const __m256i init =
+                t == CAS_T_Q8_0 ? _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), x)) : zero;
+            __m256i s[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) s[r] = _mm256_dpbusd_epi32(init, c[r], x);
+            __m256i is = hsum8_rows(s);
+            if (t == CAS_T_Q5_0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * sxi));
+            const __m256 dx = _mm256_set1_ps(dxs);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(d, dx), acc[i]);
+            if (t == CAS_T_Q4_0) acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(-8.0f), d), _mm256_set1_ps(sxf), acc[i]);
+            if (t == CAS_T_Q4_1) acc[i] = _mm256_fmadd_ps(mh, _mm256_set1_ps(sxf), acc[i]);
+            if (t == CAS_T_Q5_1) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps((float)sxi), _mm256_mul_ps(mh, dx), acc[i]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void few_rows_t(const int t, const uint8_t *w, size_t rb, int64_t n,
+                                                             int64_t r0, int64_t r1, int64_t rows, const uint8_t *xq,
+                                                             size_t xstride, int64_t m, float *y) {
+    for (int64_t r = r0; r < r1; r += 8) {
+        const int64_t nr = r1 - r < 8 ? r1 - r : 8;
+        const uint8_t *p[8];
+        for (int64_t k = 0; k < 8; k++) p[k] = w + (size_t)(r + (k < nr ? k : 0)) * rb;
+        const uint8_t *pf = nr == 8 && r + 16 <= r1 ? w + (size_t)(r + 8) * rb : NULL;
+        for (int64_t i0 = 0; i0 < m; i0 += 4) {
+            const int64_t k = m - i0 < 4 ? m - i0 : 4;
+            const uint8_t *xi = xq + (size_t)i0 * xstride, *pfi = i0 == 0 ? pf : NULL;
+            __m256 acc[4];
+            switch (k) {
+            case 1: few_group(t, 1, p, n, xi, xstride, pfi, acc); break;
+            case 2: few_group(t, 2, p, n, xi, xstride, pfi, acc); break;
+            case 3: few_group(t, 3, p, n, xi, xstride, pfi, acc); break;
+            default: few_group(t, 4, p, n, xi, xstride, pfi, acc); break;
+            }
+            for (int64_t i = 0; i < k; i++) {
+                float out[8];
+                _mm256_storeu_ps(out, acc[i]);
+                for (int64_t j = 0; j < nr; j++) y[(i0 + i) * rows + r + j] = out[j];
+            }
+        }
+    }
+}
+
+void cas_qk_avx512_rows_few(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
+                            const void *xq, size_t xstride, int64_t m, float *y) {
+    switch (t) {
+    case CAS_T_Q8_0: few_rows_t(CAS_T_Q8_0, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q4_0: few_rows_t(CAS_T_Q4_0, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q4_1: few_rows_t(CAS_T_Q4_1, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q5_0: few_rows_t(CAS_T_Q5_0, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q5_1: few_rows_t(CAS_T_Q5_1, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    default: break;
+    }
 }
