@@ -244,8 +244,28 @@ static void test_reads(void) {
     CHECK(cas_jinja_reads(NULL, "tools") == 0);
 }
 
+/* cas_chat_template_tools: how a template asks for tool calls. */
+static int tools_of(const char *src) {
+    cas_chat_template tpl;
+    if (cas_chat_template_parse(src, &tpl) != CAS_OK) return -9;
+    int r = cas_chat_template_tools(&tpl);
+    cas_chat_template_free(&tpl);
+    return r;
+}
+
+static void test_chat_tools(void) {
+    CHECK(tools_of("{% if tools %}Call <tool_call>{...}</tool_call>{% endif %}{% for m in messages %}{{ m.content }}"
+                   "{% endfor %}") == CAS_CHAT_TOOLS_HERMES);
+    CHECK(tools_of("{% for t in tools or [] %}{{ t | tojson }}{% endfor %}Respond with {\"name\": ...}") ==
+          CAS_CHAT_TOOLS_OTHER);
+    CHECK(tools_of("{% for m in messages %}<tool_call>{{ m.content }}{% endfor %}") == CAS_CHAT_TOOLS_NONE);
+    /* a ChatML template the interpreter cannot compile: the built-in routine, no variables */
+    CHECK(tools_of("{% if tools %}{% frobnicate %}{% endif %}<|im_start|>user\n<|im_end|>") == -1);
+}
+
 int main(void) {
     RUN(test_reads);
+    RUN(test_chat_tools);
     RUN(test_basics);
     RUN(test_errors);
     RUN(test_limits);

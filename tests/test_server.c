@@ -67,7 +67,8 @@ typedef struct {
     fake_req reqs[FAKE_MAX];
     int64_t submitted, aborted, finished;
     int queue_delay;
-    int template_reads;     /* what chat_reads answers: 1, 0, or -1 (no interpreter) */
+    int template_tools;     /* what chat_tools answers: 1 <tool_call>, 0 no tools, 2 another format,
+                               -1 no interpreter */
     char last_context[4096]; /* the last JSON context rendered */
 } fake_engine;
 
@@ -168,7 +169,7 @@ static cas_status fake_chat(void *ctx, const cas_engine_msg *m, int32_t n, char 
 
 static cas_status fake_chat_json(void *ctx, const char *context, char **out) {
     pthread_mutex_lock(&fake.mu);
-    int reads = fake.template_reads;
+    int reads = fake.template_tools;
     snprintf(fake.last_context, sizeof fake.last_context, "%s", context);
     pthread_mutex_unlock(&fake.mu);
     if (reads < 0) return cas_error(CAS_ERR_UNSUPPORTED, "fake: a built-in routine renders this template");
@@ -176,11 +177,11 @@ static cas_status fake_chat_json(void *ctx, const char *context, char **out) {
     return *out ? CAS_OK : CAS_ERR_NOMEM;
 }
 
-static int fake_chat_reads(void *ctx, const char *name) {
+static int fake_chat_tools(void *ctx) {
     pthread_mutex_lock(&fake.mu);
-    int r = fake.template_reads;
+    int r = fake.template_tools;
     pthread_mutex_unlock(&fake.mu);
-    return strcmp(name, "tools") ? 0 : r;
+    return r;
 }
 
 static cas_status fake_count(void *ctx, const char *text, int32_t *n) {
@@ -287,7 +288,7 @@ static cas_srv_engine_ops fake_ops(void) {
                             .context_length = fake_ctx,
                             .apply_chat = fake_chat,
                             .apply_chat_json = fake_chat_json,
-                            .chat_reads = fake_chat_reads,
+                            .chat_tools = fake_chat_tools,
                             .count_tokens = fake_count,
                             .token_text = NULL};
     return o;
@@ -1029,7 +1030,7 @@ static int call_is(json_t *call, const char *name, const char *args) {
 
 static void test_http_tools(void) {
     pthread_mutex_lock(&fake.mu);
-    fake.template_reads = 1;
+    fake.template_tools = 1;
     pthread_mutex_unlock(&fake.mu);
     /* whole: content outside the calls, the calls, finish_reason tool_calls */
     resp r = post("/v1/chat/completions", TOOLS_BODY(""));
@@ -1124,7 +1125,7 @@ static void test_http_tools(void) {
 
     /* a template that never names tools, one the interpreter does not run: 400s naming the field */
     pthread_mutex_lock(&fake.mu);
-    fake.template_reads = 0;
+    fake.template_tools = 0;
     pthread_mutex_unlock(&fake.mu);
     r = post("/v1/chat/completions", TOOLS_BODY(""));
     j = body_json(&r);
@@ -1135,7 +1136,16 @@ static void test_http_tools(void) {
     CHECK(r.status == 200);
     resp_free(&r);
     pthread_mutex_lock(&fake.mu);
-    fake.template_reads = -1;
+    fake.template_tools = 2; /* calls in a format this server does not read */
+    pthread_mutex_unlock(&fake.mu);
+    r = post("/v1/chat/completions", TOOLS_BODY(""));
+    j = body_json(&r);
+    CHECK(is_error(&r, 400) && !strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "param")), "tools"));
+    CHECK(strstr(json_string_value(json_object_get(json_object_get(j, "error"), "message")), "another format"));
+    json_decref(j);
+    resp_free(&r);
+    pthread_mutex_lock(&fake.mu);
+    fake.template_tools = -1;
     pthread_mutex_unlock(&fake.mu);
     r = post("/v1/chat/completions", TOOLS_BODY(""));
     j = body_json(&r);
@@ -1148,7 +1158,7 @@ static void test_http_tools(void) {
     json_decref(j);
     resp_free(&r);
     pthread_mutex_lock(&fake.mu);
-    fake.template_reads = 1;
+    fake.template_tools = 1;
     pthread_mutex_unlock(&fake.mu);
     CHECK(fake_drained());
 }

@@ -1261,9 +1261,7 @@ cas_status cas_engine_apply_chat_json(const cas_engine *e, const char *context_j
     return cas_chat_apply_json(&e->chat, context_json, NULL, out);
 }
 
-int cas_engine_chat_reads(const cas_engine *e, const char *name) {
-    return e->has_chat ? cas_chat_template_reads(&e->chat, name) : -1;
-}
+int cas_engine_chat_tools(const cas_engine *e) { return e->has_chat ? cas_chat_template_tools(&e->chat) : -1; }
 
 cas_status cas_engine_count_tokens(const cas_engine *e, const char *text, int32_t *n) {
     size_t len = strlen(text), cap = cas_tok_max_ids(e->tok, len), got = 0;

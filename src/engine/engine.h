@@ -256,10 +256,11 @@ cas_status cas_engine_apply_chat(const cas_engine *e, const cas_engine_msg *msgs
  * the conversation. *out is malloc'd; the caller frees it. Thread-safe. */
 cas_status cas_engine_apply_chat_json(const cas_engine *e, const char *context_json, char **out);
 
-/* Whether the model's chat template names the variable (e.g. "tools"): 1
- * yes, 0 no, -1 the template is not run by the interpreter or there is none
- * (cas_chat_template_reads). Thread-safe. */
-int cas_engine_chat_reads(const cas_engine *e, const char *name);
+/* How the model's chat template asks for tool calls (cas_chat_template_tools):
+ * 0 it never uses tools, 1 as Hermes-style <tool_call> blocks, 2 in another
+ * format; -1 the template is not run by the interpreter or there is none.
+ * Thread-safe. */
+int cas_engine_chat_tools(const cas_engine *e);
 
 /* Token count of a text as a prompt (for errors and usage before submit). */
 cas_status cas_engine_count_tokens(const cas_engine *e, const char *text, int32_t *n);

@@ -149,6 +149,7 @@ cas_status cas_chat_template_create(const char *jinja, const char *bos_token, co
         cas_log(CAS_LOG_WARN, "chat: %s; rendering with the built-in %s routine instead", why, cas_chat_kind_name(fam));
     }
     out->kind = fam == CAS_CHAT_UNKNOWN ? CAS_CHAT_JINJA : fam;
+    out->tool_call_tag = strstr(jinja, "<tool_call>") != NULL;
     if (fam == CAS_CHAT_CHATML) out->default_system = chatml_default_system(jinja);
     out->includes_bos = fam == CAS_CHAT_LLAMA3 ? (strstr(jinja, "bos_token") || strstr(jinja, "<|begin_of_text|>"))
                                                : (bos_token[0] && strstr(jinja, "bos_token") != NULL);
@@ -200,6 +201,12 @@ cas_status cas_chat_template_from_gguf(const cas_gguf *g, cas_chat_template *out
 int cas_chat_template_reads(const cas_chat_template *tpl, const char *name) {
     if (!tpl || !tpl->jinja) return -1;
     return cas_jinja_reads(tpl->jinja, name);
+}
+
+int cas_chat_template_tools(const cas_chat_template *tpl) {
+    int r = cas_chat_template_reads(tpl, "tools");
+    if (r <= 0) return r;
+    return tpl->tool_call_tag ? CAS_CHAT_TOOLS_HERMES : CAS_CHAT_TOOLS_OTHER;
 }
 
 void cas_chat_template_free(cas_chat_template *tpl) {

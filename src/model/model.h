@@ -352,6 +352,7 @@ typedef struct {
     cas_jinja *jinja;   /* the compiled template; NULL: the family's routine renders */
     char *bos_token;    /* the texts the template sees as bos_token and eos_token; owned */
     char *eos_token;
+    int tool_call_tag;  /* the source has the text "<tool_call>" (cas_chat_template_tools) */
 } cas_chat_template;
 
 /* Compiles a Jinja template string, with bos_token and eos_token as the
@@ -392,6 +393,19 @@ cas_status cas_chat_apply_json(const cas_chat_template *tpl, const char *context
  * (cas_jinja_reads), 0 if it renders it and never names it, -1 if the
  * interpreter does not render it (a family's routine does: no variables). */
 int cas_chat_template_reads(const cas_chat_template *tpl, const char *name);
+
+/* How a template asks the model to call tools. */
+typedef enum {
+    CAS_CHAT_TOOLS_NONE = 0,   /* it never names `tools`: tools would not reach the model */
+    CAS_CHAT_TOOLS_HERMES = 1, /* it names them and its text has "<tool_call>": calls come as
+                                  <tool_call>{"name", "arguments"}</tool_call> (Qwen2.5, Qwen3,
+                                  Hermes 2 Pro and 3) */
+    CAS_CHAT_TOOLS_OTHER = 2   /* it names them without that tag (Llama 3.1's bare JSON,
+                                  Mistral's [TOOL_CALLS], ...) */
+} cas_chat_tools;
+
+/* The template's cas_chat_tools, or -1 when the interpreter does not run it. */
+int cas_chat_template_tools(const cas_chat_template *tpl);
 
 /* ======================================================================
  * Llama-family forward pass on the CPU (llama.c)

@@ -19,7 +19,7 @@ static cas_status e_chat(void *ctx, const cas_engine_msg *msgs, int32_t n, char 
 static cas_status e_chat_json(void *ctx, const char *context_json, char **out) {
     return cas_engine_apply_chat_json(ctx, context_json, out);
 }
-static int e_chat_reads(void *ctx, const char *name) { return cas_engine_chat_reads(ctx, name); }
+static int e_chat_tools(void *ctx) { return cas_engine_chat_tools(ctx); }
 static cas_status e_count(void *ctx, const char *text, int32_t *n) { return cas_engine_count_tokens(ctx, text, n); }
 static const char *e_tok(void *ctx, int32_t id, size_t *len) { return cas_engine_token_text(ctx, id, len); }
 
@@ -34,7 +34,7 @@ cas_status cas_server_create(cas_server **out, cas_engine *e, const cas_server_o
         .context_length = e_ctx,
         .apply_chat = e_chat,
         .apply_chat_json = e_chat_json,
-        .chat_reads = e_chat_reads,
+        .chat_tools = e_chat_tools,
         .count_tokens = e_count,
         .token_text = e_tok,
     };

@@ -882,9 +882,10 @@ int cas_server_make_id(char *buf, size_t cap, const char *prefix) {
  * (apply_chat), or, when the request has tools, tool calls or results, or
  * chat_template_kwargs, over its JSON context (apply_chat_json), refused
  * with a 400 naming the field when the template cannot take it: one not run
- * by the Jinja interpreter, or tools for a template that never names
- * `tools` (the model would not see them). 0 with *text (malloc'd), or -1
- * with err. */
+ * by the Jinja interpreter; tools for a template that never names `tools`
+ * (the model would not see them) or that asks for calls in a format other
+ * than <tool_call> blocks (they would come back as text). 0 with *text
+ * (malloc'd), or -1 with err. */
 static int render_chat(cas_server *s, const cas_srv_parsed *p, char **text, cas_srv_error *err) {
     *text = NULL;
     if (!p->chat_json) {
@@ -898,11 +899,20 @@ static int render_chat(cas_server *s, const cas_srv_parsed *p, char **text, cas_
                           "'%s' is not supported by this server: it renders chats from roles and texts only", param);
         return -1;
     }
-    if (p->tools_rendered && s->ops.chat_reads && s->ops.chat_reads(s->ops.ctx, "tools") == 0) {
+    int format = p->tools_rendered && s->ops.chat_tools ? s->ops.chat_tools(s->ops.ctx) : -1;
+    if (format == 0) {
         cas_srv_error_set(err, 400, "invalid_request_error", NULL, "tools",
                           "This model's chat template never uses 'tools', so the model would not see them: send "
                           "no tools (or tool_choice \"none\"), or serve the model with a template that renders "
                           "them (cascade serve --chat-template FILE)");
+        return -1;
+    }
+    if (format == 2) {
+        cas_srv_error_set(err, 400, "invalid_request_error", NULL, "tools",
+                          "This model's chat template asks for tool calls in another format than <tool_call> "
+                          "blocks (Hermes style: Qwen2.5, Qwen3, Hermes), the only one this server reads, so its "
+                          "calls would come back as plain text: send no tools (or tool_choice \"none\"), or serve "
+                          "the model with a template that asks for <tool_call> blocks (--chat-template FILE)");
         return -1;
     }
     cas_status st = s->ops.apply_chat_json(s->ops.ctx, p->chat_json, text);

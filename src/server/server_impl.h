@@ -32,10 +32,11 @@ typedef struct {
     int32_t (*context_length)(void *ctx);
     cas_status (*apply_chat)(void *ctx, const cas_engine_msg *msgs, int32_t n, char **out);
     /* optional (NULL: such requests get a 400): the chat template over a JSON
-     * context (cas_engine_apply_chat_json), and whether the template names a
-     * variable: 1, 0, or -1 when it is not run by the Jinja interpreter */
+     * context (cas_engine_apply_chat_json), and how it asks for tool calls
+     * (cas_engine_chat_tools: 0 never, 1 <tool_call> blocks, 2 another
+     * format, -1 not run by the Jinja interpreter) */
     cas_status (*apply_chat_json)(void *ctx, const char *context_json, char **out);
-    int (*chat_reads)(void *ctx, const char *name);
+    int (*chat_tools)(void *ctx);
     cas_status (*count_tokens)(void *ctx, const char *text, int32_t *n);
     /* optional (NULL): the text of one token, for logprobs' alternatives */
     const char *(*token_text)(void *ctx, int32_t id, size_t *len);
