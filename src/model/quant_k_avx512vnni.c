@@ -33,6 +33,12 @@ static inline __m512i bc32(const void *p) {
     return _mm512_set1_epi32(v);
 }
 
+static inline __m256i bc32_256(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
 /* sc[j] holds the scale in both 16-bit halves: the low half, sign-extended */
 static inline __m512i scale32(const int32_t *sc) { return _mm512_set1_epi32((int32_t)(int16_t)(uint16_t)(uint32_t)*sc); }
 
@@ -299,17 +305,18 @@ void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r
 /* ---- the 32-element block types for a few tokens: eight rows in 256-bit lanes
  * Between one token and the token-lane kernels' threshold the lanes of those
  * kernels go mostly unused (two tokens in eight or sixteen lanes), and the
- * row kernels above read a row group once per token. Here a block's codes of
- * eight rows are decoded once and used by up to four tokens: for each token
- * one vpdpbusd per row gives the block's eight int32 partial sums, the eight
- * rows' partial sums are reduced by the horizontal-add transpose, and the
- * token's f32 chain goes on in its own accumulator. Q8_0's codes are taken
- * plus 128 (unsigned, as vpdpbusd wants) and each lane starts from minus 128
- * times its four x bytes' sum; Q5_0's offset of 16 comes off the block's sum
- * as in q5_group8. The integer sums are the exact ones and each token's f32
- * chain the canonical one of its type (quant_impl.h for quant.c's types,
- * quant_k.h for Q5_0 and Q5_1), so a token's results are the bits of its
- * matvec. x: quant.c's cas_q8x_block per block for Q8_0, Q4_0 and Q4_1,
+ * row kernels above read a row group once per token and reduce eight
+ * vectors of partial sums per token and block. Here each block's codes of
+ * eight rows are decoded once and transposed (vector g holds bytes 4g..4g+3
+ * of every row), so that for each of up to eight tokens eight vpdpbusd of
+ * those vectors against the token's four x bytes, broadcast, give the eight
+ * rows' block sums in the lanes, with no reduction per token; the token's
+ * f32 chain goes on in its own accumulator. Q8_0's codes are taken plus 128
+ * (unsigned, as vpdpbusd wants) and 128 times the block's x sum comes off;
+ * Q5_0's offset of 16 likewise. The integer sums are the exact ones and each
+ * token's f32 chain the canonical one of its type (quant_impl.h for quant.c's
+ * types, quant_k.h for Q5_0 and Q5_1), so a token's results are the bits of
+ * its matvec. x: quant.c's cas_q8x_block per block for Q8_0, Q4_0 and Q4_1,
  * cas_qk_quantize_x's cas_q8b_block for Q5_0 and Q5_1. */
 
 /* The 32 codes of the block at blk as unsigned bytes, in element order. */
@@ -320,6 +327,30 @@ static inline __m256i few_codes(const int t, const uint8_t *blk) {
     const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + (t == CAS_T_Q4_1 ? 4 : 2)));
     return _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(q), _mm256_set_epi64x(4, 4, 0, 0)),
                             _mm256_set1_epi8(15));
+}
+
+/* 8 x 8 transpose of 32-bit elements: o[g] lane r = c[r] lane g. */
+static inline void transpose8x8_i32(const __m256i c[8], __m256i o[8]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(c[0], c[1]), t1 = _mm256_unpackhi_epi32(c[0], c[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(c[2], c[3]), t3 = _mm256_unpackhi_epi32(c[2], c[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(c[4], c[5]), t5 = _mm256_unpackhi_epi32(c[4], c[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(c[6], c[7]), t7 = _mm256_unpackhi_epi32(c[6], c[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    o[0] = _mm256_permute2x128_si256(u0, u4, 0x20), o[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    o[2] = _mm256_permute2x128_si256(u2, u6, 0x20), o[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    o[4] = _mm256_permute2x128_si256(u0, u4, 0x31), o[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    o[6] = _mm256_permute2x128_si256(u2, u6, 0x31), o[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+/* The sum of the 32 signed bytes of v in every lane. */
+static inline __m256i bytesum_all(__m256i v) {
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v);
+    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4e));
+    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0xb1));
+    return _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x01));
 }
 
 /* MT tokens' f32 accumulators over the blocks of the eight rows at p[]
@@ -334,18 +365,19 @@ static inline __attribute__((always_inline)) void few_group(const int t, const i
     /* d (and m) of the eight rows' blocks by one gather, as in q5_group8 */
     const __m256i idx = _mm256_setr_epi32(0, (int)(p[1] - p[0]), (int)(p[2] - p[0]), (int)(p[3] - p[0]),
                                           (int)(p[4] - p[0]), (int)(p[5] - p[0]), (int)(p[6] - p[0]), (int)(p[7] - p[0]));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / 32; b++) {
         if (pf && (b & 3) == 0)
             for (size_t k = 0; k < pfl; k++) _mm_prefetch((const char *)pf + (size_t)b * 8 * bb + 64 * k, _MM_HINT_T0);
-        __m256i c[8];
+        __m256i c[8], tw[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) c[r] = few_codes(t, p[r] + (size_t)b * bb);
+        transpose8x8_i32(c, tw);
         const __m256i dm = _mm256_i32gather_epi32((const int *)(const void *)(p[0] + (size_t)b * bb), idx, 1);
         const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm));
         const __m256 mh = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16)));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < MT; i++) {
             const uint8_t *xi = xq + (size_t)i * xstride;
             const int8_t *xc;
@@ -358,13 +390,18 @@ static inline __attribute__((always_inline)) void few_group(const int t, const i
                 const cas_q8x_block *xb = (const cas_q8x_block *)(const void *)xi + b;
                 xc = xb->q, dxs = xb->d, sxf = xb->s;
             }
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)xc);
-            const __m256i init =
-                t == CAS_T_Q8_0 ? _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), x)) : zero;
-            __m256i s[8];
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) s[r] = _mm256_dpbusd_epi32(init, c[r], x);
-            __m256i is = hsum8_rows(s);
+            /* two chains of four, for the latency of vpdpbusd */
+            __m256i a0 = t == CAS_T_Q8_0
+                             ? _mm256_sub_epi32(zero, _mm256_slli_epi32(
+                                                          bytesum_all(_mm256_loadu_si256((const __m256i *)(const void *)xc)), 7))
+                             : zero;
+            __m256i a1 = zero;
+#pragma GCC unroll 4
+            for (int g = 0; g < 8; g += 2) {
+                a0 = _mm256_dpbusd_epi32(a0, tw[g], bc32_256(xc + 4 * g));
+                a1 = _mm256_dpbusd_epi32(a1, tw[g + 1], bc32_256(xc + 4 * g + 4));
+            }
+            __m256i is = _mm256_add_epi32(a0, a1);
             if (t == CAS_T_Q5_0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(16 * sxi));
             const __m256 dx = _mm256_set1_ps(dxs);
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(d, dx), acc[i]);
@@ -378,26 +415,33 @@ static inline __attribute__((always_inline)) void few_group(const int t, const i
 static inline __attribute__((always_inline)) void few_rows_t(const int t, const uint8_t *w, size_t rb, int64_t n,
                                                              int64_t r0, int64_t r1, int64_t rows, const uint8_t *xq,
                                                              size_t xstride, int64_t m, float *y) {
+    /* tokens in chunks of at most eight, as even as they come (11: 6 and 5) */
+    const int64_t chunks = (m + 7) / 8;
     for (int64_t r = r0; r < r1; r += 8) {
         const int64_t nr = r1 - r < 8 ? r1 - r : 8;
         const uint8_t *p[8];
         for (int64_t k = 0; k < 8; k++) p[k] = w + (size_t)(r + (k < nr ? k : 0)) * rb;
         const uint8_t *pf = nr == 8 && r + 16 <= r1 ? w + (size_t)(r + 8) * rb : NULL;
-        for (int64_t i0 = 0; i0 < m; i0 += 4) {
-            const int64_t k = m - i0 < 4 ? m - i0 : 4;
-            const uint8_t *xi = xq + (size_t)i0 * xstride, *pfi = i0 == 0 ? pf : NULL;
-            __m256 acc[4];
+        for (int64_t c = 0, i0 = 0; c < chunks; c++) {
+            const int64_t k = (m - i0) / (chunks - c);
+            const uint8_t *xi = xq + (size_t)i0 * xstride, *pfi = c == 0 ? pf : NULL;
+            __m256 acc[8];
             switch (k) {
             case 1: few_group(t, 1, p, n, xi, xstride, pfi, acc); break;
             case 2: few_group(t, 2, p, n, xi, xstride, pfi, acc); break;
             case 3: few_group(t, 3, p, n, xi, xstride, pfi, acc); break;
-            default: few_group(t, 4, p, n, xi, xstride, pfi, acc); break;
+            case 4: few_group(t, 4, p, n, xi, xstride, pfi, acc); break;
+            case 5: few_group(t, 5, p, n, xi, xstride, pfi, acc); break;
+            case 6: few_group(t, 6, p, n, xi, xstride, pfi, acc); break;
+            case 7: few_group(t, 7, p, n, xi, xstride, pfi, acc); break;
+            default: few_group(t, 8, p, n, xi, xstride, pfi, acc); break;
             }
             for (int64_t i = 0; i < k; i++) {
                 float out[8];
                 _mm256_storeu_ps(out, acc[i]);
                 for (int64_t j = 0; j < nr; j++) y[(i0 + i) * rows + r + j] = out[j];
             }
+            i0 += k;
         }
     }
 }
