@@ -56,7 +56,8 @@
  * stream runs the same reader per choice as the text comes, sends content
  * deltas as soon as they cannot belong to a call, and each call, once its
  * block has closed, as one delta.tool_calls chunk. render_chat refuses
- * (400) tools for a template that never names them rather than drop them.
+ * (400) tools for a template that never names them, or that asks for calls
+ * in another format, rather than drop them or return the calls as text.
  *
  * Drain. cas_server_drain makes new requests 503 and /health 503 while the
  * admitted requests (a list, under s->mu) run to their end; cas_server_abort_all
@@ -1173,9 +1174,11 @@ static int check_model_field(cas_server *s, json_t *o, cas_srv_error *err) {
 }
 
 /* POST /tokenize {"model", "prompt" | "messages", "add_special_tokens",
- * "add_generation_prompt", "return_token_strs"} -> {"count", "max_model_len",
- * "tokens", "token_strs"}. Messages are validated by the chat parser and
- * rendered by the chat template, as a chat request's would be. */
+ * "add_generation_prompt", "return_token_strs", and with messages "tools",
+ * "tool_choice", "parallel_tool_calls", "chat_template_kwargs"} ->
+ * {"count", "max_model_len", "tokens", "token_strs"}. Messages and the tool
+ * fields are validated by the chat parser and rendered by the chat template
+ * (render_chat), as a chat request's would be. */
 static enum MHD_Result tokenize(srv_req *r) {
     cas_server *s = r->s;
     cas_srv_error err;
