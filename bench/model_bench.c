@@ -15,6 +15,10 @@
  * (--no-batch-invariance: the fastest attention plans instead of the
  * batch-invariant ones, cas_model_opts.batch_invariant = 0; --mmap: the
  * weights in the file's mapping, cas_model_opts.mmap_weights = 1)
+ *        model_bench MODEL THREADS --sweep 1,2,4,... > result.json
+ * (the many-sequence run alone for each count: prefill and decode tokens/s
+ * of that many sequences of 64 prompt tokens and 64 decode steps, the shape
+ * of llama-batched-bench -npp 64 -ntg 64 -npl COUNT; bench/seqs_sweep.sh)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,7 +105,43 @@ static void run(cas_model *m, int nseq, int plen, int reps, double *pre_tps, dou
     cas_model_kv_destroy(kv);
 }
 
+/* model_bench MODEL THREADS --sweep LIST */
+static int sweep(const char *path, int threads, const char *list) {
+    int counts[64], nc = 0, most = 0;
+    for (const char *p = list; *p && nc < 64;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 512) {
+            fprintf(stderr, "model_bench: --sweep wants counts 1..512 separated by commas: %s\n", list);
+            return 2;
+        }
+        counts[nc++] = (int)v;
+        if (v > most) most = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    cas_model_opts o = cas_model_opts_default();
+    o.threads = threads;
+    o.max_batch_tokens = 512;
+    o.max_seqs = most;
+    cas_model *m = NULL;
+    if (cas_model_load(path, &o, &m)) die(path);
+    printf("{\n  \"model\": \"%s\",\n  \"threads\": %d,\n  \"simd\": \"%s\",\n  \"batch_simd\": \"%s\",\n"
+           "  \"prompt_tokens_each\": %d,\n  \"decode_steps\": %d,\n  \"sweep\": [",
+           path, threads, cas_q_simd_name(), cas_q_batch_simd_name(), MPREFILL, DECODE);
+    for (int i = 0; i < nc; i++) {
+        double p, d;
+        run(m, counts[i], MPREFILL, 2, &p, &d);
+        printf("%s\n    {\"sequences\": %d, \"prefill_tokens_per_s\": %.1f, \"decode_tokens_per_s\": %.1f}",
+               i ? "," : "", counts[i], p, d);
+        fprintf(stderr, "%d seqs: prefill %.0f, decode %.1f tok/s\n", counts[i], p, d);
+    }
+    printf("\n  ]\n}\n");
+    cas_model_destroy(m);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[3], "--sweep")) return sweep(argv[1], atoi(argv[2]), argv[4]);
     int inv = 1, mmap_w = 0;
     for (int k = 0; k < 2; k++) {
         if (argc > 3 && !strcmp(argv[argc - 1], "--no-batch-invariance")) inv = 0, argc--;

@@ -10,39 +10,14 @@
 # only ever slows a run down). Writes bench/results/cpu-vs-llamacpp.json and
 # .png (bench/vs_llamacpp.py).
 #
-# llama.cpp comes from the source the reference fixtures use (the llama-cpp-python
-# sdist; tools/make_reference_logits.sh fetches it), built here as its README
-# says (cmake Release, native, its OpenMP threads) in a directory of its own.
-# The files are the default model requantized by llama.cpp's llama-quantize
-# (WHAT=quants-default of that script, run when they are missing).
+# The files and the llama.cpp build: bench/llamacpp_env.sh.
 #   usage: bash bench/vs_llamacpp.sh [THREADS]   (env: TYPES, ROUNDS, REF_DIR, RAW_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-2}
 ROUNDS=${ROUNDS:-3}
 TYPES=${TYPES:-"Q4_K_M Q6_K Q8_0 Q4_1"}
-REF_DIR=${REF_DIR:-/tmp/cascade-ref}
-VER=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
-L="$REF_DIR/llama_cpp_python-$VER/vendor/llama.cpp"
-B="$L/build-bench"
-file_of() {
-  if [ "$1" = Q4_1 ]; then echo models/SmolLM2-135M-Instruct.Q4_1.gguf
-  else echo "models/quants/SmolLM2-135M-Instruct.$1.gguf"; fi
-}
-[ -f models/SmolLM2-135M-Instruct.Q4_1.gguf ] || make model
-for t in $TYPES; do
-  [ -f "$(file_of "$t")" ] || { WHAT=quants-default bash tools/make_reference_logits.sh > /dev/null; break; }
-done
-if [ ! -x "$B/bin/llama-bench" ] || [ ! -x "$B/bin/llama-batched-bench" ]; then
-  [ -d "$L" ] || WHAT=templates bash tools/make_reference_logits.sh > /dev/null  # fetches the sdist
-  cmake -S "$L" -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF > /dev/null
-  cmake --build "$B" -j"$(nproc)" --target llama-bench llama-batched-bench > /dev/null
-fi
-BUILD=${BUILD:-build}
-make -s BUILD="$BUILD" -j"$(nproc)" "$BUILD/libcascade.a"
-LIBS=$(pkg-config --libs libpcre2-8 libxxhash jansson libmicrohttpd 2>/dev/null || true)
-cc -std=c11 -O2 -fopenmp -D_GNU_SOURCE -o "$BUILD/model_bench" bench/model_bench.c "$BUILD/libcascade.a" \
-  $LIBS -lm -lpthread
+. bench/llamacpp_env.sh
 # the raw outputs of every run (kept where RAW_DIR names a directory)
 if [ -n "${RAW_DIR:-}" ]; then W=$RAW_DIR; mkdir -p "$W"; else W=$(mktemp -d); trap 'rm -rf "$W"' EXIT; fi
 for r in $(seq "$ROUNDS"); do
@@ -58,7 +33,6 @@ for r in $(seq "$ROUNDS"); do
     done
   done
 done
-COMMIT=$(git -C "$L" rev-parse HEAD 2> /dev/null || echo "llama-cpp-python $VER")
 mkdir -p bench/results
 python3 bench/vs_llamacpp.py --dir "$W" --types "$TYPES" --rounds "$ROUNDS" --threads "$THREADS" \
   --llama-commit "$COMMIT" --sdist "llama-cpp-python $VER" --out bench/results/cpu-vs-llamacpp

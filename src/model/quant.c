@@ -318,7 +318,9 @@ const char *cas_q_simd_name(void) { return cpu_has_avx2() ? "avx2" : "generic"; 
 /* AMX for a batched call under AUTO */
 static int auto_amx(void) { return cas_q_amx_available(); }
 
-const char *cas_q_batch_simd_name(void) { return auto_amx() ? "amx" : cas_q_simd_name(); }
+const char *cas_q_batch_simd_name(void) {
+    return auto_amx() ? "amx" : cpu_has_avx2() && cas_qk_avx512_available() ? "avx512-vnni" : cas_q_simd_name();
+}
 
 /* 1 for AVX2, 0 for portable, -1 (error recorded) when AVX2 is asked for
  * but missing. */
