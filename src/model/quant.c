@@ -510,7 +510,7 @@ cas_status cas_q_matmul(int t, const void *w, int64_t rows, int64_t n, const flo
     }
     /* AVX-512 VNNI: sixteen tokens in the lanes (quant_k_avx512vnni.c's 32-element kernel) */
     const int vnni = !amx && avx2 && quant && best && cas_qk_avx512_available();
-    /* a few tokens: eight rows in the lanes, codes decoded once for up to four tokens */
+    /* up to CAS_Q_FEW_MAX_M tokens: eight rows in the lanes, codes decoded once for up to eight tokens */
     const int few = vnni && m > 1 && m <= CAS_Q_FEW_MAX_M;
     const int v16 = vnni && !few && m >= CAS_QK_LANE16_MIN_M;
     const int lanes = !amx && !v16 && !few && avx2 && quant && m > 1;

@@ -561,7 +561,7 @@ int cas_qk_avx512_available(void) {
 
 /* Token lanes: 16 (AVX-512), 8 (AVX2) or none (row kernels). */
 static int lanes_for(int t, int64_t m, int level) {
-    if (level >= 2 && (t == CAS_T_Q5_0 || t == CAS_T_Q5_1) && m <= CAS_Q_FEW_MAX_M) return 0; /* cas_qk_avx512_rows_few */
+    if (level >= 2 && m <= (cas_qk_b32(t) ? CAS_Q_FEW_MAX_M : CAS_QK_FEW_MAX_M)) return 0; /* row kernels */
     return level >= 2 && m >= CAS_QK_LANE16_MIN_M ? 16 : level >= 1 && m >= CAS_QK_LANE_MIN_M ? 8 : 0;
 }
 

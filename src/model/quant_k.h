@@ -203,8 +203,10 @@ void cas_qk_avx2_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64
  * (sixteen tokens in the lanes) where they may run. */
 #define CAS_QK_LANE16_MIN_M 12
 
-/* As cas_qk_avx2_rows (the same bits), Q5_0 and Q5_1 on AVX-512VL with VNNI
- * in 256-bit vectors; the other types go to cas_qk_avx2_rows. */
+/* As cas_qk_avx2_rows (the same bits) on AVX-512VL with VNNI in 256-bit
+ * vectors: one token of Q5_0 and Q5_1 by their own row kernel, several by
+ * cas_qk_avx512_rows_few (the super-block types from CAS_QK_FEW_MIN_M); the
+ * rest go to cas_qk_avx2_rows. */
 void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                         const uint8_t *xq, size_t xstride, int64_t m, float *y);
 
@@ -214,13 +216,24 @@ void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r
 void cas_qk_avx512_rows_lanes(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                               const void *x16, int64_t m, float *y, void *tile);
 
-/* Calls of 2 to CAS_Q_FEW_MAX_M tokens for the 32-element block types Q8_0,
- * Q4_0, Q4_1 (quant.c's, x as cas_q8x_block[n / 32] per token) and Q5_0,
- * Q5_1 (x as cas_qk_quantize_x makes it): rows [r0, r1) against m tokens
- * (token i's x at xq + i * xstride bytes) into Y[m][rows], eight rows in the
- * lanes and each block's codes decoded once for up to four tokens; the bits
- * of each token's matvec. */
-#define CAS_Q_FEW_MAX_M 11
+/* Calls of a few tokens on AVX-512VL VNNI (quant_k_avx512vnni.c): rows
+ * [r0, r1) against m tokens (token i's x at xq + i * xstride bytes) into
+ * Y[m][rows], eight rows in the lanes and each block's codes decoded once
+ * for up to eight tokens; the bits of each token's matvec. The 32-element
+ * block types take it for 2 to CAS_Q_FEW_MAX_M tokens: Q8_0, Q4_0, Q4_1
+ * (quant.c's, x as cas_q8x_block[n / 32] per token) and IQ4_NL, Q5_0, Q5_1
+ * (x as cas_qk_quantize_x makes it); the super-block types for
+ * CAS_QK_FEW_MIN_M to CAS_QK_FEW_MAX_M (x likewise). Measured with the
+ * weights streamed from memory (2 threads, Zen 4): against the token-lane
+ * kernels the 32-element types' kernel is faster up to 24 tokens and even at
+ * 32 (Q4_1 49152 x 576, 16 tokens: 2.9 vs 4.0 ms); the super-block types'
+ * (their rows decoded and transposed per super-block) is slower than the
+ * per-token row kernel at 2 tokens (Q4_K 9216 x 2304: 0.96 vs 0.72 ms),
+ * even at 3 and faster from 4 (1.12 vs 1.44 ms), and even with the 16-token
+ * kernel at 12. */
+#define CAS_Q_FEW_MAX_M 31
+#define CAS_QK_FEW_MIN_M 3
+#define CAS_QK_FEW_MAX_M 11
 void cas_qk_avx512_rows_few(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                             const void *xq, size_t xstride, int64_t m, float *y);
 

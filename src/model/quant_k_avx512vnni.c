@@ -292,7 +292,7 @@ static inline __attribute__((always_inline)) void q5_rows_t(const int t, const u
 
 void cas_qk_avx512_rows(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                         const uint8_t *xq, size_t xstride, int64_t m, float *y) {
-    if ((t == CAS_T_Q5_0 || t == CAS_T_Q5_1) && m > 1)
+    if (m >= (cas_qk_b32(t) ? 2 : CAS_QK_FEW_MIN_M))
         cas_qk_avx512_rows_few(t, w, rb, n, r0, r1, rows, xq, xstride, m, y);
     else if (t == CAS_T_Q5_0)
         q5_rows_t(CAS_T_Q5_0, w, rb, n, r0, r1, rows, xq, xstride, m, y);
@@ -325,8 +325,13 @@ static inline __m256i few_codes(const int t, const uint8_t *blk) {
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)), _mm256_set1_epi8(-128));
     if (t == CAS_T_Q5_0 || t == CAS_T_Q5_1) return q5_codes_vl(blk + (t == CAS_T_Q5_1 ? 4 : 2));
     const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)(blk + (t == CAS_T_Q4_1 ? 4 : 2)));
-    return _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(q), _mm256_set_epi64x(4, 4, 0, 0)),
-                            _mm256_set1_epi8(15));
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(q), _mm256_set_epi64x(4, 4, 0, 0)),
+                                         _mm256_set1_epi8(15));
+    if (t == CAS_T_IQ4_NL) { /* the table's values plus 128 */
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)cas_qk_iq4_values));
+        return _mm256_xor_si256(_mm256_shuffle_epi8(table, nib), _mm256_set1_epi8(-128));
+    }
+    return nib;
 }
 
 /* 8 x 8 transpose of 32-bit elements: o[g] lane r = c[r] lane g. */
@@ -360,7 +365,7 @@ static inline __attribute__((always_inline)) void few_group(const int t, const i
                                                             const uint8_t *pf, __m256 *acc) {
     const size_t bb = (size_t)cas_ttype_block_bytes(t);
     const size_t pfl = (4 * 8 * bb + 63) / 64; /* cache lines of the next group per 4 blocks */
-    const int q5 = t == CAS_T_Q5_0 || t == CAS_T_Q5_1;
+    const int q5 = t == CAS_T_Q5_0 || t == CAS_T_Q5_1 || t == CAS_T_IQ4_NL; /* x as cas_qk_quantize_x makes it */
     const __m256i zero = _mm256_setzero_si256();
     /* d (and m) of the eight rows' blocks by one gather, as in q5_group8 */
     const __m256i idx = _mm256_setr_epi32(0, (int)(p[1] - p[0]), (int)(p[2] - p[0]), (int)(p[3] - p[0]),
@@ -391,7 +396,7 @@ static inline __attribute__((always_inline)) void few_group(const int t, const i
                 xc = xb->q, dxs = xb->d, sxf = xb->s;
             }
             /* two chains of four, for the latency of vpdpbusd */
-            __m256i a0 = t == CAS_T_Q8_0
+            __m256i a0 = t == CAS_T_Q8_0 || t == CAS_T_IQ4_NL
                              ? _mm256_sub_epi32(zero, _mm256_slli_epi32(
                                                           bytesum_all(_mm256_loadu_si256((const __m256i *)(const void *)xc)), 7))
                              : zero;
@@ -446,6 +451,140 @@ static inline __attribute__((always_inline)) void few_rows_t(const int t, const 
     }
 }
 
+/* ---- the super-block types for a few tokens ----------------------------------
+ * The same for Q2_K .. Q6_K and IQ4_XS: the eight rows' super-block decoded
+ * once by the token-lane kernels' decoder (cas_qk_tblk) for up to eight
+ * tokens; each 32 codes of the eight rows transposed into the lanes, the
+ * sub-block scales and the bsum pairs' factors (sp) too. Per token and 32
+ * codes, eight vpdpbusd against its x bytes broadcast give the rows' sums in
+ * the lanes, one vpmulld per sub-block applies its scale (as lane_sums16), the
+ * offsets or minimums come from vpdpwssd of sp against the token's bsum
+ * pairs, and the f32 chain is lanes16_t's: the bits of each token's matvec. */
+static inline __attribute__((always_inline)) void kfew_group(const int t, const int MT, const uint8_t *const *p,
+                                                             int64_t nb, const uint8_t *xq, size_t xstride,
+                                                             const uint8_t *pf, cas_qk_tblk *k, __m256 *acc) {
+    const size_t bb = (size_t)cas_ttype_block_bytes(t);
+    const size_t pfl = (8 * bb + 63) / 64; /* cache lines of the next group per super-block */
+    const int sub16 = t == CAS_T_Q2_K || t == CAS_T_Q3_K || t == CAS_T_Q6_K;
+    const int mins = t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q2_K;
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i kidx = _mm256_setr_epi32(0, 1 * CAS_QK_TILE_BLOCK_BYTES, 2 * CAS_QK_TILE_BLOCK_BYTES,
+                                           3 * CAS_QK_TILE_BLOCK_BYTES, 4 * CAS_QK_TILE_BLOCK_BYTES,
+                                           5 * CAS_QK_TILE_BLOCK_BYTES, 6 * CAS_QK_TILE_BLOCK_BYTES,
+                                           7 * CAS_QK_TILE_BLOCK_BYTES);
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t o = (size_t)b * bb;
+        /* decoded once per super-block; the next group's lines spread over the rows */
+        for (int r = 0; r < 8; r++) {
+            if (pf)
+                for (size_t l = (size_t)r * pfl / 8; l < (size_t)(r + 1) * pfl / 8; l++)
+                    _mm_prefetch((const char *)pf + 8 * o + 64 * l, _MM_HINT_T0);
+            cas_qk_avx2_decode(t, p[r] + o, k + r, 1);
+        }
+        /* sub-block scales, sign-extended from their low halves, and the sp pairs, in the lanes */
+        __m256i scv[16], spv[8], v[8];
+        for (int h = 0; h < (sub16 ? 2 : 1); h++) {
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(const void *)(k[r].sc + 8 * h));
+            transpose8x8_i32(v, scv + 8 * h);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) scv[8 * h + j] = _mm256_srai_epi32(_mm256_slli_epi32(scv[8 * h + j], 16), 16);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(const void *)k[r].sp);
+        transpose8x8_i32(v, spv);
+        __m256i is[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < MT; i++) is[i] = zero;
+        for (int j = 0; j < 8; j++) {
+            __m256i tw[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_si256((const __m256i *)(const void *)(k[r].c + 32 * j));
+            transpose8x8_i32(v, tw);
+#pragma GCC unroll 8
+            for (int i = 0; i < MT; i++) {
+                const cas_q8k_block *xb = (const cas_q8k_block *)(const void *)(xq + (size_t)i * xstride) + b;
+                const int8_t *xc = xb->q + 32 * j;
+                __m256i a0 = _mm256_dpbusd_epi32(zero, tw[0], bc32_256(xc));
+                __m256i a1 = _mm256_dpbusd_epi32(zero, tw[sub16 ? 4 : 1], bc32_256(xc + (sub16 ? 16 : 4)));
+                if (sub16) {
+#pragma GCC unroll 3
+                    for (int g = 1; g < 4; g++) {
+                        a0 = _mm256_dpbusd_epi32(a0, tw[g], bc32_256(xc + 4 * g));
+                        a1 = _mm256_dpbusd_epi32(a1, tw[4 + g], bc32_256(xc + 16 + 4 * g));
+                    }
+                    is[i] = _mm256_add_epi32(is[i], _mm256_mullo_epi32(a0, scv[2 * j]));
+                    is[i] = _mm256_add_epi32(is[i], _mm256_mullo_epi32(a1, scv[2 * j + 1]));
+                } else {
+#pragma GCC unroll 3
+                    for (int g = 2; g < 8; g += 2) {
+                        a0 = _mm256_dpbusd_epi32(a0, tw[g], bc32_256(xc + 4 * g));
+                        a1 = _mm256_dpbusd_epi32(a1, tw[g + 1], bc32_256(xc + 4 * g + 4));
+                    }
+                    __m256i a = _mm256_add_epi32(a0, a1);
+                    if (t == CAS_T_IQ4_XS) /* the table values stored plus 128 */
+                        a = _mm256_sub_epi32(a, _mm256_set1_epi32(128 * (xb->bsum[2 * j] + xb->bsum[2 * j + 1])));
+                    is[i] = _mm256_add_epi32(is[i], _mm256_mullo_epi32(a, scv[j]));
+                }
+            }
+        }
+        const __m256 dv = _mm256_i32gather_ps(&k[0].d, kidx, 1);
+        const __m256 dminv = _mm256_i32gather_ps(&k[0].dmin, kidx, 1);
+#pragma GCC unroll 8
+        for (int i = 0; i < MT; i++) {
+            const cas_q8k_block *xb = (const cas_q8k_block *)(const void *)(xq + (size_t)i * xstride) + b;
+            __m256i im = zero;
+            if (t != CAS_T_IQ4_XS) {
+                __m256i om = zero;
+#pragma GCC unroll 8
+                for (int q = 0; q < 8; q++) om = _mm256_dpwssd_epi32(om, spv[q], bc32_256(&xb->bsum[2 * q]));
+                if (t == CAS_T_Q6_K) is[i] = _mm256_sub_epi32(is[i], _mm256_slli_epi32(om, 5));
+                else if (t == CAS_T_Q3_K) is[i] = _mm256_sub_epi32(is[i], _mm256_slli_epi32(om, 2));
+                else im = om;
+            }
+            const __m256 dx = _mm256_set1_ps(xb->d);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(dv, dx), acc[i]);
+            if (mins) acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(dminv, dx), acc[i]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void kfew_rows_t(const int t, const uint8_t *w, size_t rb, int64_t n,
+                                                              int64_t r0, int64_t r1, int64_t rows, const uint8_t *xq,
+                                                              size_t xstride, int64_t m, float *y) {
+    const int64_t chunks = (m + 7) / 8, nb = n / CAS_QK_SUPER;
+    cas_qk_tblk k[8];
+    for (int64_t r = r0; r < r1; r += 8) {
+        const int64_t nr = r1 - r < 8 ? r1 - r : 8;
+        const uint8_t *p[8];
+        for (int64_t j = 0; j < 8; j++) p[j] = w + (size_t)(r + (j < nr ? j : 0)) * rb;
+        const uint8_t *pf = nr == 8 && r + 16 <= r1 ? w + (size_t)(r + 8) * rb : NULL;
+        for (int64_t c = 0, i0 = 0; c < chunks; c++) {
+            const int64_t kt = (m - i0) / (chunks - c);
+            const uint8_t *xi = xq + (size_t)i0 * xstride, *pfi = c == 0 ? pf : NULL;
+            __m256 acc[8];
+            switch (kt) {
+            case 1: kfew_group(t, 1, p, nb, xi, xstride, pfi, k, acc); break;
+            case 2: kfew_group(t, 2, p, nb, xi, xstride, pfi, k, acc); break;
+            case 3: kfew_group(t, 3, p, nb, xi, xstride, pfi, k, acc); break;
+            case 4: kfew_group(t, 4, p, nb, xi, xstride, pfi, k, acc); break;
+            case 5: kfew_group(t, 5, p, nb, xi, xstride, pfi, k, acc); break;
+            case 6: kfew_group(t, 6, p, nb, xi, xstride, pfi, k, acc); break;
+            case 7: kfew_group(t, 7, p, nb, xi, xstride, pfi, k, acc); break;
+            default: kfew_group(t, 8, p, nb, xi, xstride, pfi, k, acc); break;
+            }
+            for (int64_t i = 0; i < kt; i++) {
+                float out[8];
+                _mm256_storeu_ps(out, acc[i]);
+                for (int64_t j = 0; j < nr; j++) y[(i0 + i) * rows + r + j] = out[j];
+            }
+            i0 += kt;
+        }
+    }
+}
+
 void cas_qk_avx512_rows_few(int t, const uint8_t *w, size_t rb, int64_t n, int64_t r0, int64_t r1, int64_t rows,
                             const void *xq, size_t xstride, int64_t m, float *y) {
     switch (t) {
@@ -454,6 +593,13 @@ void cas_qk_avx512_rows_few(int t, const uint8_t *w, size_t rb, int64_t n, int64
     case CAS_T_Q4_1: few_rows_t(CAS_T_Q4_1, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     case CAS_T_Q5_0: few_rows_t(CAS_T_Q5_0, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     case CAS_T_Q5_1: few_rows_t(CAS_T_Q5_1, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_IQ4_NL: few_rows_t(CAS_T_IQ4_NL, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q2_K: kfew_rows_t(CAS_T_Q2_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q3_K: kfew_rows_t(CAS_T_Q3_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q4_K: kfew_rows_t(CAS_T_Q4_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q5_K: kfew_rows_t(CAS_T_Q5_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q6_K: kfew_rows_t(CAS_T_Q6_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_IQ4_XS: kfew_rows_t(CAS_T_IQ4_XS, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     default: break;
     }
 }
