@@ -64,7 +64,7 @@ void cas_attn_item_generic(const cas_attn_plan *p, const cas_attn_item *it, cons
             float s = 0.0f;
             for (int32_t d = 0; d < D; d++) s += qr[d] * load_kv(pool->k, p->shape.kv_dtype, base + d);
             s *= scale;
-            if (cap > 0.0f) s = cap * tanhf(s / cap);
+            if (cap > 0.0f) s = cap * cas_tanhf(s * (1.0f / cap)); /* the SIMD kernels' bits */
             float mn = s > m ? s : m;
             float alpha = expf(m - mn), w = expf(s - mn);
             l = l * alpha + w;

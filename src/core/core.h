@@ -1,8 +1,9 @@
 /*
  * core.h: the bottom layer of cascade. Status codes and error messages,
  * logging, aligned allocation, timing, CPU feature detection and machine
- * measurements, float16/bfloat16 conversion and .npy output. Every other
- * layer includes this header and nothing below it.
+ * measurements, float16/bfloat16 conversion, vectorized tanh and GELU with
+ * fixed bits, and .npy output. Every other layer includes this header and
+ * nothing below it.
  *
  * Errors: library functions return a cas_status and record a message in a
  * thread-local buffer (cas_last_error()); they never exit or abort on bad
@@ -137,6 +138,30 @@ int cas_cpu_amx_ready(void);
  * 0 if the buffer cannot be allocated. Each runs for a fraction of a second. */
 double cas_measure_read_bandwidth(size_t bytes, int threads);
 double cas_measure_fma_flops(int threads);
+
+/* ---- elementwise math ------------------------------------------------- */
+
+/* tanh and the tanh-form GELU over float arrays, vectorized (AVX-512, AVX2)
+ * and giving the same bits on every level, at every position of an array
+ * and for every array length: the vector versions do the scalar ones'
+ * IEEE operations lane for lane and finish their tails with them
+ * (core_math.c). So a caller may split an array among threads any way it
+ * likes, or pick any level, without changing a value. Accuracy against
+ * float64 (tests/test_core.c): tanh within 3e-7 relative (measured 1.7e-7);
+ * GELU within 1e-6 + 2e-7 |2z| relative for |x| <= 10 (the rounding of
+ * the exp argument 2z is what grows for negative x). tanh(+-0) = +-0,
+ * tanh(+-inf) = +-1, NaN stays NaN. Thread-safe; nothing allocated. */
+float cas_tanhf(float x);
+/* x / (1 + exp(-2z)), z = sqrt(2/pi) x (1 + 0.044715 x^2): 0.5 x (1 + tanh z) */
+float cas_geluf(float x);
+/* x[i] = out * tanh(in * x[i]), in place (a soft cap: in = 1 / cap, out = cap) */
+void cas_tanh_scaled(float *x, int64_t n, float in, float out);
+/* h[i] = gelu(g[i]) * u[i] (GeGLU); h may be g or u */
+void cas_gelu_mul(const float *g, const float *u, float *h, int64_t n);
+/* The same at a given level (tests and benchmarks): AUTO is the CPU's
+ * widest, a level the CPU lacks falls back to the widest it has. */
+void cas_tanh_scaled_at(cas_simd_level lvl, float *x, int64_t n, float in, float out);
+void cas_gelu_mul_at(cas_simd_level lvl, const float *g, const float *u, float *h, int64_t n);
 
 /* ---- number formats --------------------------------------------------- */
 

@@ -1068,14 +1068,10 @@ static void prep_residual_norm(void *ctx, int64_t t) {
     norm_row(m, m->xb + t * E, m->x + t * E, c->norm);
 }
 
-/* GELU, tanh approximation (Gemma's gelu_pytorch_tanh), times up: GeGLU. */
-static void gelu_mul(const float *g, const float *u, float *h, int64_t n) {
-    const float k = 0.79788456080286535588f; /* sqrt(2 / pi) */
-    for (int64_t i = 0; i < n; i++) {
-        float x = g[i];
-        h[i] = 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x))) * u[i];
-    }
-}
+/* GELU, tanh approximation (Gemma's gelu_pytorch_tanh), times up: GeGLU.
+ * src/core's vector version: the same bits on every level and at every
+ * position, so portable and SIMD models, and any split of the rows, agree. */
+static void gelu_mul(const float *g, const float *u, float *h, int64_t n) { cas_gelu_mul(g, u, h, n); }
 
 static void prep_swiglu(void *ctx, int64_t t) {
     const prep_ctx *c = ctx;
@@ -1392,11 +1388,13 @@ cas_status cas_model_forward(cas_model *m, cas_model_kv *kv, const cas_model_bat
     for (int32_t i = 0; i < NL; i++) norm_row(m, m->xl + (int64_t)i * E, m->x + (int64_t)lrows[i] * E, m->out_norm);
     if (NL > 0 && (st = matmul(m, &m->output, m->xl, NL, logits))) return st;
     if (c->final_softcap > 0) {
-        /* as llama.cpp computes it: scaled by 1 / cap, tanh, scaled by cap */
+        /* as llama.cpp computes it: scaled by 1 / cap, tanh, scaled by cap;
+         * src/core's vector tanh gives every element the same bits wherever
+         * the chunks of the threads split the rows */
         const float cap = c->final_softcap, inv = 1.0f / cap;
-        const int64_t n = (int64_t)NL * c->n_vocab;
+        const int64_t n = (int64_t)NL * c->n_vocab, chunk = 16384;
 #pragma omp parallel for num_threads(m->nt) schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) logits[i] = cap * tanhf(logits[i] * inv);
+        for (int64_t i = 0; i < n; i += chunk) cas_tanh_scaled(logits + i, n - i < chunk ? n - i : chunk, inv, cap);
     }
     return CAS_OK;
 }
