@@ -15,6 +15,7 @@ THREADS=${1:-2}
 ROUNDS=${ROUNDS:-2}
 TYPES=${TYPES:-"Q4_K_M Q8_0 Q4_1"}
 NPL=${NPL:-"1 2 3 4 6 8 12 16 32"}
+CASCADE_COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo "+changes")
 . bench/llamacpp_env.sh
 W=$(mktemp -d)
 trap 'rm -rf "$W"; [ -z "${BASE:-}" ] || git worktree remove --force "$W/base" 2> /dev/null || true' EXIT
@@ -44,4 +45,4 @@ done
 mkdir -p bench/results
 python3 bench/seqs_sweep.py --dir "$W" --types "$TYPES" --rounds "$ROUNDS" --threads "$THREADS" \
   --llama-commit "$COMMIT" --sdist "llama-cpp-python $VER" --base "${BASE:-}" \
-  --cascade-commit "$(git rev-parse --short HEAD)" --out bench/results/cpu-seqs-sweep
+  --cascade-commit "$CASCADE_COMMIT" --out bench/results/cpu-seqs-sweep
