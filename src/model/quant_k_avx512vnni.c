@@ -417,39 +417,6 @@ static inline __attribute__((always_inline)) void few_group(const int t, const i
     }
 }
 
-static inline __attribute__((always_inline)) void few_rows_t(const int t, const uint8_t *w, size_t rb, int64_t n,
-                                                             int64_t r0, int64_t r1, int64_t rows, const uint8_t *xq,
-                                                             size_t xstride, int64_t m, float *y) {
-    /* tokens in chunks of at most eight, as even as they come (11: 6 and 5) */
-    const int64_t chunks = (m + 7) / 8;
-    for (int64_t r = r0; r < r1; r += 8) {
-        const int64_t nr = r1 - r < 8 ? r1 - r : 8;
-        const uint8_t *p[8];
-        for (int64_t k = 0; k < 8; k++) p[k] = w + (size_t)(r + (k < nr ? k : 0)) * rb;
-        const uint8_t *pf = nr == 8 && r + 16 <= r1 ? w + (size_t)(r + 8) * rb : NULL;
-        for (int64_t c = 0, i0 = 0; c < chunks; c++) {
-            const int64_t k = (m - i0) / (chunks - c);
-            const uint8_t *xi = xq + (size_t)i0 * xstride, *pfi = c == 0 ? pf : NULL;
-            __m256 acc[8];
-            switch (k) {
-            case 1: few_group(t, 1, p, n, xi, xstride, pfi, acc); break;
-            case 2: few_group(t, 2, p, n, xi, xstride, pfi, acc); break;
-            case 3: few_group(t, 3, p, n, xi, xstride, pfi, acc); break;
-            case 4: few_group(t, 4, p, n, xi, xstride, pfi, acc); break;
-            case 5: few_group(t, 5, p, n, xi, xstride, pfi, acc); break;
-            case 6: few_group(t, 6, p, n, xi, xstride, pfi, acc); break;
-            case 7: few_group(t, 7, p, n, xi, xstride, pfi, acc); break;
-            default: few_group(t, 8, p, n, xi, xstride, pfi, acc); break;
-            }
-            for (int64_t i = 0; i < k; i++) {
-                float out[8];
-                _mm256_storeu_ps(out, acc[i]);
-                for (int64_t j = 0; j < nr; j++) y[(i0 + i) * rows + r + j] = out[j];
-            }
-            i0 += k;
-        }
-    }
-}
 
 /* ---- the super-block types for a few tokens ----------------------------------
  * The same for Q2_K .. Q6_K and IQ4_XS: the eight rows' super-block decoded
@@ -551,10 +518,22 @@ static inline __attribute__((always_inline)) void kfew_group(const int t, const 
     }
 }
 
-static inline __attribute__((always_inline)) void kfew_rows_t(const int t, const uint8_t *w, size_t rb, int64_t n,
-                                                              int64_t r0, int64_t r1, int64_t rows, const uint8_t *xq,
-                                                              size_t xstride, int64_t m, float *y) {
-    const int64_t chunks = (m + 7) / 8, nb = n / CAS_QK_SUPER;
+/* One 8-row group's MT tokens by the kernel of t's kind (k: the super-block types' decoded rows). */
+static inline __attribute__((always_inline)) void few_any(const int t, const int MT, const uint8_t *const *p, int64_t n,
+                                                          const uint8_t *xq, size_t xstride, const uint8_t *pf,
+                                                          cas_qk_tblk *k, __m256 *acc) {
+    if (t == CAS_T_Q2_K || t == CAS_T_Q3_K || t == CAS_T_Q4_K || t == CAS_T_Q5_K || t == CAS_T_Q6_K ||
+        t == CAS_T_IQ4_XS)
+        kfew_group(t, MT, p, n / CAS_QK_SUPER, xq, xstride, pf, k, acc);
+    else
+        few_group(t, MT, p, n, xq, xstride, pf, acc);
+}
+
+static inline __attribute__((always_inline)) void few_rows_t(const int t, const uint8_t *w, size_t rb, int64_t n,
+                                                             int64_t r0, int64_t r1, int64_t rows, const uint8_t *xq,
+                                                             size_t xstride, int64_t m, float *y) {
+    /* tokens in chunks of at most eight, as even as they come (11: 6 and 5) */
+    const int64_t chunks = (m + 7) / 8;
     cas_qk_tblk k[8];
     for (int64_t r = r0; r < r1; r += 8) {
         const int64_t nr = r1 - r < 8 ? r1 - r : 8;
@@ -566,14 +545,14 @@ static inline __attribute__((always_inline)) void kfew_rows_t(const int t, const
             const uint8_t *xi = xq + (size_t)i0 * xstride, *pfi = c == 0 ? pf : NULL;
             __m256 acc[8];
             switch (kt) {
-            case 1: kfew_group(t, 1, p, nb, xi, xstride, pfi, k, acc); break;
-            case 2: kfew_group(t, 2, p, nb, xi, xstride, pfi, k, acc); break;
-            case 3: kfew_group(t, 3, p, nb, xi, xstride, pfi, k, acc); break;
-            case 4: kfew_group(t, 4, p, nb, xi, xstride, pfi, k, acc); break;
-            case 5: kfew_group(t, 5, p, nb, xi, xstride, pfi, k, acc); break;
-            case 6: kfew_group(t, 6, p, nb, xi, xstride, pfi, k, acc); break;
-            case 7: kfew_group(t, 7, p, nb, xi, xstride, pfi, k, acc); break;
-            default: kfew_group(t, 8, p, nb, xi, xstride, pfi, k, acc); break;
+            case 1: few_any(t, 1, p, n, xi, xstride, pfi, k, acc); break;
+            case 2: few_any(t, 2, p, n, xi, xstride, pfi, k, acc); break;
+            case 3: few_any(t, 3, p, n, xi, xstride, pfi, k, acc); break;
+            case 4: few_any(t, 4, p, n, xi, xstride, pfi, k, acc); break;
+            case 5: few_any(t, 5, p, n, xi, xstride, pfi, k, acc); break;
+            case 6: few_any(t, 6, p, n, xi, xstride, pfi, k, acc); break;
+            case 7: few_any(t, 7, p, n, xi, xstride, pfi, k, acc); break;
+            default: few_any(t, 8, p, n, xi, xstride, pfi, k, acc); break;
             }
             for (int64_t i = 0; i < kt; i++) {
                 float out[8];
@@ -594,12 +573,12 @@ void cas_qk_avx512_rows_few(int t, const uint8_t *w, size_t rb, int64_t n, int64
     case CAS_T_Q5_0: few_rows_t(CAS_T_Q5_0, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     case CAS_T_Q5_1: few_rows_t(CAS_T_Q5_1, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     case CAS_T_IQ4_NL: few_rows_t(CAS_T_IQ4_NL, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
-    case CAS_T_Q2_K: kfew_rows_t(CAS_T_Q2_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
-    case CAS_T_Q3_K: kfew_rows_t(CAS_T_Q3_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
-    case CAS_T_Q4_K: kfew_rows_t(CAS_T_Q4_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
-    case CAS_T_Q5_K: kfew_rows_t(CAS_T_Q5_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
-    case CAS_T_Q6_K: kfew_rows_t(CAS_T_Q6_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
-    case CAS_T_IQ4_XS: kfew_rows_t(CAS_T_IQ4_XS, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q2_K: few_rows_t(CAS_T_Q2_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q3_K: few_rows_t(CAS_T_Q3_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q4_K: few_rows_t(CAS_T_Q4_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q5_K: few_rows_t(CAS_T_Q5_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_Q6_K: few_rows_t(CAS_T_Q6_K, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
+    case CAS_T_IQ4_XS: few_rows_t(CAS_T_IQ4_XS, w, rb, n, r0, r1, rows, xq, xstride, m, y); break;
     default: break;
     }
 }
