@@ -192,33 +192,6 @@ static char *file_stem(const char *path) {
     return s;
 }
 
-/* A whole file as a NUL-terminated string (malloc'd), or NULL. */
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t n = 0, cap = 4096;
-    char *s = malloc(cap);
-    while (s) {
-        n += fread(s + n, 1, cap - n - 1, f);
-        if (n + 1 < cap) break;
-        char *p = realloc(s, cap * 2);
-        if (!p) {
-            free(s);
-            s = NULL;
-        } else {
-            s = p;
-            cap *= 2;
-        }
-    }
-    if (s && ferror(f)) {
-        free(s);
-        s = NULL;
-    }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
-
 int cmd_serve(int argc, char **argv) {
     cas_engine_opts eo = cas_engine_opts_default();
     cas_server_opts so = cas_server_opts_default();
@@ -380,7 +353,7 @@ int cmd_serve(int argc, char **argv) {
     char *alias = file_stem(eo.model_path);
     char *chat_template = NULL;
     if (chat_template_file) {
-        if (!(chat_template = read_file(chat_template_file))) {
+        if (!(chat_template = cas_tool_read_file(chat_template_file))) {
             fprintf(stderr, "serve: cannot read the chat template %s\n", chat_template_file);
             goto done;
         }

@@ -28,15 +28,14 @@ static void usage(FILE *f) {
             "  --steps N            the render's step limit (loop iterations, calls)\n");
 }
 
-/* The whole of a file ("-": stdin) as a NUL-terminated string. */
-static char *read_all(const char *path) {
+/* tools.h */
+char *cas_tool_read_file(const char *path) {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) return NULL;
     size_t n = 0, cap = 4096;
     char *s = malloc(cap);
     while (s) {
-        size_t k = fread(s + n, 1, cap - n - 1, f);
-        n += k;
+        n += fread(s + n, 1, cap - n - 1, f);
         if (n + 1 < cap) break;
         char *p = realloc(s, cap * 2);
         if (!p) {
@@ -46,6 +45,10 @@ static char *read_all(const char *path) {
             s = p;
             cap *= 2;
         }
+    }
+    if (s && ferror(f)) {
+        free(s);
+        s = NULL;
     }
     if (s) s[n] = 0;
     if (f != stdin) fclose(f);
@@ -87,7 +90,7 @@ int cmd_template(int argc, char **argv) {
     cas_chat_template tpl;
     memset(&tpl, 0, sizeof tpl);
     if (tfile) {
-        if (!(src = read_all(tfile))) {
+        if (!(src = cas_tool_read_file(tfile))) {
             fprintf(stderr, "template: cannot read %s\n", tfile);
             goto done;
         }
@@ -102,7 +105,7 @@ int cmd_template(int argc, char **argv) {
         }
     }
     if (cfile) {
-        if (!(ctx = read_all(cfile))) {
+        if (!(ctx = cas_tool_read_file(cfile))) {
             fprintf(stderr, "template: cannot read %s\n", cfile);
             goto done;
         }

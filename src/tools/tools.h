@@ -12,4 +12,8 @@ int cmd_serve(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 
+/* A whole file ("-": standard input) as a NUL-terminated string the caller
+ * frees, or NULL when it cannot be opened or read (errno says why). */
+char *cas_tool_read_file(const char *path);
+
 #endif
