@@ -140,6 +140,22 @@ class Server:
         for line in self.p.stderr:
             self.log.append(line)
 
+    def exit_detail(self, rc, tail=10):
+        """One line on how the server ended: a sanitizer's report when it made
+        one (its error line, summary and first frames, as run_all.sh shows only
+        a failure's first line), else the log's last lines."""
+        log = [line.rstrip("\n") for line in self.log]
+        err = [i for i, line in enumerate(log) if "ERROR: AddressSanitizer" in line or "runtime error:" in line
+               or line.startswith("SUMMARY:")]
+        if err:
+            i = err[0]
+            frames = [line.strip() for line in log[i + 1:i + 12] if line.strip().startswith("#")][:6]
+            summary = [line for line in log if line.startswith("SUMMARY:")]
+            lines = [log[i].strip()] + frames + summary[:1]
+        else:
+            lines = [line.strip() for line in log[-tail:]]
+        return f"exit status {rc}; " + " | ".join(lines)
+
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
         try:
@@ -209,7 +225,7 @@ def main():
         run_all(srv, client, openai)
     finally:
         rc = srv.stop()
-        report("shutdown_clean", rc == 0, f"exit status {rc}; log tail: {''.join(srv.log[-10:])}")
+        report("shutdown_clean", rc == 0, srv.exit_detail(rc))
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -267,7 +267,7 @@ def main():
         run_all()
     finally:
         rc = SRV.stop()
-        report("shutdown_clean", rc == 0, f"exit status {rc}; log tail: {''.join(SRV.log[-10:])}")
+        report("shutdown_clean", rc == 0, SRV.exit_detail(rc))
     print(f"{cs.passed} passed, {cs.failed} failed")
     return 1 if cs.failed else 0
 

@@ -184,7 +184,7 @@ def main():
         run_all(srv)
     finally:
         rc = srv.stop()
-        cs.report("shutdown_clean", rc == 0, f"exit status {rc}; log tail: {''.join(srv.log[-10:])}")
+        cs.report("shutdown_clean", rc == 0, srv.exit_detail(rc))
     print(f"{cs.passed} passed, {cs.failed} failed")
     return 1 if cs.failed else 0
 

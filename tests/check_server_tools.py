@@ -337,7 +337,7 @@ def main():
             check(False, f"{what}: ran to the end", f"{type(e).__name__}: {e}")
         finally:
             rc = SRV.stop()
-            check(rc == 0, f"{what}: the server shut down cleanly", f"exit {rc}: {''.join(SRV.log[-5:])}")
+            check(rc == 0, f"{what}: the server shut down cleanly", SRV.exit_detail(rc))
     return summary()
 
 

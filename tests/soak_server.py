@@ -515,7 +515,7 @@ def main():
             print(f"  failure: {what_}: {detail}")
     finally:
         rc = srv.stop()
-    report("sigterm_exits_0", rc == 0, f"exit status {rc}; log tail: {''.join(srv.log[-5:])}")
+    report("sigterm_exits_0", rc == 0, srv.exit_detail(rc, 5))
     print(f"{cs.passed} passed, {cs.failed} failed")
     return 1 if cs.failed else 0
 

@@ -16,8 +16,12 @@
  * are bitwise the same alone and in any batch.
  * Also: seeded sampling is reproducible for the same batch, aborts free
  * blocks, bad requests are rejected at submit and leave the engine working,
- * and every KV block is free (or cached) once all requests are done.
+ * every KV block is free (or cached) once all requests are done, and
+ * requests submitted from other threads while the engine thread runs each
+ * get their own id and one finish event.
  */
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -431,6 +435,152 @@ static void test_bad_requests_and_abort(void) {
     cas_engine_get_stats(e, &st);
     CHECK(st.kv_blocks_used == 0);
     CHECK(st.requests_aborted == 1);
+    cas_engine_destroy(e);
+}
+
+/* Submitting while the engine runs on its own thread: a request can be
+ * finished and freed by the engine thread before cas_engine_submit returns,
+ * so submit must hand back the id without touching the request again (make
+ * asan catches a read of the freed request). The window is widened on
+ * purpose: in each round the engine thread and the submitting threads share
+ * one CPU and the submitters run at SCHED_IDLE, so the engine thread, woken
+ * by a submit, often takes the CPU at once and runs the one-token request (a
+ * tiny model: a step of well under a millisecond) to its end before the
+ * submitter goes on; rounds move from CPU to CPU. Before the fix, make asan
+ * caught the read in 8 runs of 8. Every id is distinct, increasing from round
+ * to round, and reaches its request's one finish event. */
+#define QTHREADS 2
+#define QPER 60
+#define QROUNDS 6
+static const char *TINY = "tests/fixtures/arch/tiny-qwen3.gguf";
+
+typedef struct {
+    cas_engine *e;
+    int t;
+    uint64_t ids[QPER];
+    uint64_t seen[QPER];
+    int finished[QPER];
+    int done, ok;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} quick_t;
+
+typedef struct {
+    quick_t *q;
+    int i;
+} quick_slot;
+
+static quick_slot quick_slots[QTHREADS][QPER];
+
+static void on_quick(void *user, const cas_engine_event *ev) {
+    quick_slot *s = user;
+    if (ev->finish == CAS_FINISH_NONE) return;
+    pthread_mutex_lock(&s->q->mu);
+    s->q->seen[s->i] = ev->id;
+    s->q->finished[s->i]++;
+    s->q->done++;
+    pthread_cond_signal(&s->q->cv);
+    pthread_mutex_unlock(&s->q->mu);
+}
+
+static void *quick_submitter(void *arg) {
+    quick_t *q = arg;
+    struct sched_param sp = {0};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp); /* best effort: the checks hold either way */
+    static const char *words[] = {"a", "b c", "hello", "one two three"};
+    for (int i = 0; i < QPER; i++) {
+        cas_engine_request r;
+        memset(&r, 0, sizeof r);
+        r.prompt = words[(i + q->t) % 4];
+        r.sampling = cas_engine_sampling_default();
+        r.sampling.max_tokens = 1;
+        r.sampling.temperature = 0.0f;
+        r.cb = on_quick;
+        quick_slots[q->t][i] = (quick_slot){q, i};
+        r.user = &quick_slots[q->t][i];
+        if (cas_engine_submit(q->e, &r, &q->ids[i]) != CAS_OK) {
+            printf("  submit %d: %s\n", i, cas_last_error());
+            q->ok = 0;
+            pthread_mutex_lock(&q->mu);
+            q->done += QPER - i; /* nothing more will finish */
+            pthread_mutex_unlock(&q->mu);
+            break;
+        }
+    }
+    pthread_mutex_lock(&q->mu);
+    while (q->done < QPER) pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* One round: the engine thread started on CPU cpu with the submitters; 1 when
+ * every check holds. */
+static int quick_round(cas_engine *e, int cpu, uint64_t *last_id) {
+    cpu_set_t all, one;
+    int pinned = pthread_getaffinity_np(pthread_self(), sizeof all, &all) == 0;
+    if (pinned) {
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        pinned = CPU_ISSET(cpu, &all) && pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+    }
+    static quick_t qs[QTHREADS];
+    pthread_t th[QTHREADS];
+    int started = cas_engine_start(e) == CAS_OK, nth = 0;
+    for (int t = 0; started && t < QTHREADS; t++) {
+        memset(&qs[t], 0, sizeof qs[t]);
+        qs[t].e = e;
+        qs[t].t = t;
+        qs[t].ok = 1;
+        pthread_mutex_init(&qs[t].mu, NULL);
+        pthread_cond_init(&qs[t].cv, NULL);
+        if (pthread_create(&th[t], NULL, quick_submitter, &qs[t]) == 0) nth++;
+    }
+    if (pinned) pthread_setaffinity_np(pthread_self(), sizeof all, &all);
+    for (int t = 0; t < nth; t++) pthread_join(th[t], NULL);
+    cas_engine_stop(e);
+    int ok = started && nth == QTHREADS;
+    for (int t = 0; t < nth; t++) {
+        ok &= qs[t].ok;
+        for (int i = 0; i < QPER; i++) {
+            ok &= qs[t].seen[i] == qs[t].ids[i] && qs[t].finished[i] == 1 && qs[t].ids[i] > *last_id;
+            for (int u = 0; u <= t; u++)
+                for (int j = 0; j < (u < t ? QPER : i); j++) ok &= qs[u].ids[j] != qs[t].ids[i];
+        }
+        pthread_cond_destroy(&qs[t].cv);
+        pthread_mutex_destroy(&qs[t].mu);
+    }
+    for (int t = 0; t < nth; t++)
+        for (int i = 0; i < QPER; i++)
+            if (qs[t].ids[i] > *last_id) *last_id = qs[t].ids[i];
+    return ok;
+}
+
+static void test_submit_while_running(void) {
+    cas_engine_opts o = cas_engine_opts_default();
+    o.model_path = TINY;
+    o.threads = 1;
+    o.max_context = 64;
+    o.kv_cache_bytes = 4 << 20;
+    cas_engine *e = NULL;
+    if (cas_engine_create(&e, &o)) printf("engine: %s\n", cas_last_error());
+    REQUIRE(e);
+    cpu_set_t all;
+    int ncpu = pthread_getaffinity_np(pthread_self(), sizeof all, &all) == 0 ? CPU_COUNT(&all) : 0;
+    uint64_t last_id = 0;
+    int rounds_ok = 0, cpu = 0;
+    for (int round = 0; round < QROUNDS; round++) {
+        /* the next CPU this thread may use, in turn */
+        for (int k = 0; ncpu > 0 && k < CPU_SETSIZE; k++, cpu = (cpu + 1) % CPU_SETSIZE)
+            if (CPU_ISSET(cpu, &all)) break;
+        rounds_ok += quick_round(e, cpu, &last_id);
+        cpu = (cpu + 1) % CPU_SETSIZE;
+    }
+    CHECKF(rounds_ok == QROUNDS, "%d of %d rounds had every id once, distinct, at its finish event", rounds_ok,
+           QROUNDS);
+    cas_engine_stats st;
+    cas_engine_get_stats(e, &st);
+    CHECK(st.kv_blocks_used == 0);
+    CHECK(st.requests_finished == QROUNDS * QTHREADS * QPER);
     cas_engine_destroy(e);
 }
 
@@ -928,6 +1078,7 @@ int main(int argc, char **argv) {
     RUN(test_alone_equals_batched);
     RUN(test_batch_invariance);
     RUN(test_bad_requests_and_abort);
+    RUN(test_submit_while_running);
     RUN(test_load_progress);
     RUN(test_devices);
     if (cas_gguf_open(MODEL, &g_gguf) == CAS_OK && cas_tok_create(g_gguf, &g_tok) == CAS_OK) {

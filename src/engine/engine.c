@@ -804,7 +804,9 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
     }
     cas_stopper_keep_stop(r->stopper, sp->include_stop_str);
     pthread_mutex_lock(&e->mu);
-    r->id = e->next_id++;
+    /* the id is read under the lock: once it is released the engine thread may
+     * finish the request and free r */
+    const uint64_t rid = r->id = e->next_id++;
     if (e->incoming_tail) e->incoming_tail->next = r;
     else e->incoming_head = r;
     e->incoming_tail = r;
@@ -812,7 +814,7 @@ cas_status cas_engine_submit(cas_engine *e, const cas_engine_request *rq, uint64
     e->stats.prompt_tokens_total += r->n_prompt;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    *id = r->id;
+    *id = rid;
     return CAS_OK;
 }
 
