@@ -558,6 +558,7 @@ static int quick_round(cas_engine *e, int cpu, uint64_t *last_id) {
 static void test_submit_while_running(void) {
     cas_engine_opts o = cas_engine_opts_default();
     o.model_path = TINY;
+    o.device = CAS_DEVICE_CPU; /* the engine's threading, whatever --device says (the GPU runs no qwen3) */
     o.threads = 1;
     o.max_context = 64;
     o.kv_cache_bytes = 4 << 20;
