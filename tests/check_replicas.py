@@ -372,7 +372,10 @@ def main():
             assert on_j, f"no stream running on {j}"
             drainer = threading.Thread(target=dep.sh, args=("drain", j[1:]), daemon=True)
             drainer.start()
-            time.sleep(0.3)
+            # new requests once the balancer has taken the drain (the script's start and its
+            # admin-socket command take a moment, longer on a busy machine)
+            assert wait_for(lambda: any(w in dep.state().get(j, "") for w in ("draining", "maintenance")),
+                            30, 0.01) is not None, f"{j} not draining: {dep.state()}"
             during = [call(dep, body(system_prompt(i), "Meanwhile?", 4)) for i in mine]
             drainer.join(60)
             assert not drainer.is_alive(), "drain did not finish"
