@@ -150,7 +150,7 @@ class Server:
         if err:
             i = err[0]
             frames = [line.strip() for line in log[i + 1:i + 12] if line.strip().startswith("#")][:6]
-            summary = [line for line in log if line.startswith("SUMMARY:")]
+            summary = [line for line in log[i + 1:] if line.startswith("SUMMARY:")]
             lines = [log[i].strip()] + frames + summary[:1]
         else:
             lines = [line.strip() for line in log[-tail:]]
